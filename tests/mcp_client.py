@@ -1,0 +1,159 @@
+"""A small MCP stdio client for the tests: runs the real server as a subprocess, the way a host does."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "mero_mcp.py"
+DEFAULT_TIMEOUT = 15.0
+
+
+class ServerTimeout(AssertionError):
+    """The server did not answer in time: the test fails instead of hanging."""
+
+
+def minimal_env(home, extra=None):
+    """What hosts pass a stdio server: HOME, PATH and little else (no LANG, no PYTHONPATH)."""
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    for key, value in (extra or {}).items():
+        if value is not None:
+            env[key] = str(value)
+    return env
+
+
+class McpServer:
+    def __init__(self, env, args=(), command=None):
+        self.proc = subprocess.Popen(
+            command or [sys.executable, str(SERVER)] + list(args),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
+        self.frames = queue.Queue()
+        self.raw_lines = []              # every stdout line, for the purity check
+        self.stderr_lines = []
+        self.notifications = []
+        self.pending = {}                # responses read while waiting for another id
+        self.ids = itertools.count(1)
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    # ---- plumbing ----
+    def _read_stdout(self):
+        for line in self.proc.stdout:
+            self.raw_lines.append(line)
+            try:
+                self.frames.put(json.loads(line))
+            except ValueError:
+                self.frames.put(("INVALID", line))
+        self.frames.put(None)
+
+    def _read_stderr(self):
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line.decode("utf-8", "replace"))
+
+    @property
+    def stderr(self):
+        return "".join(self.stderr_lines)
+
+    def send_raw(self, data):
+        self.proc.stdin.write(data if data.endswith(b"\n") else data + b"\n")
+        self.proc.stdin.flush()
+
+    def send(self, message):
+        self.send_raw(json.dumps(message).encode("utf-8"))
+
+    def read(self, timeout=DEFAULT_TIMEOUT):
+        """The next stdout frame (a dict or list); None at EOF."""
+        try:
+            frame = self.frames.get(timeout=timeout)
+        except queue.Empty:
+            raise ServerTimeout("no frame from the server within %ss; stderr:\n%s" % (timeout, self.stderr))
+        if isinstance(frame, tuple):
+            raise AssertionError("stdout carried a non-JSON line: %r" % (frame[1],))
+        return frame
+
+    def wait_for(self, request_id, timeout=DEFAULT_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while request_id not in self.pending:
+            frame = self.read(max(0.01, deadline - time.monotonic()))
+            if frame is None:
+                raise AssertionError("server exited before answering %r; stderr:\n%s" % (request_id, self.stderr))
+            self._file(frame)
+        return self.pending.pop(request_id)
+
+    def _file(self, frame):
+        frames = frame if isinstance(frame, list) else [frame]
+        for item in frames:
+            if "id" in item and ("result" in item or "error" in item):
+                self.pending[item["id"]] = item
+            else:
+                self.notifications.append(item)
+
+    # ---- requests ----
+    def request(self, method, params=None, request_id=None, timeout=DEFAULT_TIMEOUT):
+        request_id = next(self.ids) if request_id is None else request_id
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        return self.wait_for(request_id, timeout)
+
+    def result(self, method, params=None, timeout=DEFAULT_TIMEOUT):
+        reply = self.request(method, params, timeout=timeout)
+        assert "result" in reply, "expected a result for %s, got %r" % (method, reply)
+        return reply["result"]
+
+    def notify(self, method, params=None):
+        message = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+
+    def initialize(self, version="2025-11-25"):
+        result = self.result("initialize", {"protocolVersion": version, "capabilities": {},
+                                            "clientInfo": {"name": "tests", "version": "0"}})
+        self.notify("notifications/initialized")
+        return result
+
+    def call_tool(self, name, arguments=None, timeout=DEFAULT_TIMEOUT, meta=None):
+        params = {"name": name, "arguments": arguments or {}}
+        if meta:
+            params["_meta"] = meta
+        return self.result("tools/call", params, timeout=timeout)
+
+    def tool_json(self, name, arguments=None, **kw):
+        """Call a tool that must succeed and return its JSON text parsed."""
+        result = self.call_tool(name, arguments, **kw)
+        assert not result.get("isError"), result
+        return json.loads(result["content"][-1]["text"])
+
+    def tool_names(self):
+        return [t["name"] for t in self.result("tools/list")["tools"]]
+
+    # ---- shutdown ----
+    def close(self, timeout=5.0):
+        """Close stdin (what hosts do) and return the exit code."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("server did not exit within %ss of stdin closing" % timeout)
+        return self.proc.returncode
+
+    def assert_stdout_pure(self):
+        for line in self.raw_lines:
+            frame = json.loads(line)          # raises on anything that is not JSON
+            assert isinstance(frame, (dict, list)), line
+            assert line.endswith(b"\n") and line.count(b"\n") == 1

@@ -1,0 +1,327 @@
+"""The MCP protocol core over stdio: framing, JSON-RPC rules, both eras (mcp-protocol.md §1-§10)."""
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mcp_client import ROOT, SERVER, McpServer, minimal_env
+
+MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+          "io.modelcontextprotocol/clientCapabilities": {}}
+INSTRUCTIONS = ("Calimero apps describe themselves. Do not read app source. To use an app: list_applications, "
+                "then describe_app to plan or select_app to act, then pass the returned app_handle on every app "
+                "tool call.")
+
+
+@pytest.fixture
+def offline_env(tmp_path):
+    """A server whose node is nowhere: the protocol must not care."""
+    return minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": "http://127.0.0.1:9",
+                                           "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
+
+
+@pytest.fixture
+def bare(start_server, offline_env):
+    return start_server(offline_env, initialize=None)
+
+
+# ── handshake era ─────────────────────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("requested,expected", [
+    ("2024-11-05", "2024-11-05"), ("2025-03-26", "2025-03-26"), ("2025-06-18", "2025-06-18"),
+    ("2025-11-25", "2025-11-25"), ("1999-01-01", "2025-11-25"), (None, "2025-11-25")])
+def test_initialize_negotiates_version(bare, requested, expected):
+    result = bare.result("initialize", {"protocolVersion": requested, "capabilities": {"extensions": {"x": {}}}})
+    assert result["protocolVersion"] == expected
+    assert result["serverInfo"]["name"] == "mero-mcp"
+    assert isinstance(result["serverInfo"]["version"], str) and result["serverInfo"]["version"]
+    assert result["capabilities"] == {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
+    assert result["instructions"] == INSTRUCTIONS
+
+
+def test_request_before_initialize_is_answered(bare):
+    reply = bare.request("tools/list", timeout=5)
+    assert [t["name"] for t in reply["result"]["tools"]][0] == "node_status"
+
+
+def test_ping_and_initialized_notification(bare):
+    bare.initialize()
+    assert bare.result("ping") == {}
+
+
+@pytest.mark.parametrize("request_id", [0, 7, 2 ** 62, "", "abc", "héllo ✓ 雪"])
+def test_ids_are_echoed_with_their_type(bare, request_id):
+    reply = bare.request("ping", request_id=request_id)
+    assert reply["id"] == request_id and type(reply["id"]) is type(request_id)
+    assert reply["result"] == {}
+
+
+@pytest.mark.parametrize("bad_id", [None, 1.5, True, [1], {"a": 1}])
+def test_invalid_ids_are_invalid_requests(bare, bad_id):
+    bare.send({"jsonrpc": "2.0", "id": bad_id, "method": "ping"})
+    reply = bare.read()
+    assert reply["id"] is None and reply["error"]["code"] == -32600
+
+
+def test_notifications_are_never_answered(bare):
+    bare.initialize()
+    for message in [{"jsonrpc": "2.0", "method": "notifications/unknown"},
+                    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": "nonsense"},
+                    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}},
+                    {"jsonrpc": "2.0", "method": "tools/call", "params": 5},
+                    {"jsonrpc": "2.0", "method": "initialize"}]:
+        bare.send(message)
+    bare.send({"jsonrpc": "2.0", "id": "after", "method": "ping"})
+    assert bare.read() == {"jsonrpc": "2.0", "id": "after", "result": {}}
+
+
+def test_stray_responses_are_ignored(bare):
+    bare.send({"jsonrpc": "2.0", "id": 5, "result": {}})
+    bare.send({"jsonrpc": "2.0", "id": "after", "method": "ping"})
+    assert bare.read()["id"] == "after"
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"{\"jsonrpc\": \"2.0\", \"id\": 1,", b"\xff\xfe{}", b"[" * 100000])
+def test_parse_errors_have_null_id(bare, raw):
+    bare.send_raw(raw)
+    reply = bare.read()
+    assert reply["id"] is None and reply["error"]["code"] == -32700
+
+
+@pytest.mark.parametrize("message", [5, "ping", {"id": 1, "method": "ping"}, {"jsonrpc": "1.0", "id": 1},
+                                     {"jsonrpc": "2.0", "id": 1}, {"jsonrpc": "2.0", "id": 1, "method": 5}])
+def test_non_requests_are_invalid(bare, message):
+    bare.send(message)
+    reply = bare.read()
+    assert reply["error"]["code"] == -32600
+    expected_id = message.get("id") if isinstance(message, dict) else None
+    assert reply["id"] == expected_id
+
+
+def test_unknown_method(bare):
+    bare.initialize()
+    reply = bare.request("prompts/list")
+    assert reply["error"]["code"] == -32601 and "prompts/list" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("method,params", [
+    ("tools/list", [1, 2]), ("tools/call", {"arguments": {}}), ("tools/call", {"name": 5}),
+    ("tools/call", {"name": "node_status", "arguments": [1]}), ("tools/call", {"name": "no_such_tool"}),
+    ("resources/read", {}), ("tools/list", {"cursor": "abc"})])
+def test_invalid_params(bare, method, params):
+    bare.initialize()
+    reply = bare.request(method, params)
+    assert reply["error"]["code"] == -32602, reply
+
+
+def test_unknown_tool_names_the_tool(bare):
+    bare.initialize()
+    reply = bare.request("tools/call", {"name": "nope_✓", "arguments": {}})
+    assert reply["error"] == {"code": -32602, "message": "Unknown tool: nope_✓"}
+
+
+def test_internal_error_keeps_traceback_on_stderr(start_server, offline_env):
+    boom = ("import sys; sys.path.insert(0, %r); import mero_mcp\n"
+            "def boom(*a): raise KeyError('secret detail')\n"
+            "mero_mcp.HANDSHAKE_METHODS['ping'] = boom\nsys.exit(mero_mcp.main())" % str(ROOT))
+    server = McpServer(offline_env, command=[sys.executable, "-c", boom])
+    try:
+        reply = server.request("ping")
+        assert reply["error"] == {"code": -32603, "message": "Internal error"}
+        assert "secret detail" not in json.dumps(reply)
+        server.request("tools/list")           # still serving
+    finally:
+        server.close()
+    assert "Traceback" in server.stderr and "secret detail" in server.stderr
+
+
+# ── batches (2025-03-26 only) ─────────────────────────────────────────────────────────────────────
+
+def test_batches_served_when_2025_03_26_negotiated(bare):
+    bare.initialize("2025-03-26")
+    bare.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"},
+               {"jsonrpc": "2.0", "method": "notifications/initialized"},
+               {"jsonrpc": "2.0", "id": "b", "method": "nope"},
+               {"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {}}])
+    replies = bare.read()
+    assert isinstance(replies, list) and [r["id"] for r in replies] == [1, "b", 3]
+    assert replies[0]["result"] == {}
+    assert replies[1]["error"]["code"] == -32601
+    assert replies[2]["error"]["code"] == -32600
+
+
+def test_batch_of_notifications_gets_no_answer(bare):
+    bare.initialize("2025-03-26")
+    bare.send([{"jsonrpc": "2.0", "method": "notifications/initialized"}])
+    bare.send({"jsonrpc": "2.0", "id": "after", "method": "ping"})
+    assert bare.read()["id"] == "after"
+
+
+@pytest.mark.parametrize("version", ["2024-11-05", "2025-06-18", "2025-11-25", None])
+def test_batches_refused_in_other_versions(bare, version):
+    if version:
+        bare.initialize(version)
+    bare.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}])
+    reply = bare.read()
+    assert isinstance(reply, dict) and reply["error"]["code"] == -32600 and reply["id"] is None
+
+
+def test_empty_batch_is_invalid(bare):
+    bare.initialize("2025-03-26")
+    bare.send([])
+    assert bare.read()["error"]["code"] == -32600
+
+
+# ── modern era (2026-07-28) ───────────────────────────────────────────────────────────────────────
+
+def test_server_discover(bare):
+    result = bare.result("server/discover", {"_meta": MODERN})
+    assert result["resultType"] == "complete"
+    assert result["supportedVersions"][0] == "2026-07-28" and "2025-11-25" in result["supportedVersions"]
+    assert result["capabilities"]["tools"] == {"listChanged": True}
+    assert result["instructions"] == INSTRUCTIONS
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mero-mcp"
+    assert isinstance(result["ttlMs"], int) and result["cacheScope"] in ("public", "private")
+
+
+def test_modern_requests_are_stateless_with_cache_hints(bare):
+    for method in ("tools/list", "resources/list", "resources/templates/list"):
+        result = bare.result(method, {"_meta": MODERN})
+        assert result["resultType"] == "complete"
+        assert result["ttlMs"] == 30000 and result["cacheScope"] == "private"
+    call = bare.result("tools/call", {"name": "node_status", "arguments": {}, "_meta": MODERN})
+    assert call["resultType"] == "complete" and "ttlMs" not in call
+
+
+def test_unsupported_modern_version(bare):
+    reply = bare.request("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2030-01-01"}})
+    assert reply["error"]["code"] == -32022
+    assert reply["error"]["data"]["requested"] == "2030-01-01"
+    assert "2026-07-28" in reply["error"]["data"]["supported"]
+
+
+def test_ping_is_gone_in_the_modern_era(bare):
+    assert bare.request("ping", {"_meta": MODERN})["error"]["code"] == -32601
+
+
+def test_resource_not_found_code_depends_on_era(bare):
+    uri = "calimero://apps/%s/1.0.0/guide" % ("0" * 64)
+    modern = bare.request("resources/read", {"uri": uri, "_meta": MODERN})
+    assert modern["error"]["code"] == -32602
+    bare.initialize()
+    handshake = bare.request("resources/read", {"uri": uri})
+    assert handshake["error"]["code"] == -32002
+
+
+def test_templates_list_names_the_guide_template(bare):
+    bare.initialize()
+    templates = bare.result("resources/templates/list")["resourceTemplates"]
+    assert templates == [dict(templates[0], uriTemplate="calimero://apps/{applicationId}/{version}/guide",
+                              name="app-guide", mimeType="text/markdown")]
+
+
+# ── process lifecycle and framing ─────────────────────────────────────────────────────────────────
+
+def test_exits_promptly_when_stdin_closes(offline_env):
+    server = McpServer(offline_env)
+    server.initialize()
+    started = time.monotonic()
+    assert server.close(timeout=5) == 0
+    assert time.monotonic() - started < 1.5   # generous: the rule is "within a second"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_exit_quietly(offline_env, sig):
+    server = McpServer(offline_env)
+    server.initialize()
+    server.proc.send_signal(sig)
+    server.proc.wait(5)
+    time.sleep(0.1)
+    assert "Traceback" not in server.stderr
+    assert server.proc.returncode == 0
+
+
+def test_version_and_help():
+    out = subprocess.run([sys.executable, str(SERVER), "--version"], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0 and out.stdout.startswith("mero-mcp ")
+    out = subprocess.run([sys.executable, str(SERVER), "--help"], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0 and "--check" in out.stdout
+    out = subprocess.run([sys.executable, str(SERVER), "--bogus"], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 2 and "--bogus" in out.stderr
+
+
+def test_utf8_without_locale(bare):
+    """Hosts start us with no LANG: non-ASCII must still travel as UTF-8 both ways."""
+    bare.initialize()
+    reply = bare.request("tools/call", {"name": "outil_été_✓", "arguments": {}})
+    assert reply["error"]["message"] == "Unknown tool: outil_été_✓"
+    assert any("été".encode("utf-8") in line for line in bare.raw_lines)
+
+
+def test_logs_go_to_stderr_with_prefix(bare):
+    bare.initialize()
+    bare.close()
+    assert bare.stderr.strip(), "the server says it is ready on stderr"
+    assert all(line.startswith("[mero-mcp] ") or line.startswith(" ") or not line.strip()
+               for line in bare.stderr_lines)
+
+
+def test_huge_line_is_refused_and_server_goes_on(bare):
+    bare.initialize()
+    bare.send_raw(b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"' + b"a" * (17 * 1024 * 1024) + b'"}}')
+    assert bare.read(30)["error"]["code"] == -32700
+    assert bare.result("ping") == {}
+
+
+def test_one_lock_guards_stdout():
+    """Concurrent senders never interleave bytes within a line."""
+    sys.path.insert(0, str(ROOT))
+    import threading
+    import mero_mcp
+    sink = io.BytesIO()
+    channel = mero_mcp.Channel(sink)
+    payload = {"text": "x" * 5000}
+    threads = [threading.Thread(target=lambda: [channel.send(payload) for _ in range(50)]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = sink.getvalue().split(b"\n")[:-1]
+    assert len(lines) == 400 and all(json.loads(line) == payload for line in lines)
+
+
+def test_initialize_does_not_import_http_or_schema_libraries(tmp_path):
+    """Cold start: requests and jsonschema are imported only when first needed (off the answer path)."""
+    probe = ("import sys, io; sys.path.insert(0, %r); import mero_mcp\n"
+             "server = mero_mcp.Server(mero_mcp.Channel(io.BytesIO()), {})\n"
+             "server.handle_message({'jsonrpc': '2.0', 'id': 0, 'method': 'initialize', 'params': {}})\n"
+             "print(sorted(m for m in ('requests', 'jsonschema', 'urllib3') if m in sys.modules))" % str(ROOT))
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# ── node_status, for real against the double ──────────────────────────────────────────────────────
+
+def test_node_status_against_the_double(server, double):
+    status = server.tool_json("node_status")
+    assert status["url"] == double.url
+    assert status["discoverySource"] == "env"
+    assert status["authMode"] == "none"
+    assert status["nodeName"] is None
+    assert "alive" in json.dumps(status["health"])
+    assert any(entry["path"] == "/admin-api/health" for entry in double.log)
+
+
+def test_node_status_reports_an_unreachable_node(bare):
+    bare.initialize()
+    result = bare.call_tool("node_status")
+    assert not result.get("isError")
+    status = json.loads(result["content"][0]["text"])
+    assert "127.0.0.1:9" in json.dumps(status)
