@@ -7,15 +7,23 @@ the `initialize` answer costs little more than starting the interpreter.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import logging
 import os
 import queue
+import re
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections import namedtuple
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from urllib.parse import quote
 
 # ── Constants ─────────────────────────────────────────────────────────────────────────────────────
 
@@ -140,7 +148,7 @@ class Server:
         self.cancelled = {}                  # request id -> threading.Event, for in-flight requests
         self.cancel_lock = threading.Lock()
         self.toolsets = enabled_toolsets(self.env)
-        self.fixed_tools = [t for t in FIXED_TOOLS if t.toolset in self.toolsets] + list(APP_TOOLS)
+        self.fixed_tools = [t for t in FIXED_TOOLS if t.toolset in self.toolsets or t.toolset == "app"]
         self._node = None
         self._node_lock = threading.Lock()
         self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
@@ -203,6 +211,8 @@ class Server:
             return error_response(None, RpcError(INVALID_REQUEST, "A request id must be a string or an integer"))
         try:
             result = self.dispatch(message, in_batch)
+            if self.is_cancelled(request_id):
+                return None                  # cancelled: the client expects no response (cancellation.mdx)
             return response(request_id, result)
         except RpcError as error:
             return error_response(request_id, error)
@@ -228,6 +238,11 @@ class Server:
             event = self.cancelled.get(request_id)
         if event is not None:
             event.set()
+
+    def is_cancelled(self, request_id):
+        with self.cancel_lock:
+            event = self.cancelled.get(request_id)
+        return event is not None and event.is_set()
 
     def dispatch(self, message, in_batch):
         method, params = message["method"], message.get("params", {})
@@ -304,11 +319,19 @@ class Server:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, "\n".join(problems)))
             with self.node.traced(traceparent_of(call.meta)):
                 value = t.handler(arguments, call)
+        except Refusal as refused:
+            return error_result(refused.text, refused.blocks, prefix="")
         except ToolError as error:
             return error_result(error.text, error.blocks)
         except node_module.NodeError as error:
             return error_result(str(error))
         return render_result(value)
+
+    def announce_lists_changed(self):
+        """What is installed changed: tell a handshake-era client (modern clients re-list on their own)."""
+        if self.version is not None:
+            self.notify("notifications/tools/list_changed")
+            self.notify("notifications/resources/list_changed")
 
     def notify(self, method, params=None):
         message = {"jsonrpc": "2.0", "method": method}
@@ -491,8 +514,8 @@ def traceparent_of(meta):
     return value if isinstance(value, str) else None
 
 
-def error_result(text, blocks=()):
-    content = list(blocks) + [{"type": "text", "text": "Error: " + text if not blocks else text}]
+def error_result(text, blocks=(), prefix="Error: "):
+    content = list(blocks) + [{"type": "text", "text": prefix + text}]
     return {"content": content, "isError": True}
 
 
@@ -535,32 +558,1375 @@ def node_status(args, call):
     return call.server.node.status()
 
 
+# Shared by the fixed tools: id checks, the alias lookup, small shape converters. The tools follow in tools.md order.
+
+DESCRIPTION_LIMIT = 200
+JOIN_TIMEOUT = 65                           # a namespace join waits on peer discovery (node-api §3.6)
+
+
+def text_property(description):
+    return {"type": "string", "description": description}
+
+
+def flag_property(description):
+    return {"type": "boolean", "description": description}
+
+
+def node_error_class():
+    import node as node_module
+    return node_module.NodeError
+
+
+def context_id_of(server, value):
+    """A context id as given, or the id an alias names; tools.md lets every context argument be either."""
+    context_id = value if HEX_ID.match(value) else server.apps.lookup_alias(value)
+    if context_id is None:
+        raise ToolError('Context "%s" is neither a context id nor an alias on this node.' % value)
+    return context_id
+
+
+def path_segment(value):
+    # Ids are hex, but a typo must not be able to reach another route.
+    return quote(value, safe="")
+
+
+def hex_of(value):
+    """A byte array (list of ints) as lowercase hex; anything else unchanged."""
+    if isinstance(value, list) and all(isinstance(b, int) and 0 <= b <= 255 for b in value):
+        return bytes(value).hex()
+    return value
+
+
+@tool("list_nodes", "Calimero nodes known on this machine, plus a live local probe; marks the one this session is "
+      "using. Each entry is {url, name, active}; name is null for a node found only by the probe.",
+      annotations=READ_ONLY)
+def list_nodes(args, call):
+    import node as node_module
+    return node_module.list_nodes(call.server.env, connected_url(call.server))
+
+
+def connected_url(server):
+    """The url this session uses, or None when no node could be reached (list_nodes still lists the rest)."""
+    try:
+        server.node.connect()
+        return server.node.url
+    except node_error_class():
+        return None
+
+
+@tool("list_applications", "Applications installed on this node, one compact row each: {id, package, name, "
+      "version, description, hasGuide, procedures}. procedures are the titles of the step-by-step recipes in the "
+      "app's guide; describe_app returns the guide itself. Pass verbose for the full records (decoded metadata "
+      "with icon, blob hashes, signer, appVersion).",
+      {"verbose": flag_property("Return the full records instead of compact rows: decoded metadata (icon "
+                                "included), blob hashes, signer and appVersion. The guide is never included.")},
+      annotations=READ_ONLY)
+def list_applications(args, call):
+    row = verbose_app_row if args.get("verbose") else compact_app_row
+    return {"apps": [row(app) for app in call.server.apps.installed()]}
+
+
+def compact_app_row(app):
+    import abi
+    description = app.description if isinstance(app.description, str) else None
+    return {"id": app.id, "package": app.package, "name": app.name, "version": app.version,
+            "description": description[:DESCRIPTION_LIMIT] if description else description,
+            "hasGuide": bool(app.guide), "procedures": abi.procedures(app.guide)}
+
+
+def verbose_app_row(app):
+    """The node's record with metadata decoded (guide left out: it is large and describe_app serves it)."""
+    import abi
+    row = {key: value for key, value in app.raw.items() if key != "metadata"}
+    if app.metadata is not None:
+        row["metadata"] = app.metadata
+    row["appVersion"] = app.version
+    row["hasGuide"] = bool(app.guide)
+    row["procedures"] = abi.procedures(app.guide)
+    return row
+
+
+@tool("list_namespaces", "Namespaces on this node: each with its namespaceId, target application, name and "
+      "member, context and subgroup counts.", annotations=READ_ONLY)
+def list_namespaces(args, call):
+    return call.server.node.get("/admin-api/namespaces")
+
+
+@tool("list_contexts", "Contexts on this node, optionally filtered to one application. Pass verbose to also get "
+      "each context's contextStateHash and dagHeads (as hex).",
+      {"application": text_property("Only the contexts of this application: id, package name, trailing segment "
+                                    "of the package, or display name."),
+       "verbose": flag_property("Also return contextStateHash and dagHeads (rendered as hex).")},
+      annotations=READ_ONLY)
+def list_contexts(args, call):
+    server = call.server
+    if args.get("application") is not None:
+        contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
+    else:
+        contexts = (server.node.get("/admin-api/contexts") or {}).get("contexts") or []
+    return {"contexts": [context_row(c, args.get("verbose")) for c in contexts]}
+
+
+def context_row(context, verbose):
+    row = dict(context)
+    if verbose:
+        row["contextStateHash"] = hex_of(row.get("contextStateHash"))
+        row["dagHeads"] = [hex_of(head) for head in row.get("dagHeads") or []]
+    else:
+        row.pop("contextStateHash", None)
+        row.pop("dagHeads", None)
+    return row
+
+
+@tool("create_context", "Create a context for an application in a group: a namespace, or a subgroup inside one. "
+      "Pass `args` when the application's init method takes parameters (describe_app lists init with them); "
+      "they are checked against init before anything is created. Returns {contextId, memberPublicKey, ...}.",
+      {"application": text_property("Application id, package name, unambiguous trailing segment of the package, "
+                                    "or display name."),
+       "group": text_property("Namespace or subgroup id to create the context in. Required unless namespace is "
+                              "given."),
+       "namespace": text_property("Older name for group, still accepted; passing both with different values is "
+                                  "an error."),
+       "name": text_property("Optional label for the context."),
+       "service": text_property("Service to run, required for an application that bundles several."),
+       "args": {"type": "object", "description": "Arguments for the application's init method, keyed by "
+                "parameter name; checked against the ABI like a method call."}},
+      required=("application",))
+def create_context(args, call):
+    group = target_group(args)
+    server = call.server
+    app = server.apps.resolve(args["application"])
+    service = require_service(app, args.get("service"))
+    body = {"applicationId": app.id, "groupId": group}
+    if args.get("name") is not None:
+        body["name"] = args["name"]
+    if service is not None:
+        body["serviceName"] = service
+    body["initializationParams"] = init_parameters(server, app, service, args.get("args"), args["application"])
+    return server.node.post("/admin-api/contexts", body)
+
+
+def target_group(args):
+    group, namespace = args.get("group"), args.get("namespace")
+    if group is not None and namespace is not None and group != namespace:
+        raise ToolError('Pass group or namespace, not both: they differ ("%s" and "%s").' % (group, namespace))
+    chosen = group if group is not None else namespace
+    if not chosen:
+        raise ToolError("create_context needs group: the id of the namespace or subgroup to create the context in.")
+    return chosen
+
+
+def init_parameters(server, app, service, init_args, label):
+    """initializationParams: UTF-8 bytes of the compact JSON of init's validated args, as an int list."""
+    import abi
+    try:
+        manifest = server.apps.manifest(app, service)
+    except (node_error_class(), abi.AbiError, ToolError) as error:
+        if init_args is None:
+            return []                          # tools.md: no args and no ABI -> no init input; the node judges
+        raise ToolError('Application "%s" cannot check these init args: its ABI could not be read (%s).'
+                        % (label, getattr(error, "text", None) or str(error)))
+    init = manifest.method("init")
+    if init is None:
+        if init_args:
+            raise ToolError('Application "%s" declares no init method, so it takes no init args.' % label)
+        return []
+    wire_args = checked_init_args(manifest, init, init_args or {}, label)
+    encoded = json.dumps(wire_args, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return list(encoded)
+
+
+def checked_init_args(manifest, init, init_args, label):
+    """Validate against init; on failure name each missing, invalid and undeclared argument (reference §3.2)."""
+    import abi
+    validator = abi.Validator(manifest, init)
+    wire_args, problems = validator.check(init_args)
+    undeclared = validator.undeclared(init_args, ignore_injected=False)
+    summary = init_problem_summary(init, init_args, problems, undeclared)
+    if not summary:
+        return wire_args
+    raise ToolError('Application "%s" cannot be initialized with these args: %s.\nIts init: %s\n'
+                    "Pass these as create_context's args, keyed by parameter name."
+                    % (label, summary, abi.method_reference(manifest, init)))
+
+
+def init_problem_summary(init, init_args, problems, undeclared):
+    """`missing a, b; invalid x (msg), y.z (msg); undeclared c`, or "" when the args are fine."""
+    declared = set(init.param_names())
+    missing, invalid = [], []
+    for problem in problems:
+        key = top_level_key(problem.path)
+        if key in declared and key not in init_args:
+            if key not in missing:
+                missing.append(key)             # an issue under an absent parameter means it is missing
+        else:
+            invalid.append("%s (%s)" % (problem.path, problem.message))
+    parts = []
+    if missing:
+        parts.append("missing " + ", ".join(missing))
+    if invalid:
+        parts.append("invalid " + ", ".join(invalid))
+    if undeclared:
+        parts.append("undeclared " + ", ".join(undeclared))
+    return "; ".join(parts)
+
+
+def top_level_key(path):
+    return re.split(r"[.\[]", path, maxsplit=1)[0]
+
+
+@tool("join_context", "Join a context this node is not yet a member of, such as one in a namespace or group it "
+      "just joined. Returns {contextId, memberPublicKey}: the node's member key in it.",
+      {"context": text_property("Context id (or an alias of it on this node).")}, required=("context",))
+def join_context(args, call):
+    context_id = context_id_of(call.server, args["context"])
+    return call.server.node.post("/admin-api/contexts/%s/join" % path_segment(context_id), {})
+
+
+@tool("delete_context", "Delete a context from this node, including its data. Also the way to clear a context "
+      "left behind by a deleted namespace: those outlive it and stay uncallable until removed. Returns {isDeleted}.",
+      {"context": text_property("Context id or alias.")}, required=("context",), annotations=DESTRUCTIVE)
+def delete_context(args, call):
+    context_id = context_id_of(call.server, args["context"])
+    return call.server.node.delete("/admin-api/contexts/" + path_segment(context_id))
+
+
+@tool("create_alias", "Create a human-friendly alias for a context id; every tool that takes a context then "
+      "accepts the alias.",
+      {"alias": text_property("The alias: 1-50 characters of A-Z, a-z, 0-9, '.', '_' or '-'."),
+       "contextId": text_property("The context id the alias names.")},
+      required=("alias", "contextId"))
+def create_alias(args, call):
+    call.server.node.post("/admin-api/alias/create/context", {"alias": args["alias"], "contextId": args["contextId"]})
+    return 'Alias "%s" now resolves to context %s.' % (args["alias"], args["contextId"])
+
+
+@tool("lookup_alias", "Resolve a context alias to its context id. Returns {alias, contextId}; an alias that does "
+      "not exist is reported as a plain result, not an error.",
+      {"name": text_property("The alias to resolve.")}, required=("name",), annotations=READ_ONLY)
+def lookup_alias(args, call):
+    name = args["name"]
+    context_id = call.server.apps.lookup_alias(name)
+    if context_id is None:
+        return 'No alias named "%s" on this node.' % name
+    return {"alias": name, "contextId": context_id}
+
+
+# ── Fixed tools: blobs ────────────────────────────────────────────────────────────────────────────
+# Application bytecode is a blob, which is why install/uninstall live in this toolset (tools.md).
+
+@tool("install_application", "Install a published application from the node's own configured registry, by "
+      "package@version coordinates (e.g. com.example.myapp@1.0.0). Returns {applicationId}; its tools appear in "
+      "the tool list once installed.",
+      {"coords": text_property("Coordinates of a published application: package@version, e.g. "
+                               "com.example.myapp@1.0.0.")},
+      required=("coords",), toolset="blobs")
+def install_application(args, call):
+    package, version = package_and_version(args["coords"])
+    answer = call.server.node.post("/admin-api/install-application", {"package": package, "version": version})
+    call.server.apps.refresh()              # logs, never raises: the install itself succeeded
+    return answer
+
+
+def package_and_version(coords):
+    """Split package@version; refuse anything else before the node sees it (the reference took `a@b@c`)."""
+    package, _, version = coords.partition("@")
+    if coords.count("@") != 1 or not package or not version or any(c.isspace() for c in coords):
+        raise ToolError('Expected package@version, got "%s".' % coords)
+    return package, version
+
+
+@tool("uninstall_application", "Uninstall an application from this node. The name is resolved to exactly one "
+      "installed application before anything is removed. Returns {applicationId}.",
+      {"application": text_property("Application id, package name, trailing segment of the package, or display "
+                                    "name.")},
+      required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
+def uninstall_application(args, call):
+    app = call.server.apps.resolve(args["application"])
+    answer = call.server.node.delete("/admin-api/applications/" + path_segment(app.id))
+    call.server.apps.refresh()
+    return answer
+
+
+@tool("upload_blob", "Upload a blob to this node, optionally scoped to a context. Returns {blobId, size}.",
+      {"data": text_property("Base64-encoded blob bytes."),
+       "hash": text_property("Expected hash of the bytes; the node refuses the upload if they differ."),
+       "context": text_property("Context id or alias to scope the blob to.")},
+      required=("data",), toolset="blobs")
+def upload_blob(args, call):
+    data = decoded_base64(args["data"])
+    params = {}
+    if args.get("hash") is not None:
+        params["hash"] = args["hash"]
+    if args.get("context") is not None:
+        params["context_id"] = context_id_of(call.server, args["context"])
+    return blob_record(call.server.node.put_bytes("/admin-api/blobs", data, params))
+
+
+def decoded_base64(text):
+    # Strict, unlike the reference: silently dropping bad characters would store different bytes than meant.
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)
+    except ValueError as error:              # binascii.Error is a ValueError
+        raise ToolError("data is not valid base64 (%s). Encode the blob bytes with standard base64." % error)
+
+
+def blob_record(blob):
+    """One blob as the agent sees it: camelCase, whichever casing this node release used."""
+    blob = blob if isinstance(blob, dict) else {}
+    record = {"blobId": blob.get("blobId", blob.get("blob_id"))}
+    for key in ("size", "deleted"):
+        if key in blob:
+            record[key] = blob[key]
+    return record
+
+
+@tool("list_blobs", "Blobs stored on this node: {blobs: [{blobId, size}]}.", annotations=READ_ONLY, toolset="blobs")
+def list_blobs(args, call):
+    answer = call.server.node.get("/admin-api/blobs") or {}
+    return {"blobs": [blob_record(b) for b in answer.get("blobs") or []]}
+
+
+@tool("delete_blob", "Delete a blob from this node. A blob that an installed application uses cannot be deleted. "
+      "Returns {blobId, deleted}.",
+      {"blob": text_property("Blob id.")}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
+def delete_blob(args, call):
+    return blob_record(call.server.node.delete("/admin-api/blobs/" + path_segment(args["blob"])))
+
+
+# ── Fixed tools: governance ───────────────────────────────────────────────────────────────────────
+
+NAMESPACE_ID = text_property("Namespace id.")
+GROUP_ID = text_property("Group id.")
+VISIBILITIES = ("open", "restricted")
+# Older nodes need an upgrade policy on namespace and group creation; newer ones ignore the key (reference §2.1).
+UPGRADE_POLICY = {"upgradePolicy": "LazyOnAccess"}
+
+
+@tool("create_namespace", "Create a namespace for an application. Returns {namespaceId}; create_context then "
+      "creates contexts in it, and invite_to_namespace lets other nodes join.",
+      {"application": text_property("Application id, package name, trailing segment of the package, or display "
+                                    "name."),
+       "name": text_property("Optional name for the namespace.")},
+      required=("application",), toolset="governance")
+def create_namespace(args, call):
+    app = call.server.apps.resolve(args["application"])
+    body = dict(UPGRADE_POLICY, applicationId=app.id)
+    if args.get("name") is not None:
+        body["name"] = args["name"]
+    return call.server.node.post("/admin-api/namespaces", body)
+
+
+@tool("delete_namespace", "Delete a namespace. Its contexts outlive it and stay uncallable until delete_context "
+      "removes them, so delete the contexts first. Returns {isDeleted}.",
+      {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
+def delete_namespace(args, call):
+    # Core refuses this DELETE without a JSON body (node-api §1.2).
+    return call.server.node.delete("/admin-api/namespaces/" + path_segment(args["namespace"]), {})
+
+
+@tool("invite_to_namespace", "Create an invitation to join a namespace. Returns the invitation object: hand it, "
+      "unchanged, to join_namespace on the joining node.",
+      {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
+def invite_to_namespace(args, call):
+    return call.server.node.post("/admin-api/namespaces/%s/invite" % path_segment(args["namespace"]), {})
+
+
+@tool("join_namespace", "Join a namespace using an invitation minted by invite_to_namespace. Pass that invitation "
+      "object through unchanged - it is signed over its own bytes, and any reshaping (renamed keys, dropped "
+      "fields) invalidates it.",
+      {"namespace": NAMESPACE_ID,
+       # Opaque on purpose: declared properties would let validation reshape a signed object (tools.md caution).
+       "invitation": {"type": "object", "description": "The invitation object returned by invite_to_namespace, "
+                      "passed through unchanged."},
+       "groupName": text_property("Optional local name for the namespace on this node.")},
+      required=("namespace", "invitation"), toolset="governance")
+def join_namespace(args, call):
+    invitation, group_name = signed_invitation(args["invitation"])
+    body = {"invitation": invitation}             # the parsed dict keeps the sender's key order
+    group_name = args["groupName"] if args.get("groupName") is not None else group_name
+    if group_name is not None:
+        body["groupName"] = group_name
+    path = "/admin-api/namespaces/%s/join" % path_segment(args["namespace"])
+    return call.server.node.post(path, body, timeout=JOIN_TIMEOUT)
+
+
+def signed_invitation(given):
+    """The signed invitation to forward, and the inviter's group name if it came along.
+
+    Some nodes answer an invite with the signed invitation itself, others wrap it as {invitation, groupName}
+    (node-api §3.6); invite_to_namespace returns whichever the node sent. A wrapper is recognised by the
+    signature sitting one level down, and the signed object inside it goes out untouched.
+    """
+    inner = given.get("invitation")
+    if "inviter_signature" not in given and isinstance(inner, dict) and "inviter_signature" in inner:
+        return inner, given.get("groupName")
+    return given, None
+
+
+@tool("leave_namespace", "Leave a namespace: this node stops being a member.",
+      {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
+def leave_namespace(args, call):
+    call.server.node.post("/admin-api/namespaces/%s/leave" % path_segment(args["namespace"]), {})
+    return "Left namespace %s." % args["namespace"]
+
+
+@tool("list_group_members", "Members of a group: {members: [{identity, role, name?}], selfIdentity?}.",
+      {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
+def list_group_members(args, call):
+    answer = call.server.node.get("/admin-api/groups/%s/members" % path_segment(args["group"])) or {}
+    members = {"members": answer.get("members") or []}
+    if answer.get("selfIdentity") is not None:
+        members["selfIdentity"] = answer["selfIdentity"]
+    return members
+
+
+@tool("add_group_members", "Add members to a group, each with a role.",
+      {"group": GROUP_ID,
+       "members": {"type": "array", "minItems": 1, "description": "The members to add.",
+                   "items": {"type": "object", "required": ["identity", "role"], "properties": {
+                       "identity": text_property("The member's identity (account id)."),
+                       "role": text_property("Admin, Member or ReadOnly.")}}}},
+      required=("group", "members"), toolset="governance")
+def add_group_members(args, call):
+    members = [{"identity": m["identity"], "role": m["role"]} for m in args["members"]]
+    call.server.node.post("/admin-api/groups/%s/members" % path_segment(args["group"]), {"members": members})
+    added = ", ".join("%s (%s)" % (m["identity"], m["role"]) for m in members)
+    return "Added %s to group %s." % (added, args["group"])
+
+
+@tool("create_group", "Create a group (subgroup) inside a namespace, or nested under another group with `parent`. "
+      "Without parent it defaults to open; with parent it is created for the parent's application and defaults "
+      "to restricted. Returns {groupId}.",
+      {"namespace": NAMESPACE_ID,
+       "name": text_property("Optional name for the group."),
+       "visibility": {"type": "string", "enum": list(VISIBILITIES), "description": "open: namespace members can "
+                      "join; restricted: members must be added. Defaults to open without parent, restricted with "
+                      "parent."},
+       "parent": text_property("Group id to nest under; omit to create directly in the namespace.")},
+      required=("namespace",), toolset="governance")
+def create_group(args, call):
+    if args.get("parent") is None:
+        return create_group_in_namespace(call.server.node, args)
+    return create_nested_group(call.server.node, args)
+
+
+def create_group_in_namespace(node, args):
+    body = {}
+    if args.get("name") is not None:
+        body["groupName"] = args["name"]
+    body["visibility"] = args.get("visibility") or "open"
+    answer = node.post("/admin-api/namespaces/%s/groups" % path_segment(args["namespace"]), body)
+    return {"groupId": answer.get("groupId")}
+
+
+def create_nested_group(node, args):
+    """Core's nested create takes the parent's application and no visibility: the group is born restricted."""
+    parent = args["parent"]
+    info = node.get("/admin-api/groups/" + path_segment(parent))
+    body = dict(UPGRADE_POLICY, applicationId=info.get("targetApplicationId"))
+    if args.get("name") is not None:
+        body["name"] = args["name"]
+    body["parentGroupId"] = parent
+    group_id = node.post("/admin-api/groups", body).get("groupId")
+    visibility = args.get("visibility")
+    if visibility is not None and visibility != "restricted":
+        try:
+            set_visibility(node, group_id, visibility)
+        except node_error_class() as error:
+            # Name the group that now exists, so the agent finishes the job instead of creating a second one.
+            raise ToolError("Group %s was created under %s but its visibility was not set; retry "
+                            "set_group_visibility. %s" % (group_id, parent, error))
+    return {"groupId": group_id}
+
+
+def set_visibility(node, group, visibility):
+    node.put("/admin-api/groups/%s/settings/subgroup-visibility" % path_segment(group),
+             {"subgroupVisibility": visibility})
+
+
+@tool("set_group_visibility", "Make a group open (namespace members can join it) or restricted (members must be "
+      "added).",
+      {"group": GROUP_ID,
+       "visibility": {"type": "string", "enum": list(VISIBILITIES),
+                      "description": "open: namespace members can join; restricted: members must be added."}},
+      required=("group", "visibility"), toolset="governance")
+def set_group_visibility(args, call):
+    set_visibility(call.server.node, args["group"], args["visibility"])
+    return "Group %s is now %s." % (args["group"], args["visibility"])
+
+
+@tool("set_group_metadata", "Set a group's name and metadata. `data` replaces the whole record (keys left out are "
+      "removed); an omitted `name` keeps the current one.",
+      {"group": GROUP_ID,
+       "name": text_property("New name for the group; omitted keeps the current name."),
+       "data": {"type": "object", "additionalProperties": {"type": "string"},
+                "description": "The complete key/value set to store (string values); omitted means empty."}},
+      required=("group",), toolset="governance")
+def set_group_metadata(args, call):
+    node, group = call.server.node, args["group"]
+    path = "/admin-api/groups/%s/metadata" % path_segment(group)
+    # The node replaces the whole record, name included, so an omitted name is read back first.
+    name = args["name"] if args.get("name") is not None else current_group_name(node, path)
+    body = {"name": name} if name is not None else {}
+    body["data"] = args.get("data") or {}
+    node.put(path, body)
+    return "Metadata of group %s replaced." % group
+
+
+def current_group_name(node, path):
+    record = node.get(path)
+    return record.get("name") if isinstance(record, dict) else None
+
+
+@tool("join_open_group", "Join an open group through membership of its parent namespace or group (join via "
+      "inheritance). Returns {groupId, memberPublicKey, wasInherited}. Then join_context joins the contexts inside "
+      "it.",
+      {"group": GROUP_ID}, required=("group",), toolset="governance")
+def join_open_group(args, call):
+    return call.server.node.post("/admin-api/groups/%s/join-via-inheritance" % path_segment(args["group"]), {})
+
+
 FIXED_TOOLS = TOOL_REGISTRY
-APP_TOOLS = []
 
 
-# ── Apps: catalog, generated tools (filled by the app-tools section) ──────────────────────────────
+# ── Apps: installed applications, the catalog, handles, admission ────────────────────────────────
+
+HEX_ID = re.compile(r"^[0-9a-f]{64}$")       # core hex-encodes every 32-byte id (node-api.md §0)
+RETRY_TEXT = "Call select_app for %s and retry with the returned app_handle."
+GENERIC_RETRY = "Call select_app for the application and retry with the returned app_handle."
+NO_CONTEXT_HANDLE = ("This app_handle names no context. Call select_app for %s with a context and retry "
+                     "with the returned app_handle.")
+INIT_REFUSAL = ("init runs once, when create_context creates the context; pass its arguments as "
+                "create_context's args. It cannot be called on a context.")
+TOOLS_NOTE = ("These are the server-side tool names. An MCP client may expose them under a prefix of its own "
+              "(commonly mcp__<server>__<tool>), so if a name does not resolve, look for the prefixed form.")
+SERVICE_NOTE = ("Not discoverable: a node exposes no service list for an application, and this one has no context "
+                "to read a service name from. Take it from the app's bundle or its docs when create_context asks "
+                "for one.")
+GUIDE_SHOWN_NOTE = "This app's guide was shown earlier this session; read %s if it is not in your context."
+POLL_SECONDS = 30.0
+FIRST_LOAD_WAIT = 5.0        # tools/list waits this long for the first catalog read, then answers anyway
+ABI_FETCH_WORKERS = 8
+
+
+class AppRecord(namedtuple("AppRecord", "id package version signer_id name description guide metadata "
+                                        "services blob raw")):
+    """One installed application as the node lists it (decoded once)."""
+
+    @property
+    def key(self):
+        return self.package or self.id
+
+    @property
+    def label(self):
+        return self.name or self.key
+
+    @property
+    def sole_service(self):
+        return self.services[0] if len(self.services) == 1 else None
+
+    @property
+    def guide_uri(self):
+        if not self.guide or not self.version:
+            return None
+        return "calimero://apps/%s/%s/guide" % (quote(self.id, safe=""), quote(self.version, safe=""))
+
+    @property
+    def guide_hash(self):
+        return hashlib.sha256((self.guide or "").encode("utf-8")).hexdigest()[:16]
+
+
+def decode_metadata(raw):
+    """Bundle metadata: an int array of UTF-8 JSON (usually an object); a plain string; or None."""
+    if isinstance(raw, list):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except (ValueError, TypeError):
+            return None
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def app_record(raw):
+    metadata = decode_metadata(raw.get("metadata"))
+    fields = metadata if isinstance(metadata, dict) else {}
+    guide = fields.get("guide") if isinstance(fields.get("guide"), str) and fields.get("guide").strip() else None
+    if isinstance(metadata, dict):
+        metadata = {k: v for k, v in metadata.items() if k != "guide"}
+    name = fields.get("name") if isinstance(fields.get("name"), str) and fields.get("name") else None
+    description = fields.get("description") if isinstance(fields.get("description"), str) else None
+    services = raw.get("services") if isinstance(raw.get("services"), dict) else {}
+    blob = raw.get("blob") if isinstance(raw.get("blob"), dict) else {}
+    return AppRecord(str(raw.get("id", "")), raw.get("package") or None, raw.get("version") or None,
+                     raw.get("signer_id") or None, name, description, guide, metadata,
+                     tuple(sorted(services)), blob.get("bytecode"), raw)
+
+
+def last_segment(package):
+    return package.rsplit(".", 1)[-1] if package else ""
+
+
+def match_apps(apps, name):
+    """Resolution tiers (reference §3.5): exact id; exact package; trailing segment or display name."""
+    for tier in (lambda a: a.id == name, lambda a: a.package == name,
+                 lambda a: name.lower() in {last_segment(a.package).lower(), (a.name or "").lower()} - {""}):
+        found = [a for a in apps if tier(a)]
+        if found:
+            return found
+    return []
+
+
+def resolve_among(apps, name):
+    found = match_apps(apps, name)
+    if not found:
+        installed = ", ".join(a.key for a in apps) or "(none)"
+        raise AppNotFound('Application "%s" not found. Installed: %s' % (name, installed))
+    packages = sorted({a.key for a in found})
+    if len(packages) > 1:
+        raise ToolError('Application "%s" is ambiguous: %s. Pass the full package name or the application id.'
+                        % (name, ", ".join(packages)))
+    if len(found) > 1:
+        signers = ", ".join("%s (signer %s)" % (a.id, a.signer_id or "unknown") for a in found)
+        raise ToolError('Application "%s" is published by several signers: %s. Pass the application id.'
+                        % (name, signers))
+    return found[0]
+
+
+class AppNotFound(ToolError):
+    pass
+
+
+# ---- handles: HMAC-signed, so an agent cannot forge or edit one (reference §3.7) ----
+
+def b64url(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def unb64url(text):
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def load_handle_key(state_dir):
+    """32 random bytes kept in the state dir (0600) so handles survive a restart; per-process if that fails."""
+    path = os.path.join(state_dir, "handle.key")
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        try:
+            with open(path, "rb") as existing:
+                key = existing.read()
+            if len(key) == 32:
+                return key
+        except FileNotFoundError:
+            pass
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(os.urandom(32))
+        if not os.path.exists(path) or os.path.getsize(path) != 32:
+            os.replace(tmp, path)
+        else:
+            os.unlink(tmp)
+        with open(path, "rb") as existing:
+            key = existing.read()
+        if len(key) != 32:
+            raise OSError("handle.key is malformed")
+        return key
+    except OSError as error:
+        log.warning("cannot keep a handle key in %s, so handles will not survive a restart: %s", state_dir, error)
+        return os.urandom(32)
+
+
+Handle = namedtuple("Handle", "app package version guide context service")
+
+
+def sign_handle(key, handle):
+    payload = json.dumps({"a": handle.app, "p": handle.package, "v": handle.version, "g": handle.guide,
+                          "c": handle.context, "s": handle.service}, separators=(",", ":")).encode("utf-8")
+    return b64url(payload) + "." + b64url(hmac.new(key, payload, hashlib.sha256).digest())
+
+
+def read_handle(key, text):
+    """The handle's payload, or None for anything we did not sign unchanged."""
+    if not isinstance(text, str) or text.count(".") != 1:
+        return None
+    body, mac = text.split(".")
+    try:
+        payload, given = unb64url(body), unb64url(mac)
+        if not hmac.compare_digest(given, hmac.new(key, payload, hashlib.sha256).digest()):
+            return None
+        fields = json.loads(payload)
+        return Handle(fields["a"], fields["p"], fields["v"], fields["g"], fields["c"], fields["s"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def handle_for(app, service, context_id):
+    return Handle(app.id, app.key, app.version or "", app.guide_hash, context_id, service)
+
+
+# ---- the catalog: an immutable snapshot swapped in whole ----
+
+Unit = namedtuple("Unit", "app service manifest")
+Binding = namedtuple("Binding", "unit method has_output wraps")   # wraps: handshake output rides as {result}
+Snapshot = namedtuple("Snapshot", "units tools index bindings fingerprint")
+EMPTY_SNAPSHOT = Snapshot((), (), {}, {}, "")
+
+
+def unit_fingerprint(unit):
+    return "%s:%s:%s:%s:%s" % (unit.app.id, unit.app.blob, unit.app.version, unit.service or "", unit.app.guide_hash)
+
+
+def build_snapshot(units, reserved, wraps=None):
+    """Every generated tool of every unit, named and described once per catalog change."""
+    import abi
+    units = sorted(units, key=lambda u: (u.app.key, u.app.id, u.service or ""))
+    tool_units = [abi.ToolUnit(unit_key(u), u.app.package, u.app.id, u.service, len(u.app.services) > 1,
+                               tuple(m.name for m in abi.tool_methods(u.manifest))) for u in units]
+    names = abi.tool_names(tool_units, reserved)
+    tools, bindings = [], {}
+    for unit in units:
+        for method in sorted(unit.manifest.methods, key=lambda m: m.name):
+            name = names.get((unit_key(unit), method.name))
+            if name is None:
+                continue
+            made = generated_tool(name, unit, method)
+            tools.append(made)
+            bindings[name] = Binding(unit, method, made.output_schema(False) is not None,
+                                     made.output_schema(True) != made.output_schema(False))
+    return Snapshot(tuple(units), tuple(tools), {t.name: t for t in tools}, bindings,
+                    "\n".join(unit_fingerprint(u) for u in units))
+
+
+def warn_uncallable_methods(units):
+    for unit in units:
+        for method in unit.manifest.methods:
+            if any(p.name == "app_handle" for p in method.params):
+                log.warning("no tool for %s %s %s: its app_handle parameter would collide; use call",
+                            unit.app.key, unit.app.version, method.name)
+
+
+def unit_key(unit):
+    return "%s/%s" % (unit.app.id, unit.service or "")
+
+
+def generated_tool(name, unit, method):
+    import abi
+    manifest, app = unit.manifest, unit.app
+    outputs = {wrap: abi.output_schema(manifest, method, wrap) for wrap in (True, False)}
+    return Tool(name, abi.tool_title(method.name, app.label), abi.tool_description(manifest, method),
+                abi.input_schema(manifest, method), outputs.get, abi.tool_annotations(method),
+                abi.tool_meta(app.key, app.version, app.signer_id, method), None, partial(invoke_generated, name))
+
+
+class Refusal(ToolError):
+    """A refused call: guide blocks, then the retry text, and nothing ran (reference §3.0)."""
+
 
 class Apps:
-    """The installed applications as this server sees them (filled by the app-tools section)."""
+    """The installed applications as this server sees them: live resolution, the catalog, admission."""
 
     def __init__(self, server):
         self.server = server
+        self.snapshot = EMPTY_SNAPSHOT
+        self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
+        self.first_load = threading.Event()
+        self.started = False
+        self.polling = False
+        self.manifests = {}                       # (blob id, service) -> abi.Manifest
+        self.validators = {}                      # (blob id, service, method) -> abi.Validator
+        self.shown_guides = set()                 # guide uris this session has already shown in full
+        self._handle_key = None
+        self.budget = app_budget(server.env)
 
+    @property
+    def node(self):
+        return self.server.node
+
+    @property
+    def handle_key(self):
+        if self._handle_key is None:
+            self._handle_key = load_handle_key(self.node.state_dir)
+        return self._handle_key
+
+    # ---- the live application list ----
+    def installed(self):
+        listed = self.node.get("/admin-api/applications")
+        records = [app_record(raw) for raw in (listed or {}).get("apps", []) if isinstance(raw, dict)]
+        return [self.with_services(app) for app in records]
+
+    def with_services(self, app):
+        """Older nodes list apps without `services`; only the single-app record carries them (node-api.md)."""
+        if "services" in app.raw:
+            return app
+        full = self.app_by_id(app.id)
+        return full if full is not None else app
+
+    def app_by_id(self, app_id):
+        import node as node_module
+        try:
+            found = self.node.get("/admin-api/applications/%s" % quote(app_id, safe=""))
+        except node_module.NodeError as error:
+            if error.status == 404:
+                return None
+            raise
+        raw = (found or {}).get("application")
+        return app_record(raw) if isinstance(raw, dict) else None
+
+    def resolve(self, name):
+        if not isinstance(name, str) or not name.strip():
+            raise ToolError("Name an application: its id, package name, trailing segment or display name.")
+        return resolve_among(self.installed(), name.strip())
+
+    def manifest(self, app, service=None):
+        import abi
+        key = (app.blob or app.id, service)
+        cached = self.manifests.get(key)
+        if cached is not None:
+            return cached
+        params = {"service_name": service} if service else None
+        raw = self.node.get("/admin-api/applications/%s/abi" % quote(app.id, safe=""), params=params)
+        try:
+            manifest = abi.parse_manifest(raw, app.key + ("/" + service if service else ""))
+        except abi.AbiError as error:
+            raise ToolError(str(error))
+        self.manifests[key] = manifest
+        return manifest
+
+    def validator(self, unit, method):
+        import abi
+        key = (unit.app.blob or unit.app.id, unit.service, method.name)
+        found = self.validators.get(key)
+        if found is None:
+            found = self.validators[key] = abi.Validator(unit.manifest, method)
+        return found
+
+    # ---- the catalog ----
     def start(self):
-        pass
+        if self.started:
+            return
+        self.started = True
+        threading.Thread(target=self.first_read, name="catalog", daemon=True).start()
+
+    def first_read(self):
+        try:
+            self.load()
+        except Exception as error:          # the node may be down: the fixed tools still work
+            log.warning("app list unavailable at connect: %s", error)
+        finally:
+            self.first_load.set()
+
+    def wait_first_load(self):
+        if self.started:
+            self.first_load.wait(FIRST_LOAD_WAIT)
+
+    def load(self):
+        """Read the installed apps and their ABIs; swap the snapshot and announce a change."""
+        with self.load_lock:
+            units = self.read_units(self.installed())
+            reserved = {t.name for t in self.server.fixed_tools}
+            fresh = build_snapshot(units, reserved)
+            changed = fresh.fingerprint != self.snapshot.fingerprint
+            self.snapshot = fresh
+        if changed:
+            warn_uncallable_methods(fresh.units)
+        self.start_polling()
+        if changed and self.first_load.is_set():
+            self.server.announce_lists_changed()
+        return changed
+
+    def refresh(self):
+        try:
+            self.load()
+        except Exception as error:
+            log.warning("app list refresh failed: %s", error)
+
+    def read_units(self, apps):
+        """One unit per service (or one for the app); ABIs fetched concurrently; a bad one is skipped."""
+        wanted = [(app, service) for app in apps if self.budget.admits(app)
+                  for service in (app.services or (None,))]
+        with ThreadPoolExecutor(max_workers=ABI_FETCH_WORKERS) as pool:
+            futures = [pool.submit(self.manifest, app, service) for app, service in wanted]
+        units = []
+        for (app, service), future in zip(wanted, futures):
+            try:
+                units.append(Unit(app, service, future.result()))
+            except Exception as error:
+                log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
+        return units
+
+    def start_polling(self):
+        if self.polling:
+            return
+        self.polling = True
+        threading.Thread(target=self.poll, name="catalog-poll", daemon=True).start()
+
+    def poll(self):
+        while True:
+            time.sleep(POLL_SECONDS)
+            self.refresh()
 
     def generated_tools(self):
-        return []
+        self.wait_first_load()
+        return list(self.snapshot.tools)
 
     def generated_tool(self, name):
-        return None
+        self.wait_first_load()
+        return self.snapshot.index.get(name)
+
+    def ensure_in_catalog(self, app):
+        """A catalog miss (node down at connect, a fresh install) reads the list again once."""
+        known = any(u.app.id == app.id and u.app.blob == app.blob for u in self.snapshot.units)
+        if not known and self.budget.admits(app):
+            self.refresh()
+
+    def unit_for(self, app, service):
+        for unit in self.snapshot.units:
+            if unit.app.id == app.id and unit.service == service and unit.app.blob == app.blob:
+                return unit
+        return Unit(app, service, self.manifest(app, service))
+
+    def tool_names_of(self, app, service):
+        return [name for name, b in self.snapshot.bindings.items()
+                if b.unit.app.id == app.id and b.unit.service == service]
+
+    # ---- contexts ----
+    def contexts_of(self, app):
+        found = self.node.get("/admin-api/contexts/for-application/%s" % quote(app.id, safe=""))
+        return [c for c in (found or {}).get("contexts", []) if isinstance(c, dict)]
+
+    def context_by_id(self, context_id):
+        import node as node_module
+        try:
+            found = self.node.get("/admin-api/contexts/%s" % quote(context_id, safe=""))
+        except node_module.NodeError as error:
+            if error.status in (400, 404):
+                return None
+            raise
+        return found if isinstance(found, dict) and found.get("id") else None
+
+    def lookup_alias(self, name):
+        import node as node_module
+        try:
+            found = self.node.post("/admin-api/alias/lookup/context/%s" % quote(name, safe=""), {})
+        except node_module.NodeError as error:
+            if error.status in (400, 404, 422):   # a string no alias could be
+                return None
+            raise
+        value = (found or {}).get("value") if isinstance(found, dict) else None
+        return value if isinstance(value, str) and value else None
+
+    def resolve_context(self, value, app, label):
+        """A context id or alias that must belong to `app` (reference §3.8 texts); aliases are read live."""
+        if not isinstance(value, str) or not value.strip():
+            raise ToolError("context must be a context id or alias (a non-empty string).")
+        value = value.strip()
+        context_id = value if HEX_ID.match(value) else self.lookup_alias(value)
+        context = self.context_by_id(context_id) if context_id else None
+        if context is None:
+            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
+                            % (value, self.candidates(app, label, value)))
+        if context.get("applicationId") != app.id:
+            raise ToolError('Context "%s" does not belong to "%s". %s' % (value, label,
+                                                                          self.candidates(app, label, value)))
+        return context
+
+    def candidates(self, app, label, rejected):
+        ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
+        return 'Contexts for "%s": %s' % (label, ", ".join(ids) or "(none)")
+
+    # ---- guides (reference §3.9) ----
+    def guide_blocks(self, app):
+        if not app.guide:
+            return []
+        label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
+                 % (app.key, app.signer_id or "unknown")}
+        uri = app.guide_uri
+        if uri is None:
+            return [label, {"type": "text", "text": app.guide}]
+        self.shown_guides.add(uri)
+        return [label, {"type": "resource", "resource": {
+            "uri": uri, "mimeType": "text/markdown", "text": app.guide,
+            "_meta": {"package": app.key, "appVersion": app.version, "signerId": app.signer_id}}}]
 
     def guide_resources(self):
-        return []
+        self.wait_first_load()
+        seen, resources = set(), []
+        for unit in self.snapshot.units:
+            uri = unit.app.guide_uri
+            if uri and uri not in seen:
+                seen.add(uri)
+                resources.append({"uri": uri, "name": "%s guide" % unit.app.label, "mimeType": "text/markdown",
+                                  "description": "The author's guide of %s %s." % (unit.app.key, unit.app.version)})
+        return resources
 
     def read_guide(self, uri):
+        self.wait_first_load()
+        for unit in self.snapshot.units:
+            if unit.app.guide_uri == uri:
+                return [{"uri": uri, "mimeType": "text/markdown", "text": unit.app.guide}]
         return None
+
+
+class AppBudget:
+    """CALIMERO_MCP_APPS: which apps get generated tools, for hosts that cap the tool count."""
+
+    def __init__(self, names):
+        self.names = names
+
+    def admits(self, app):
+        if not self.names:
+            return True
+        return any(match_apps([app], name) for name in self.names)
+
+
+def app_budget(env):
+    raw = (env.get("CALIMERO_MCP_APPS") or "").strip()
+    return AppBudget([part.strip() for part in raw.split(",") if part.strip()])
+
+
+# ---- admission: one path for call, call_many and generated tools (reference §3.7, §3.12, §3.14) ----
+
+Admitted = namedtuple("Admitted", "unit context_id")
+
+
+def refusal_for(apps, app, text=None):
+    return Refusal(text or RETRY_TEXT % app.key, apps.guide_blocks(app))
+
+
+def admit_handle(apps, handle, app, service, context_value=None, context_label=None):
+    """Check a signed handle against the app as installed now and its live context; the context id."""
+    current = handle_for(app, handle.service, handle.context)
+    if handle[:4] != current[:4] or handle.service != service:
+        raise refusal_for(apps, app)
+    if handle.context is None:
+        raise Refusal(NO_CONTEXT_HANDLE % app.key)
+    context = apps.context_by_id(handle.context)
+    if context is None or context.get("applicationId") != app.id or context_service(context, app) != service:
+        raise refusal_for(apps, app)
+    if context_value is not None:
+        other = apps.resolve_context(context_value, app, context_label or app.key)
+        if other["id"] != handle.context:
+            raise Refusal("The app_handle and context name different contexts (%s and %s). Pass one of them. %s"
+                          % (handle.context, other["id"], RETRY_TEXT % app.key))
+    return handle.context
+
+
+def context_service(context, app):
+    return context.get("serviceName") or app.sole_service
+
+
+def admit_by_context(apps, app, label, context_value, service=None):
+    """No handle: the context names the app's context, and its service decides the unit."""
+    context = apps.resolve_context(context_value, app, label)
+    own_service = context_service(context, app)
+    if service is not None and own_service != service:
+        raise refusal_for(apps, app, "Context %s runs service %s, not %s. %s"
+                          % (context["id"], own_service, service, RETRY_TEXT % app.key))
+    return context["id"], own_service
+
+
+def find_method(unit, name):
+    if not isinstance(name, str) or not name:
+        raise ToolError("method must be the name of an ABI method (a string).")
+    if name == "init":
+        raise Refusal(INIT_REFUSAL)
+    for method in unit.manifest.methods:
+        if method.name == name:
+            return method
+    available = ", ".join(m.name for m in unit.manifest.methods) or "(none)"
+    raise ToolError('Method "%s" not found on "%s". Available: %s' % (name, unit.app.key, available))
+
+
+def execute(apps, admitted, method, args):
+    """Validate against the ABI, then run; nothing reaches the node when the arguments are wrong."""
+    import abi
+    wire_args, problems = apps.validator(admitted.unit, method).check(args if isinstance(args, dict) else {})
+    if problems:
+        raise ToolError("Invalid arguments for %s:\n%s" % (method.name, abi.render_problems(problems)))
+    return apps.node.execute(admitted.context_id, method.name, wire_args)
+
+
+def plain_text(value):
+    return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+
+
+# ---- describe_app / select_app ----
+
+def app_summary(apps, app, service, contexts, handle_context):
+    context_services = sorted({c.get("serviceName") for c in contexts if c.get("serviceName")})
+    if service is None and len(context_services) == 1:
+        service = context_services[0]
+    summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": service,
+               "contextServices": context_services}
+    if service is None and not contexts:     # tools.md: no context to read a service name from
+        summary["serviceNote"] = SERVICE_NOTE
+    if app.guide_uri:
+        summary["guide"] = app.guide_uri
+    summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context))
+    return summary
+
+
+def require_service(app, service):
+    if service is not None:
+        if not isinstance(service, str) or (app.services and service not in app.services):
+            raise ToolError('Application "%s" has no service "%s". Services: %s'
+                            % (app.key, service, ", ".join(app.services) or "(none)"))
+        return service
+    if len(app.services) > 1:
+        raise ToolError("Application %s bundles several services; pass service with one of: %s"
+                        % (app.key, ", ".join(app.services)))
+    return app.sole_service
+
+
+def method_references(unit):
+    import abi
+    return [abi.method_reference(unit.manifest, m) for m in unit.manifest.methods]
+
+
+def with_guide(apps, app, summary, always):
+    """The summary as JSON, then the guide (always, or the first time this session meets this version)."""
+    content = [{"type": "text", "text": json.dumps(summary, indent=2, ensure_ascii=False)}]
+    uri = app.guide_uri
+    if not app.guide:
+        content.append({"type": "text", "text": "This app ships no guide."} if always else None)
+    elif always or uri is None or uri not in apps.shown_guides:
+        content.extend(apps.guide_blocks(app))
+    else:
+        content.append({"type": "text", "text": GUIDE_SHOWN_NOTE % uri})
+    return {"content": [c for c in content if c is not None], "structuredContent": summary}
+
+
+@tool("describe_app", "Show an application's guide and ABI: the author's guide, then every method with its "
+      "parameters and return type, plus an app_handle for planning. Always includes the guide. Does not pick a "
+      "context. For a multi-service app, omitting `service` returns an error naming the available services.",
+      {"app": {"type": "string", "description": "Application id, package name, trailing segment, or display name."},
+       "service": {"type": "string", "description": "Service name, for an app that bundles several."}},
+      required=["app"], annotations=READ_ONLY, toolset="app")
+def describe_app(args, call):
+    apps = call.server.apps
+    app = apps.resolve(args["app"])
+    service = require_service(app, args.get("service"))
+    unit = apps.unit_for(app, service)
+    apps.ensure_in_catalog(app)
+    summary = app_summary(apps, app, service, apps.contexts_of(app), None)
+    summary["methods"] = method_references(unit)
+    return with_guide(apps, app, summary, always=True)
+
+
+@tool("select_app", "Pick an application and the context to act in. Returns the app_handle every app tool and "
+      "`call` require; the handle names the context, so pass it unchanged. Shows the app's guide the first time "
+      "only, then a note with its resource uri; methods are in describe_app, or pass verbose to include them here.",
+      {"app": {"type": "string", "description": "Application id, package name, trailing segment, or display name."},
+       "context": {"type": "string", "description": "Context id or alias; defaults to the application's only "
+                                                    "context."},
+       "service": {"type": "string", "description": "Service name, for a multi-service app when no context is "
+                                                    "chosen; a chosen context decides it."},
+       "verbose": {"type": "boolean", "description": "Also return the methods list and the guide, as describe_app "
+                                                    "does."}},
+      required=["app"], annotations=READ_ONLY, toolset="app")
+def select_app(args, call):
+    apps, label = call.server.apps, args["app"]
+    app = apps.resolve(label)
+    contexts = apps.contexts_of(app)
+    context = choose_context(apps, app, label, args.get("context"), contexts)
+    service = context_service(context, app) if context else require_service(app, args.get("service"))
+    unit = apps.unit_for(app, service)
+    apps.ensure_in_catalog(app)
+    summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
+    if args.get("verbose"):
+        summary["methods"] = method_references(unit)
+    summary["tools"] = sorted(apps.tool_names_of(app, service), key=lambda n: apps.snapshot.bindings[n].method.name)
+    summary["toolsNote"] = TOOLS_NOTE
+    summary["context"] = context["id"] if context else None
+    if context is None:
+        summary["note"] = no_context_note(label, contexts)
+    return with_guide(apps, app, summary, always=bool(args.get("verbose")))
+
+
+def choose_context(apps, app, label, value, contexts):
+    if value is not None:
+        return apps.resolve_context(value, app, label)
+    return contexts[0] if len(contexts) == 1 else None
+
+
+def no_context_note(label, contexts):
+    if contexts:
+        return 'Application "%s" has %d contexts; pass context with one of: %s' % (
+            label, len(contexts), ", ".join(c["id"] for c in contexts))
+    return ('Application "%s" has no contexts on this node. Create one in the Calimero desktop app, or use '
+            'create_context.' % label)
+
+
+# ---- call / call_many ----
+
+CALL_PROPERTIES = {
+    "app_handle": {"type": "string", "description": "The app_handle select_app returned; it names the application "
+                                                    "and the context. Omit it to pass app and context."},
+    "context": {"type": "string", "description": "Context id or alias, with app, instead of an app_handle."},
+    "method": {"type": "string", "description": "ABI method name."},
+    "args": {"type": "object", "description": "Method arguments, keyed by parameter name."},
+    "app": {"type": "string", "description": "Application id, package name, or display name; with context it "
+                                             "replaces the handle, and a handle for another app is refused."},
+}
+
+
+@tool("call", "Call an application method by name, validated against its ABI, with the app_handle select_app "
+      "returned or with app and context. Use this when the generated per-method tools are not visible.",
+      CALL_PROPERTIES, required=["method"], toolset="app",
+      annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
+def call_tool(args, call):
+    return plain_text(run_call(call.server.apps, args))
+
+
+def run_call(apps, args):
+    admitted = admit_call(apps, args)
+    method = find_method(admitted.unit, args.get("method"))
+    return execute(apps, admitted, method, args.get("args") or {})
+
+
+def admit_call(apps, args):
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    named = args.get("app") if isinstance(args.get("app"), str) else None
+    if handle is None:
+        if named is None:
+            raise Refusal(GENERIC_RETRY)
+        app = apps.resolve(named)
+        if not isinstance(args.get("context"), str):
+            raise refusal_for(apps, app)
+        context_id, service = admit_by_context(apps, app, named, args["context"])
+        return Admitted(apps.unit_for(app, service), context_id)
+    if named is not None:
+        try:
+            other = apps.resolve(named)
+        except ToolError:
+            other = None                    # a name that resolves to nothing is ignored (reference §3.12)
+        if other is not None and other.id != handle.app:
+            raise refusal_for(apps, other)
+    app = apps.app_by_id(handle.app)
+    if app is None:
+        raise Refusal(GENERIC_RETRY)
+    context_id = admit_handle(apps, handle, app, handle.service, args.get("context"), named)
+    return Admitted(apps.unit_for(app, handle.service), context_id)
+
+
+@tool("call_many", "Run up to 32 `call`s at once, each validated against its ABI like `call`; a failing item "
+      "does not fail the batch. Results come back in request order as {ok, result} or {ok: false, error}. Calls "
+      "run concurrently, so the order mutating methods execute in is not guaranteed.",
+      {"calls": {"type": "array", "minItems": 1, "maxItems": CALL_MANY_LIMIT,
+                 "description": "Calls to run; each takes what `call` takes: method, args, and an app_handle or "
+                                "app with context.",
+                 "items": {"type": "object", "properties": CALL_PROPERTIES, "required": ["method"]}}},
+      required=["calls"], toolset="app",
+      annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
+def call_many(args, call):
+    items = args["calls"]
+    results = [None] * len(items)
+    done = [0]
+    done_lock = threading.Lock()
+
+    def run(index):
+        if call.cancelled.is_set():
+            results[index] = {"ok": False, "error": "Cancelled before it started."}
+            return
+        results[index] = call_many_item(call.server, items[index], traceparent_of(call.meta))
+        with done_lock:
+            done[0] += 1
+            if call.progress_token is not None and not call.cancelled.is_set():
+                call.server.notify("notifications/progress", {"progressToken": call.progress_token,
+                                                              "progress": done[0], "total": len(items)})
+    list(CALL_POOL.map(run, range(len(items))))
+    return json.dumps(results, indent=2, ensure_ascii=False)
+
+
+def call_many_item(server, item, traceparent):
+    import node as node_module
+    try:
+        with server.node.traced(traceparent):
+            return {"ok": True, "result": run_call(server.apps, item)}
+    except Refusal as refused:
+        return {"ok": False, "error": refused.text}
+    except ToolError as error:
+        return {"ok": False, "error": "Error: " + error.text}
+    except node_module.NodeError as error:
+        return {"ok": False, "error": "Error: %s" % error}
+    except Exception:
+        log.error("call_many item failed:\n%s", traceback.format_exc())
+        return {"ok": False, "error": "Error: internal error (see the server's stderr)"}
+
+
+CALL_POOL = ThreadPoolExecutor(max_workers=CALL_MANY_LIMIT, thread_name_prefix="call")
+
+
+# ---- generated method tools ----
+
+def invoke_generated(name, args, call):
+    apps = call.server.apps
+    binding = apps.snapshot.bindings.get(name)
+    if binding is None:
+        raise Refusal(GENERIC_RETRY)
+    binding = current_binding(apps, binding)
+    admitted = admit_generated(apps, binding.unit, binding.method, args)
+    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args))
+    return generated_result(binding, value, call)
+
+
+def current_binding(apps, binding):
+    """The tool's app as installed now: an upgrade re-checks against the new ABI or refuses (reference §3.14)."""
+    unit = binding.unit
+    live = apps.app_by_id(unit.app.id)
+    if live is None:
+        apps.refresh()
+        raise refusal_for(apps, unit.app)
+    if live.blob == unit.app.blob and live.version == unit.app.version and live.guide_hash == unit.app.guide_hash:
+        return binding
+    apps.refresh()
+    for fresh in apps.snapshot.bindings.values():
+        if (fresh.unit.app.id == live.id and fresh.unit.service == unit.service and fresh.unit.app.blob == live.blob
+                and fresh.method.name == binding.method.name):
+            return fresh
+    raise refusal_for(apps, live)
+
+
+def declared(method, name):
+    return any(p.name == name for p in method.params)
+
+
+def context_argument(method, args):
+    for key in ("_context", "context"):
+        if not declared(method, key) and args.get(key) is not None:
+            return args[key]
+    return None
+
+
+def admit_generated(apps, unit, method, args):
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    context_value = context_argument(method, args)
+    if handle is not None:
+        if handle.app != unit.app.id:
+            raise refusal_for(apps, unit.app)
+        return Admitted(unit, admit_handle(apps, handle, unit.app, unit.service, context_value))
+    if context_value is None:
+        raise refusal_for(apps, unit.app)
+    context_id, _ = admit_by_context(apps, unit.app, unit.app.key, context_value, unit.service)
+    return Admitted(unit, context_id)
+
+
+def strip_injected(method, args):
+    return {k: v for k, v in args.items() if declared(method, k) or k not in ("app_handle", "_context", "context")}
+
+
+def generated_result(binding, value, call):
+    """Compact JSON text, plus structuredContent for a method that returns something (reference §3.14)."""
+    result = {"content": [{"type": "text", "text": json.dumps(value, separators=(",", ":"), ensure_ascii=False)}]}
+    if binding.has_output:
+        wrapped = binding.wraps and call.server.wraps_output(call)
+        result["structuredContent"] = {"result": value} if wrapped else value
+    return result
 
 
 # ── Resources: app guides ─────────────────────────────────────────────────────────────────────────
