@@ -1,0 +1,2260 @@
+"""A fake `merod` for mero-mcp's tests: the node's HTTP API as current releases (rc.27+/rc.83) serve it.
+
+The source of truth is `../shared/spec/node-api.md` (section numbers below refer to it; §7 is the fidelity
+checklist). Every id is 64-char lowercase hex. Standard library only, so the double runs anywhere the tests do.
+
+    with NodeDouble(apps=[spec], contexts=[{"app": "com.calimero.kv-store"}]) as node:
+        ...  # node.url, node.log, node.faults, node.executions
+
+Run on its own for `make demo`:  python3 tests/node_double.py --sample [--port N] [--auth]
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+# ---------------------------------------------------------------------------------------------------------------
+# Constants
+# ---------------------------------------------------------------------------------------------------------------
+
+HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+HEX_STRING = re.compile(r"^(?:[0-9a-fA-F]{2})*$")
+BASE58 = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{32,44}$")
+ALIAS = re.compile(r"^[A-Za-z0-9._-]{1,50}$")  # §3.4
+ZERO_HASH = "0" * 64
+REGISTRY_URL = "https://registry.calimero.network"
+JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain; charset=utf-8"
+
+# §1.2: the literal runs of ten spaces come from the node's multi-line string.
+AUTHORITY_NOT_YET = (
+    "authority for '{}' cannot be resolved at this op's causal cut yet" + " " * 10
+    + "— this node is missing history or a key it is entitled to; retry once it" + " " * 10 + "has synced"
+)
+MISSING_CONTENT_TYPE = "Expected request with `Content-Type: application/json`"
+NO_USABLE_ABI = "application has no usable embedded ABI (absent or malformed); rebuild it with `cargo mero build`"
+VISIBILITY_ERROR = "Field 'subgroup_visibility' has invalid format: must be 'open' or 'restricted'"
+ROLES = ("Admin", "Member", "ReadOnly", "ReadOnlyTee")
+ACCESS_TTL = 3600          # §2.2
+REFRESH_TTL = 2_592_000    # §2.2 (30 days)
+CORS_HEADERS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Expose-Headers": "x-auth-error, x-auth-user, x-auth-permissions",
+}
+
+
+def hex_id(label: str) -> str:
+    """A deterministic 64-hex id for tests: sha256 of the label."""
+    return hashlib.sha256(label.encode("utf-8")).hexdigest()
+
+
+NODE_ACCOUNT = hex_id("node-double:account")
+NODE_DEVICE = hex_id("node-double:device")
+NODE_PUBLIC_KEY = hex_id("node-double:public-key")
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def id_bytes(hex_string: str) -> List[int]:
+    return list(bytes.fromhex(hex_string))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Replies: a handler returns a plain value (200 JSON) or a Reply; it may also raise one.
+# ---------------------------------------------------------------------------------------------------------------
+
+class Reply(Exception):
+    def __init__(self, status: int, body: bytes = b"", content_type: Optional[str] = None,
+                 headers: Optional[Dict[str, str]] = None):
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers or {}
+
+
+def json_reply(status: int, value: Any, headers: Optional[Dict[str, str]] = None) -> Reply:
+    return Reply(status, compact_json(value).encode("utf-8"), JSON_TYPE, headers)
+
+
+def error_reply(status: int, message: str) -> Reply:
+    """Handled errors are `{"error": "<message>"}` JSON (§1.2)."""
+    return json_reply(status, {"error": message})
+
+
+def text_reply(status: int, message: str) -> Reply:
+    """Framework rejections and install failures are text/plain (§1.2, checklist 6)."""
+    return Reply(status, message.encode("utf-8"), TEXT_TYPE)
+
+
+def empty_reply(status: int, headers: Optional[Dict[str, str]] = None) -> Reply:
+    return Reply(status, b"", None, headers)
+
+
+def internal_error() -> Reply:
+    """Untyped node errors all become this 500 (§1.2); a fresh instance each time, since Replies are raised."""
+    return error_reply(500, "Internal server error")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Request parsing helpers (serde/axum-shaped messages)
+# ---------------------------------------------------------------------------------------------------------------
+
+def serde_syntax_message(body: bytes) -> str:
+    """A serde_json-like syntax error for a body that is not JSON."""
+    if not body.strip():
+        return "EOF while parsing a value at line 1 column 0"
+    try:
+        json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "invalid unicode code point at line 1 column 1"
+    except json.JSONDecodeError as exc:
+        return "expected value at line {} column {}".format(exc.lineno, exc.colno)
+    return "trailing characters at line 1 column 1"
+
+
+def parse_json_body(body: bytes) -> Tuple[bool, Any]:
+    try:
+        return True, json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False, None
+
+
+def missing_field(body: Dict[str, Any], names: Tuple[str, ...]) -> Optional[str]:
+    for name in names:
+        if name not in body:
+            return name
+    return None
+
+
+def normalise_hex64(value: Any) -> Optional[str]:
+    if isinstance(value, str) and HEX64.match(value):
+        return value.lower()
+    return None
+
+
+def paginate(items: list, query: Dict[str, str]) -> list:
+    """offset/limit as §3.3: default 100, limit ≤ 1000 and offset ≤ 100 000, silently clamped."""
+    try:
+        offset = int(query.get("offset", "0"))
+        limit = int(query.get("limit", "100"))
+    except ValueError:
+        raise text_reply(400, "Failed to deserialize query string: invalid digit found in string")
+    offset = max(0, min(offset, 100_000))
+    limit = max(0, min(limit, 1000))
+    return items[offset:offset + limit]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The guest: argument decoding the way the SDK's serde structs do it (§4.4), sample values, kv behaviour
+# ---------------------------------------------------------------------------------------------------------------
+
+class GuestPanic(Exception):
+    """`guest panicked: <message>` (§4.2)."""
+
+
+class AppError(Exception):
+    """The method returned `Err(value)`; the node shows its JSON bytes Debug-formatted (§4.2, checklist 23)."""
+
+    def __init__(self, value: Any):
+        super().__init__(value)
+        self.value = value
+
+
+def panic_location(method_name: str) -> str:
+    line = 40 + int(hashlib.sha256(method_name.encode()).hexdigest()[:4], 16) % 200
+    return "src/lib.rs:{}:5".format(line)
+
+
+SCALAR_RUST = {"string": "String", "bool": "bool", "unit": "()"}
+INTEGER_RANGES = {
+    "u32": (0, 2 ** 32 - 1), "u64": (0, 2 ** 64 - 1),
+    "i32": (-2 ** 31, 2 ** 31 - 1), "i64": (-2 ** 63, 2 ** 63 - 1),
+}
+
+
+class TypeSystem:
+    """Reads TypeRefs of one manifest (§5.3–5.4): Rust spelling, JSON checks, sample values."""
+
+    def __init__(self, manifest: Dict[str, Any]):
+        self.types = manifest.get("types") or {}
+
+    def resolve(self, ref: Dict[str, Any]) -> Tuple[Optional[str], Dict[str, Any]]:
+        """Follow `$ref`s and aliases; returns (type name or None, concrete definition)."""
+        name = None
+        for _ in range(32):
+            if "$ref" in ref:
+                name = ref["$ref"]
+                ref = self.types.get(name) or {"kind": "unit"}
+            elif ref.get("kind") == "alias":
+                ref = ref.get("target") or {"kind": "unit"}
+            elif ref.get("crdt_type") and "inner_type" in ref:
+                ref = ref["inner_type"]   # CRDT wrappers are transparent on the wire (§4.4)
+            else:
+                break
+        return name, ref
+
+    def rust(self, ref: Dict[str, Any], nullable: bool = False) -> str:
+        text = self._rust(ref)
+        return "Option<{}>".format(text) if nullable else text
+
+    def _rust(self, ref: Dict[str, Any]) -> str:
+        if "$ref" in ref:
+            return ref["$ref"]
+        kind = ref.get("kind")
+        if kind in SCALAR_RUST:
+            return SCALAR_RUST[kind]
+        if kind == "bytes":
+            return "[u8; {}]".format(ref["size"]) if ref.get("size") else "Vec<u8>"
+        if kind == "list":
+            return "Vec<{}>".format(self._rust(ref.get("items") or {}))
+        if kind == "map":
+            return "BTreeMap<String, {}>".format(self._rust(ref.get("value") or {}))
+        if kind == "tuple":
+            return "({})".format(", ".join(self._rust(e) for e in ref.get("elements") or []))
+        if kind == "record":
+            return "{ .. }"
+        return str(kind)
+
+    def problem(self, ref: Dict[str, Any], value: Any, nullable: bool = False, depth: int = 0) -> Optional[str]:
+        """serde's message for a value that does not fit, or None."""
+        if value is None:
+            return None if nullable else self._invalid(value, self.expected(ref))
+        if depth > 24:
+            return None
+        name, ref = self.resolve(ref)
+        kind = ref.get("kind")
+        checker = getattr(self, "_check_" + str(kind), None)
+        if checker is None:
+            return None  # opaque CRDTs (Counter, RGA) and unknown kinds: accept
+        return checker(ref, value, name, depth)
+
+    def expected(self, ref: Dict[str, Any]) -> str:
+        name, ref = self.resolve(ref)
+        kind = ref.get("kind")
+        if kind == "string":
+            return "a string"
+        if kind == "bool":
+            return "a boolean"
+        if kind in ("list", "bytes"):
+            return "a sequence"
+        if kind == "map":
+            return "a map"
+        if kind == "record":
+            return "struct {}".format(name) if name else "a map"
+        if kind == "variant":
+            return "enum {}".format(name or "")
+        if kind == "tuple":
+            return "a tuple of size {}".format(len(ref.get("elements") or []))
+        return str(kind)
+
+    @staticmethod
+    def _describe(value: Any) -> str:
+        if value is None:
+            return "null"
+        if isinstance(value, bool):
+            return "boolean `{}`".format("true" if value else "false")
+        if isinstance(value, int):
+            return "integer `{}`".format(value)
+        if isinstance(value, float):
+            return "floating point `{}`".format(value)
+        if isinstance(value, str):
+            return "string {}".format(json.dumps(value, ensure_ascii=False))
+        return "sequence" if isinstance(value, list) else "map"
+
+    def _invalid(self, value: Any, expected: str) -> str:
+        return "invalid type: {}, expected {}".format(self._describe(value), expected)
+
+    def _check_string(self, ref, value, name, depth):
+        return None if isinstance(value, str) else self._invalid(value, "a string")
+
+    def _check_bool(self, ref, value, name, depth):
+        return None if isinstance(value, bool) else self._invalid(value, "a boolean")
+
+    def _check_unit(self, ref, value, name, depth):
+        return self._invalid(value, "unit")
+
+    def _check_integer(self, ref, value, name, depth):
+        kind = ref["kind"]
+        if isinstance(value, bool) or not isinstance(value, int):
+            return self._invalid(value, kind)
+        low, high = INTEGER_RANGES[kind]
+        if not low <= value <= high:
+            return "invalid value: integer `{}`, expected {}".format(value, kind)
+        return None
+
+    _check_u32 = _check_u64 = _check_i32 = _check_i64 = _check_integer
+
+    def _check_float(self, ref, value, name, depth):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return self._invalid(value, ref["kind"])
+        return None
+
+    _check_f32 = _check_f64 = _check_float
+
+    def _check_bytes(self, ref, value, name, depth):
+        size = ref.get("size")
+        if size == 32 and isinstance(value, str) and HEX64.match(value):
+            return None  # id newtypes describe as bytes but travel as hex (§4.4)
+        if not isinstance(value, list):
+            return self._invalid(value, "a sequence")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= 255:
+                return self._invalid(item, "u8") if not isinstance(item, int) or isinstance(item, bool) \
+                    else "invalid value: integer `{}`, expected u8".format(item)
+        if size and len(value) != size:
+            return "invalid length {}, expected an array of length {}".format(len(value), size)
+        return None
+
+    def _check_list(self, ref, value, name, depth):
+        if not isinstance(value, list):
+            return self._invalid(value, "a sequence")
+        item_type = ref.get("items") or {}
+        for item in value:
+            found = self.problem(item_type, item, False, depth + 1)
+            if found:
+                return found
+        return None
+
+    def _check_map(self, ref, value, name, depth):
+        if not isinstance(value, dict):
+            return self._invalid(value, "a map")
+        value_type = ref.get("value") or {}
+        for item in value.values():
+            found = self.problem(value_type, item, False, depth + 1)
+            if found:
+                return found
+        return None
+
+    def _check_tuple(self, ref, value, name, depth):
+        elements = ref.get("elements") or []
+        if not isinstance(value, list):
+            return self._invalid(value, self.expected(ref))
+        if len(value) != len(elements):
+            return "invalid length {}, expected a tuple of size {}".format(len(value), len(elements))
+        for element_type, item in zip(elements, value):
+            found = self.problem(element_type, item, False, depth + 1)
+            if found:
+                return found
+        return None
+
+    def _check_record(self, ref, value, name, depth):
+        if not isinstance(value, dict):
+            return self._invalid(value, "struct {}".format(name) if name else "a map")
+        for field in ref.get("fields") or []:
+            if field["name"] not in value:
+                if not field.get("nullable"):
+                    return "missing field `{}`".format(field["name"])
+                continue
+            found = self.problem(field["type"], value[field["name"]], bool(field.get("nullable")), depth + 1)
+            if found:
+                return found
+        return None
+
+    def _check_variant(self, ref, value, name, depth):
+        variants = {v["name"]: v for v in ref.get("variants") or []}
+        if isinstance(value, str):
+            tag, payload = value, None
+        elif isinstance(value, dict) and len(value) == 1:
+            tag, payload = next(iter(value.items()))
+        else:
+            return self._invalid(value, "enum {}".format(name or ""))
+        if tag not in variants:
+            return "unknown variant `{}`, expected {}".format(tag, serde_one_of(list(variants)))
+        payload_type = variants[tag].get("payload")
+        if payload_type is None:
+            return None if payload is None else self._invalid(payload, "unit variant")
+        return self.problem(payload_type, payload, False, depth + 1)
+
+    def sample(self, ref: Optional[Dict[str, Any]], depth: int = 0) -> Any:
+        """A deterministic value of the type, for generic apps (the shapes of §4.4)."""
+        if not ref or depth > 8:
+            return None
+        _, ref = self.resolve(ref)
+        kind = ref.get("kind")
+        simple = {"string": "sample", "bool": True, "u32": 1, "u64": 1, "i32": -1, "i64": -1,
+                  "f32": 1.5, "f64": 1.5, "unit": None}
+        if kind in simple:
+            return simple[kind]
+        if kind == "bytes":
+            return [1] * (ref.get("size") or 4)
+        if kind == "list":
+            return [self.sample(ref.get("items"), depth + 1)]
+        if kind == "map":
+            return {"key": self.sample(ref.get("value"), depth + 1)}
+        if kind == "tuple":
+            return [self.sample(e, depth + 1) for e in ref.get("elements") or []]
+        if kind == "record":
+            return {f["name"]: None if f.get("nullable") else self.sample(f["type"], depth + 1)
+                    for f in ref.get("fields") or []}
+        if kind == "variant":
+            return self._sample_variant(ref, depth)
+        return None
+
+    def _sample_variant(self, ref: Dict[str, Any], depth: int) -> Any:
+        variants = ref.get("variants") or []
+        if not variants:
+            return None
+        first = variants[0]
+        if first.get("payload") is None:
+            return first["name"]
+        return {first["name"]: self.sample(first["payload"], depth + 1)}
+
+
+def serde_one_of(names: List[str]) -> str:
+    """serde's list of expected names: `a`, `a` or `b`, one of `a`, `b`, `c`."""
+    quoted = ["`{}`".format(n) for n in names]
+    if not quoted:
+        return "nothing"
+    if len(quoted) == 1:
+        return quoted[0]
+    if len(quoted) == 2:
+        return "{} or {}".format(*quoted)
+    return "one of " + ", ".join(quoted)
+
+
+NO_INPUT = object()   # create-context with `initializationParams: []`: the guest reads zero bytes
+
+
+def decode_arguments(manifest: Dict[str, Any], method: Dict[str, Any], args: Any) -> None:
+    """Raise GuestPanic as the SDK's `deny_unknown_fields` argument struct would (§4.2, checklist 22).
+
+    A method without parameters accepts anything except a JSON object that names arguments
+    (core `crates/sdk/macros/src/logic/method.rs`)."""
+    params = method.get("params") or []
+    types = TypeSystem(manifest)
+    text = "" if args is NO_INPUT else compact_json(args)
+    if params:
+        message, column = _argument_problem(types, params, args, text)
+    elif isinstance(args, dict) and args:
+        message, column = "unknown field `{}`, there are no fields".format(next(iter(args))), len(text)
+    else:
+        return
+    if message is None:
+        return
+    fields = ", ".join("{}: {}".format(p["name"], types.rust(p["type"], bool(p.get("nullable")))) for p in params)
+    expected = "{{ {} }}".format(fields) if fields else "{}"
+    raise GuestPanic('{}: failed to deserialize arguments (expected {}): Error({}, line: 1, column: {}) at {}'.format(
+        method["name"], expected, json.dumps(message, ensure_ascii=False), column, panic_location(method["name"])))
+
+
+def _argument_problem(types: TypeSystem, params: list, args: Any, text: str) -> Tuple[Optional[str], int]:
+    if args is NO_INPUT:
+        return "EOF while parsing a value", 0
+    if not isinstance(args, dict):
+        return types._invalid(args, "struct Input"), len(text)
+    by_name = {p["name"]: p for p in params}
+    for key, value in args.items():
+        quoted_key = json.dumps(key, ensure_ascii=False)
+        key_end = text.find(quoted_key + ":") + len(quoted_key)
+        if key not in by_name:
+            return "unknown field `{}`, expected {}".format(key, serde_one_of(list(by_name))), key_end
+        found = types.problem(by_name[key]["type"], value, bool(by_name[key].get("nullable")))
+        if found:
+            return found, key_end + 1 + len(compact_json(value))
+    for param in params:
+        if param["name"] not in args and not param.get("nullable"):
+            return "missing field `{}`".format(param["name"]), len(text)
+    return None, 0
+
+
+def app_error_text(value: Any) -> str:
+    """The node prints the guest's JSON error bytes as a Rust Debug byte list (§4.2)."""
+    data = compact_json(value).encode("utf-8")
+    return "the method call returned an error: [{}]".format(", ".join(str(b) for b in data))
+
+
+# kv behaviour: one small function per method of the kv-store app; the state is a plain dict per context.
+
+def _kv_set(store, args):
+    store[args["key"]] = args["value"]
+
+
+def _kv_get(store, args):
+    return store.get(args["key"])
+
+
+def _kv_remove(store, args):
+    return store.pop(args["key"], None)
+
+
+def _kv_entries(store, args):
+    return dict(sorted(store.items()))
+
+
+def _kv_len(store, args):
+    return len(store)
+
+
+def _kv_clear(store, args):
+    store.clear()
+
+
+def _kv_get_or_insert(store, args):
+    return store.setdefault(args["key"], args["value"])
+
+
+def _kv_update_if_exists(store, args):
+    if args["key"] not in store:
+        return False
+    store[args["key"]] = args["value"]
+    return True
+
+
+def _kv_get_result(store, args):
+    if args["key"] not in store:
+        raise AppError("key not found: {}".format(args["key"]))
+    return store[args["key"]]
+
+
+def _kv_get_unchecked(store, args):
+    if args["key"] not in store:
+        raise GuestPanic("key not found at src/lib.rs:97:14")
+    return store[args["key"]]
+
+
+def _kv_init(store, args):
+    store.clear()
+
+
+KV_METHODS: Dict[str, Callable[[dict, dict], Any]] = {
+    "set": _kv_set, "get": _kv_get, "remove": _kv_remove, "entries": _kv_entries, "len": _kv_len,
+    "clear": _kv_clear, "get_or_insert": _kv_get_or_insert, "update_if_exists": _kv_update_if_exists,
+    "get_result": _kv_get_result, "get_unchecked": _kv_get_unchecked, "init": _kv_init,
+}
+
+
+def run_guest(behaviour: str, manifest: Dict[str, Any], method: Dict[str, Any], args: Any, store: dict) -> Any:
+    """Execute one method: decode arguments, then either the kv logic or a sample of the return type."""
+    decode_arguments(manifest, method, args)
+    args = args if isinstance(args, dict) else {}
+    if behaviour == "kv" and method["name"] in KV_METHODS:
+        return KV_METHODS[method["name"]](store, args)
+    if method.get("returns_nullable"):
+        return None
+    return TypeSystem(manifest).sample(method.get("returns"))
+
+
+def find_method(manifest: Optional[Dict[str, Any]], name: str) -> Optional[Dict[str, Any]]:
+    for method in (manifest or {}).get("methods") or []:
+        if method.get("name") == name:
+            return method
+    return None
+
+
+def default_behaviour(manifest: Optional[Dict[str, Any]]) -> str:
+    has_kv_core = find_method(manifest, "get") and find_method(manifest, "set")
+    return "kv" if has_kv_core else "generic"
+
+
+def is_read_only(method: Dict[str, Any]) -> bool:
+    return method.get("intent") == "read_only"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Embedded auth (§1.5, §2): HS256 JWTs, login, refresh with single-use refresh tokens, revocation
+# ---------------------------------------------------------------------------------------------------------------
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def b64url_decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class AuthService:
+    """Token bookkeeping. Every token's jti maps to its serial, family and (for refresh tokens) use."""
+
+    def __init__(self, config: Dict[str, Any]):
+        self.users: Dict[str, str] = dict(config.get("users") or {})
+        self.access_ttl = int(config.get("access_ttl", ACCESS_TTL))
+        self.refresh_ttl = int(config.get("refresh_ttl", REFRESH_TTL))
+        self.secret = os.urandom(32)
+        self.tokens: Dict[str, Dict[str, Any]] = {}
+        self.revoked_families: set = set()
+        self.serial = 0
+        self.expired_upto = 0   # access tokens with serial <= this count as expired
+
+    def mint_pair(self, subject: str, permissions: List[str], family: str, node_url: str = "") -> Tuple[str, str]:
+        return (self._mint(subject, "access", self.access_ttl, permissions, family, node_url),
+                self._mint(subject, "refresh", self.refresh_ttl, permissions, family, node_url))
+
+    def _mint(self, subject, token_type, ttl, permissions, family, node_url) -> str:
+        now = int(time.time())
+        jti = uuid.uuid4().hex   # unique even for two tokens minted in the same second
+        claims = {"sub": subject, "iss": "calimero-auth", "aud": "calimero-node", "exp": now + ttl, "iat": now,
+                  "jti": jti, "token_type": token_type, "permissions": list(permissions)}
+        if node_url:
+            claims["node_url"] = node_url
+        self.serial += 1
+        self.tokens[jti] = {"serial": self.serial, "family": family, "used": False}
+        header = b64url(compact_json({"alg": "HS256", "typ": "JWT"}).encode())
+        payload = b64url(compact_json(claims).encode())
+        return "{}.{}.{}".format(header, payload, self._sign(header + "." + payload))
+
+    def _sign(self, signing_input: str) -> str:
+        return b64url(hmac.new(self.secret, signing_input.encode("ascii"), hashlib.sha256).digest())
+
+    def decode(self, token: str) -> Optional[Dict[str, Any]]:
+        """Claims of a token this node signed and remembers, else None."""
+        parts = token.split(".")
+        if len(parts) != 3:
+            return None
+        try:
+            if not hmac.compare_digest(self._sign(parts[0] + "." + parts[1]), parts[2]):
+                return None
+            claims = json.loads(b64url_decode(parts[1]))
+        except (ValueError, UnicodeError):
+            return None
+        return claims if isinstance(claims, dict) and claims.get("jti") in self.tokens else None
+
+    def is_expired(self, claims: Dict[str, Any]) -> bool:
+        info = self.tokens[claims["jti"]]
+        return info["serial"] <= self.expired_upto or claims.get("exp", 0) < time.time()
+
+    def family_of(self, claims: Dict[str, Any]) -> str:
+        return self.tokens[claims["jti"]]["family"]
+
+    def guard(self, token: Optional[str]) -> Optional[Reply]:
+        """What the guard answers for a protected route (§1.5); None lets the request through."""
+        if token is None:
+            return empty_reply(401)
+        claims = self.decode(token)
+        if claims is None or claims.get("token_type") != "access":
+            return empty_reply(401)
+        if self.is_expired(claims):
+            return empty_reply(401, {"X-Auth-Error": "token_expired"})
+        if self.family_of(claims) in self.revoked_families:
+            return empty_reply(403, {"X-Auth-Error": "token_revoked"})
+        if "admin" not in (claims.get("permissions") or []):
+            return empty_reply(403, {"X-Auth-Error": "permission_denied"})
+        return None
+
+    def expire_all_access(self) -> None:
+        self.expired_upto = self.serial
+
+    def revoke_all(self) -> None:
+        self.revoked_families.update(info["family"] for info in self.tokens.values())
+
+
+def auth_success(pair: Tuple[str, str]) -> Dict[str, Any]:
+    """§2.1: the TokenResponse keeps its own `error: null` inside `data`."""
+    return {"data": {"access_token": pair[0], "refresh_token": pair[1], "error": None}, "error": None}
+
+
+def auth_failure(status: int, message: str, headers: Optional[Dict[str, str]] = None) -> Reply:
+    return json_reply(status, {"data": None, "error": message}, headers)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Routing: (method, path pattern) -> handler, with the body extractor and auth class each route uses
+# ---------------------------------------------------------------------------------------------------------------
+
+# Body extractors (§1.2): "validated" = core's ValidatedJson (JSON 400s, body + content type required);
+# "axum" = plain Json<T> (text 415/400/422); "optional" = body ignored; "raw" = bytes as sent.
+# Auth classes: "public", "protected" (guarded in embedded mode), "auth" (embedded only, public),
+# "auth-protected" (embedded only, guarded).
+
+class Route:
+    def __init__(self, method: str, pattern: str, handler: str, body: str = "optional", access: str = "protected",
+                 bad_id: Optional[Dict[str, str]] = None):
+        self.method = method
+        self.pattern = pattern
+        self.handler = handler
+        self.body = body
+        self.access = access
+        self.bad_id = bad_id or {}
+        regex = re.sub(r":([a-z_]+)", r"(?P<\1>[^/]+)", pattern)
+        self.regex = re.compile("^" + regex + "$")
+
+
+# How a malformed id in a path param is refused (checklist 2): typed extractors answer text, manual parsers JSON.
+ID_PARAM_ERRORS = {
+    "application_id": ("text", "Invalid URL: Cannot parse `{}` as an application id: expected 64 hex characters"),
+    "context_id": ("json", "Invalid context id"),
+    "blob_id": ("json", "Invalid blob ID format"),
+    "group_id": ("json", "Invalid group id format: expected hex-encoded 32 bytes"),
+    "namespace_id": ("json", "Invalid group id format: expected hex-encoded 32 bytes"),
+}
+
+ROUTES = [
+    # health & identity (§3.1)
+    Route("GET", "/admin-api/health", "health", access="public"),
+    Route("GET", "/admin-api/ready", "ready", access="public"),
+    Route("GET", "/admin-api/is-authed", "is_authed", access="public"),
+    Route("GET", "/admin-api/certificate", "certificate", access="public"),
+    Route("GET", "/admin-api/identity", "identity"),
+    Route("GET", "/admin-api/peers", "peers"),
+    # applications (§3.2)
+    Route("GET", "/admin-api/applications", "list_applications"),
+    Route("GET", "/admin-api/applications/:application_id", "get_application"),
+    Route("GET", "/admin-api/applications/:application_id/abi", "get_abi"),
+    Route("GET", "/admin-api/applications/:application_id/versions", "application_versions"),
+    Route("DELETE", "/admin-api/applications/:application_id", "uninstall_application"),
+    Route("POST", "/admin-api/install-application", "install_application", body="validated"),
+    Route("POST", "/admin-api/install-dev-application", "install_dev_application", body="validated"),
+    Route("GET", "/admin-api/packages", "list_packages"),
+    Route("GET", "/admin-api/packages/:package/versions", "package_versions"),
+    Route("GET", "/admin-api/packages/:package/latest", "package_latest"),
+    # contexts (§3.3)
+    Route("GET", "/admin-api/contexts", "list_contexts"),
+    Route("POST", "/admin-api/contexts", "create_context", body="validated"),
+    Route("GET", "/admin-api/contexts/for-application/:application_id", "contexts_for_application"),
+    Route("GET", "/admin-api/contexts/:context_id", "get_context"),
+    Route("DELETE", "/admin-api/contexts/:context_id", "delete_context"),
+    Route("POST", "/admin-api/contexts/:context_id/join", "join_context", bad_id={
+        "context_id": "Invalid context id format: expected base58 or hex-encoded 32 bytes"}),
+    Route("POST", "/admin-api/contexts/:context_id/leave", "leave_context"),
+    Route("GET", "/admin-api/contexts/:context_id/identities", "context_identities"),
+    Route("GET", "/admin-api/contexts/:context_id/identities-owned", "context_identities"),
+    Route("GET", "/admin-api/contexts/:context_id/group", "context_group"),
+    # aliases (§3.4)
+    Route("POST", "/admin-api/alias/create/:kind", "create_alias", body="axum"),
+    Route("POST", "/admin-api/alias/lookup/:kind/:name", "lookup_alias"),
+    Route("GET", "/admin-api/alias/list/:kind", "list_aliases"),
+    Route("POST", "/admin-api/alias/delete/:kind/:name", "delete_alias"),
+    # blobs (§3.5)
+    Route("PUT", "/admin-api/blobs", "upload_blob", body="raw"),
+    Route("GET", "/admin-api/blobs", "list_blobs"),
+    Route("GET", "/admin-api/blobs/:blob_id", "download_blob"),
+    Route("HEAD", "/admin-api/blobs/:blob_id", "download_blob"),
+    Route("DELETE", "/admin-api/blobs/:blob_id", "delete_blob"),
+    # namespaces (§3.6)
+    Route("GET", "/admin-api/namespaces", "list_namespaces"),
+    Route("POST", "/admin-api/namespaces", "create_namespace", body="validated"),
+    Route("GET", "/admin-api/namespaces/for-application/:application_id", "namespaces_for_application",
+          bad_id={"application_id": "Invalid application id"}),
+    Route("GET", "/admin-api/namespaces/:namespace_id", "get_namespace"),
+    Route("DELETE", "/admin-api/namespaces/:namespace_id", "delete_group", body="validated"),
+    Route("POST", "/admin-api/namespaces/:namespace_id/invite", "invite_namespace", body="validated"),
+    Route("POST", "/admin-api/namespaces/:namespace_id/join", "join_namespace", body="validated"),
+    Route("POST", "/admin-api/namespaces/:namespace_id/leave", "leave_namespace"),
+    Route("GET", "/admin-api/namespaces/:namespace_id/groups", "namespace_groups"),
+    Route("POST", "/admin-api/namespaces/:namespace_id/groups", "create_namespace_group", body="axum"),
+    # groups (§3.7)
+    Route("POST", "/admin-api/groups", "create_group", body="validated"),
+    Route("GET", "/admin-api/groups/:group_id", "group_info"),
+    Route("DELETE", "/admin-api/groups/:group_id", "delete_group", body="validated"),
+    Route("GET", "/admin-api/groups/:group_id/subgroups", "subgroups"),
+    Route("GET", "/admin-api/groups/:group_id/contexts", "group_contexts"),
+    Route("GET", "/admin-api/groups/:group_id/members", "group_members"),
+    Route("POST", "/admin-api/groups/:group_id/members", "add_group_members", body="validated"),
+    Route("PUT", "/admin-api/groups/:group_id/settings/subgroup-visibility", "set_visibility", body="validated"),
+    Route("GET", "/admin-api/groups/:group_id/metadata", "get_group_metadata"),
+    Route("PUT", "/admin-api/groups/:group_id/metadata", "set_group_metadata", body="validated"),
+    Route("POST", "/admin-api/groups/:group_id/join-via-inheritance", "join_via_inheritance"),
+    Route("POST", "/admin-api/groups/:group_id/leave", "leave_group"),
+    # JSON-RPC (§4)
+    Route("POST", "/jsonrpc", "jsonrpc", body="axum"),
+    # embedded auth (§2)
+    Route("POST", "/auth/token", "auth_token", body="auth", access="auth"),
+    Route("POST", "/auth/refresh", "auth_refresh", body="auth", access="auth"),
+    Route("GET", "/auth/health", "auth_health", access="auth"),
+    Route("GET", "/auth/providers", "auth_providers", access="auth"),
+    Route("GET", "/admin/identity", "auth_identity", access="auth-protected"),
+    Route("POST", "/admin/client-key", "client_key", body="auth", access="auth-protected"),
+]
+
+
+class Request:
+    def __init__(self, method: str, path: str, query: Dict[str, str], headers: Dict[str, str], body: bytes):
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.params: Dict[str, str] = {}
+        self.json: Any = None
+
+    @property
+    def is_json_content(self) -> bool:
+        return self.headers.get("content-type", "").split(";")[0].strip().lower() == JSON_TYPE
+
+    def bearer_token(self) -> Optional[str]:
+        """§1.5: an Authorization header is the only source when present, even if invalid."""
+        if "authorization" in self.headers:
+            value = self.headers["authorization"]
+            return value[7:].strip() if value.lower().startswith("bearer ") else ""
+        return self.query.get("token")
+
+
+def decode_body(route: Route, request: Request) -> Optional[Reply]:
+    """Run the route's body extractor; a Reply means the request is refused before the handler."""
+    if route.body in ("optional", "raw"):
+        request.json = parse_json_body(request.body)[1] if request.body else None
+        return None
+    ok, value = parse_json_body(request.body)
+    if route.body == "validated":
+        if not request.is_json_content:
+            return error_reply(400, MISSING_CONTENT_TYPE)
+        if not ok:
+            return error_reply(400, "JSON syntax error: Failed to parse the request body as JSON: "
+                               + serde_syntax_message(request.body))
+        if not isinstance(value, dict):
+            return error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+                               "invalid type: expected a map")
+    elif route.body == "axum":
+        if not request.is_json_content:
+            return text_reply(415, MISSING_CONTENT_TYPE)
+        if not ok:
+            return text_reply(400, "Failed to parse the request body as JSON: " + serde_syntax_message(request.body))
+        if not isinstance(value, dict):
+            return text_reply(422, "Failed to deserialize the JSON body into the target type: invalid type: "
+                              "expected a map at line 1 column 1")
+    elif not ok or not isinstance(value, dict):   # the auth crate's own extractor (§2)
+        return json_reply(400, {"error": "Invalid JSON: " + serde_syntax_message(request.body), "status": 400})
+    request.json = value
+    return None
+
+
+def check_id_params(route: Route, request: Request) -> Optional[Reply]:
+    for name, value in list(request.params.items()):
+        if name not in ID_PARAM_ERRORS:
+            continue
+        if HEX64.match(value):
+            request.params[name] = value.lower()
+            continue
+        style, message = ID_PARAM_ERRORS[name]
+        message = route.bad_id.get(name, message)
+        if name in route.bad_id:
+            style = "json"
+        return text_reply(400, message.format(value)) if style == "text" else error_reply(400, message)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The HTTP server
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True     # stop() then start() must rebind the same port
+    block_on_close = False
+
+    def __init__(self, address, double: "NodeDouble"):
+        self.double = double
+        self.open_connections: set = set()
+        self.connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address):
+        with self.connections_lock:
+            self.open_connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        with self.connections_lock:
+            self.open_connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Kept-alive client connections must not outlive stop(), or a stopped node would still answer."""
+        with self.connections_lock:
+            connections = list(self.open_connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "merod-double"
+
+    def version_string(self):
+        return self.server_version
+
+    def log_message(self, format, *args):  # no stderr noise in test output
+        pass
+
+    def handle_any(self):
+        self.server.double._serve(self)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_OPTIONS = do_PATCH = handle_any
+
+    def read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return self._read_chunked()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _read_chunked(self) -> bytes:
+        chunks = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.rfile.readline()
+                return b"".join(chunks)
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline()
+
+    def send(self, reply: Reply) -> None:
+        self.send_response(reply.status)
+        headers = dict(CORS_HEADERS)
+        if reply.content_type:
+            headers["Content-Type"] = reply.content_type
+        headers.update(reply.headers)
+        headers["Content-Length"] = str(len(reply.body))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD" and reply.body:
+            self.wfile.write(reply.body)
+
+    def abort_with_reset(self) -> None:
+        """SO_LINGER 0 turns close() into a TCP RST: the client sees a reset mid-request."""
+        self.close_connection = True
+        try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NodeDouble: state, test helpers, lifecycle
+# ---------------------------------------------------------------------------------------------------------------
+
+class NodeDouble:
+    """The fake node. All state sits behind one lock; handlers hold it only while they touch state.
+
+    Constructor specs are plain dicts:
+      apps        app specs (package, version, signer_id, id?, metadata?, abi | services, abi_error?, behaviour?)
+      namespaces  {"app": id-or-package, "name"?, "id"?}
+      groups      {"namespace": id, "name"?, "id"?, "visibility"?, "metadata"?, "member"?: bool}
+      contexts    {"app": id-or-package, "id"?, "service"?, "group"?, "name"?, "state"?: kv dict,
+                   "heads"?: int, "uninitialized"?: bool}
+      aliases     {alias: context id}
+      registry    {"package@version" (or a dev-install path): app spec}
+
+    faults (a dict tests may change at any time; "paths": [prefix, …] limits it, "times": N heals it after N):
+      down       close the connection without answering     reset      abort the socket with a TCP RST
+      truncated  promise more Content-Length than is sent    garbage    200 with a non-JSON body
+      delay      seconds to sleep first (combines with the rest)
+      status     answer this status: with "body" (text/plain) or "json", else the node's own text
+                 (503 → the "authority … not yet resolvable" error, 500 → Internal server error)
+    """
+
+    def __init__(self, apps=(), contexts=(), aliases=None, namespaces=(), groups=(), registry=None,
+                 auth=None, list_services=True, exec_delay=0.0, port=0):
+        self._lock = threading.RLock()
+        self.port = int(port)
+        self.url = ""
+        self.log: List[Dict[str, Any]] = []
+        self.faults: Dict[str, Any] = {}
+        self.exec_delay = float(exec_delay)
+        self.max_inflight = 0
+        self.executions: List[Dict[str, Any]] = []
+        self.refresh_count = 0
+        self.handler_errors: List[str] = []   # tracebacks of handler crashes (answered 500)
+        self.list_services = list_services
+        self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
+        self._auth = AuthService(auth) if auth is not None else None
+        self._inflight = 0
+        self._serial = 0
+        self._apps: Dict[str, Dict[str, Any]] = {}
+        self._contexts: Dict[str, Dict[str, Any]] = {}
+        self._groups: Dict[str, Dict[str, Any]] = {}
+        self._aliases: Dict[str, Dict[str, str]] = {"context": {}, "application": {}}
+        self._blobs: Dict[str, bytes] = {}
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+        self._load(apps, namespaces, groups, contexts, aliases)
+
+    def _load(self, apps, namespaces, groups, contexts, aliases) -> None:
+        """Constructor specs are plain dicts: the helpers' keyword names, plus the short keys below."""
+        for spec in apps:
+            self.add_app(spec)
+        for spec in namespaces:
+            self.add_namespace(**spec_kwargs(spec, {"app": "app_id", "id": "namespace_id"}))
+        for spec in groups:
+            self.add_group(**spec_kwargs(spec, {"app": "app_id", "id": "group_id"}))
+        for spec in contexts:
+            self.add_context(**spec_kwargs(spec, {"app": "app_id", "id": "context_id", "group": "group_id"}))
+        for alias, context_id in dict(aliases or {}).items():
+            self.add_alias(alias, context_id)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    def start(self) -> "NodeDouble":
+        if self._server is not None:
+            return self
+        self._server = _Server(("127.0.0.1", self.port), self)
+        self.port = self._server.server_address[1]
+        self.url = "http://127.0.0.1:{}".format(self.port)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="node-double", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.close_connections()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "NodeDouble":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # -- inspection -----------------------------------------------------------------------------------------
+
+    def requests_to(self, method: Optional[str] = None, path_prefix: Optional[str] = None) -> List[Dict[str, Any]]:
+        with self._lock:
+            return [entry for entry in self.log
+                    if (method is None or entry["method"] == method.upper())
+                    and (path_prefix is None or entry["path"].startswith(path_prefix))]
+
+    def kv_state(self, context_id: str) -> Dict[str, Any]:
+        """A copy of a context's kv store (tests assert state was or was not changed)."""
+        with self._lock:
+            return dict(self._contexts[context_id]["kv"])
+
+    # -- applications ---------------------------------------------------------------------------------------
+
+    def add_app(self, spec: Dict[str, Any]) -> str:
+        """Install (or replace in place) an app from a plain-data spec; returns its id."""
+        signer = spec.get("signer_id")
+        app_id = spec.get("id") or hex_id(spec.get("package", "") + "\0" + (signer or ""))
+        services = dict(spec.get("services") or {})
+        abi = spec.get("abi")
+        manifests = list(services.values()) or [abi]
+        behaviour = spec.get("behaviour") or ("kv" if any(default_behaviour(m) == "kv" for m in manifests)
+                                              else "generic")
+        with self._lock:
+            history = self._apps[app_id]["history"] if app_id in self._apps else []
+            record = {
+                "id": app_id, "package": spec.get("package", ""), "version": spec.get("version", ""),
+                "signer_id": signer, "metadata": spec.get("metadata"), "abi": abi, "services": services,
+                "abi_error": spec.get("abi_error"), "behaviour": behaviour, "history": history,
+            }
+            record["size"] = 4096 + 7 * len(compact_json(manifests))
+            self._apps[app_id] = record
+            self._remember_version(record)
+        return app_id
+
+    def _remember_version(self, record: Dict[str, Any]) -> None:
+        entry = {"version": record["version"], "blobId": self._blob_ids(record)[0], "size": record["size"],
+                 "package": record["package"]}
+        record["history"][:] = [e for e in record["history"] if e["version"] != record["version"]] + [entry]
+
+    def remove_app(self, app_id: str) -> None:
+        with self._lock:
+            self._apps.pop(app_id, None)
+
+    def upgrade_app(self, app_id: str, version: str, abi=None, metadata=None) -> None:
+        """A new version under the same id: new bytecode blob id, optionally a new ABI (a manifest, or for a
+        multi-service app a {service: manifest} dict) and new metadata."""
+        with self._lock:
+            record = self._apps[app_id]
+            record["version"] = version
+            if abi is not None:
+                if record["services"]:
+                    record["services"] = dict(abi)
+                else:
+                    record["abi"] = abi
+            if metadata is not None:
+                record["metadata"] = metadata
+            self._remember_version(record)
+
+    def _app_key(self, app: str) -> str:
+        """Accept an app id or a package name (constructor convenience)."""
+        with self._lock:
+            if app in self._apps:
+                return app
+            for record in self._apps.values():
+                if record["package"] == app:
+                    return record["id"]
+        raise ValueError("no app {!r} in the double".format(app))
+
+    @staticmethod
+    def _blob_ids(record: Dict[str, Any], service: str = "") -> Tuple[str, str]:
+        """Deterministic per (app, version, service): an upgrade changes the bytecode blob id (§3.2)."""
+        label = "{}:{}:{}".format(record["id"], record["version"], service)
+        return hex_id("bytecode:" + label), hex_id("compiled:" + label)
+
+    def _metadata_bytes(self, record: Dict[str, Any]) -> bytes:
+        """Bundle metadata is the UTF-8 JSON object stored as bytes (§3.2, checklist 10–11)."""
+        metadata = record["metadata"]
+        if isinstance(metadata, bytes):
+            return metadata
+        if isinstance(metadata, str):
+            return metadata.encode("utf-8")
+        body = {"package": record["package"], "version": record["version"]}
+        body.update(metadata or {})
+        return compact_json(body).encode("utf-8")
+
+    def _app_view(self, record: Dict[str, Any], with_services: bool) -> Dict[str, Any]:
+        bytecode, compiled = self._blob_ids(record)
+        view = {"id": record["id"], "blob": {"bytecode": bytecode, "compiled": compiled}, "size": record["size"],
+                "source": "{}/api/v2/bundles/{}/{}.mpk".format(REGISTRY_URL, record["package"], record["version"]),
+                "metadata": list(self._metadata_bytes(record))}
+        if record["signer_id"]:
+            view["signer_id"] = record["signer_id"]
+        if record["package"]:
+            view["package"] = record["package"]
+        if record["version"]:
+            view["version"] = record["version"]
+        if with_services and record["services"]:
+            view["services"] = {}
+            for name in sorted(record["services"]):
+                service_bytecode, service_compiled = self._blob_ids(record, name)
+                view["services"][name] = {"bytecode": service_bytecode, "compiled": service_compiled}
+        return view
+
+    def _app_blob_ids(self) -> Dict[str, int]:
+        """Every blob an installed app references, with its size (they cannot be deleted, §3.5)."""
+        blobs = {}
+        for record in self._apps.values():
+            for service in [""] + sorted(record["services"]):
+                for blob_id in self._blob_ids(record, service):
+                    blobs[blob_id] = record["size"]
+        return blobs
+
+    def _manifest_for(self, record: Dict[str, Any], service: Optional[str]) -> Optional[Dict[str, Any]]:
+        if record["services"]:
+            if service in record["services"]:
+                return record["services"][service]
+            if service is None and len(record["services"]) == 1:
+                return next(iter(record["services"].values()))
+            return None
+        return record["abi"]
+
+    # -- contexts, aliases, namespaces, groups ----------------------------------------------------------------
+
+    def _new_id(self, kind: str) -> str:
+        with self._lock:
+            self._serial += 1
+            return hex_id("{}:{}".format(kind, self._serial))
+
+    def add_context(self, app_id, context_id=None, service=None, group_id=None, name=None,
+                    state=None, heads=None, uninitialized=False) -> str:
+        """A context of an installed app. group_id defaults to the app's first namespace (if any);
+        heads (DAG head count) defaults to 1 or 2 depending on the id, so some contexts have two."""
+        app_id = self._app_key(app_id)
+        with self._lock:
+            record = self._apps[app_id]
+            if record["services"] and service is None and len(record["services"]) > 1:
+                raise ValueError("multi-service app needs a service for add_context")
+            context_id = context_id or self._new_id("context")
+            if group_id is None:
+                group_id = next((g["id"] for g in self._groups.values()
+                                 if g["parent"] is None and g["applicationId"] == app_id), None)
+            if heads is None:
+                heads = 2 if int(context_id[-1], 16) % 2 == 0 else 1
+            self._contexts[context_id] = {
+                "id": context_id, "applicationId": app_id, "serviceName": service, "groupId": group_id,
+                "name": name, "kv": dict(state or {}), "seq": 0, "uninitialized": uninitialized,
+                "heads": [hex_id("head:{}:{}".format(context_id, i)) for i in range(heads)],
+            }
+        return context_id
+
+    def add_alias(self, alias: str, context_id: str) -> None:
+        with self._lock:
+            self._aliases["context"][alias] = context_id
+
+    def add_namespace(self, app_id, name=None, namespace_id=None) -> str:
+        return self.add_group(app_id=app_id, name=name, group_id=namespace_id, visibility="open")
+
+    def add_group(self, namespace=None, app_id=None, name=None, group_id=None, visibility="restricted",
+                  metadata=None, parent=None, member=True) -> str:
+        """A namespace (no parent) or a subgroup; this node's account joins it as Admin unless member=False."""
+        parent = parent or namespace
+        with self._lock:
+            if parent is not None:
+                app_id = self._groups[parent]["applicationId"]
+            group_id = group_id or self._new_id("namespace" if parent is None else "group")
+            self._groups[group_id] = {
+                "id": group_id, "parent": parent, "applicationId": self._app_key(app_id), "name": name,
+                "visibility": visibility, "metadata": metadata, "createdAt": int(time.time()),
+                "members": {NODE_ACCOUNT: "Admin"} if member else {},
+            }
+        return group_id
+
+    # -- auth helpers (embedded mode only) ----------------------------------------------------------------------
+
+    def _require_auth(self) -> AuthService:
+        if self._auth is None:
+            raise RuntimeError("the double runs in proxy mode (auth=None)")
+        return self._auth
+
+    def expire_access_tokens(self) -> None:
+        with self._lock:
+            self._require_auth().expire_all_access()
+
+    def revoke_all(self) -> None:
+        with self._lock:
+            self._require_auth().revoke_all()
+
+    def issue_tokens(self, username: str = "admin") -> Tuple[str, str]:
+        with self._lock:
+            return self._require_auth().mint_pair(hex_id("root-key:" + username), ["admin"], uuid.uuid4().hex)
+
+    # -- request pipeline -----------------------------------------------------------------------------------------
+
+    def _serve(self, handler: _Handler) -> None:
+        split = urlsplit(handler.path)
+        try:
+            body = handler.read_body()
+        except (OSError, ValueError):
+            handler.close_connection = True
+            return
+        request = Request(handler.command, split.path, dict(parse_qsl(split.query, keep_blank_values=True)),
+                          {k.lower(): v for k, v in handler.headers.items()}, body)
+        ok, parsed = parse_json_body(body) if body else (False, None)
+        with self._lock:
+            self.log.append({"method": request.method, "path": request.path, "query": dict(request.query),
+                             "headers": dict(request.headers), "json": parsed if ok else None, "body": body})
+        try:
+            if not self._apply_fault(handler, request):
+                handler.send(self._answer(request))
+        except OSError:   # the client went away, or stop() shut the connection down
+            handler.close_connection = True
+
+    def _answer(self, request: Request) -> Reply:
+        if request.method == "OPTIONS":   # CORS preflight is never guarded (§1.3)
+            return empty_reply(200, {"Access-Control-Allow-Methods": "POST, GET, DELETE, PUT, OPTIONS",
+                                     "Access-Control-Allow-Headers": "*"})
+        route, refusal = self._route(request)
+        if route is None:
+            return refusal
+        for check in (self._guard, decode_body, check_id_params):
+            refusal = check(route, request)
+            if refusal is not None:
+                return refusal
+        return self._call_handler(route, request)
+
+    def _route(self, request: Request) -> Tuple[Optional[Route], Optional[Reply]]:
+        path_known = False
+        for route in ROUTES:
+            match = route.regex.match(request.path)
+            if match is None or (route.access.startswith("auth") and self._auth is None):
+                continue   # proxy mode has no /auth or /admin routes at all (§1.4)
+            path_known = True
+            method = "GET" if request.method == "HEAD" and route.method == "GET" else request.method
+            if route.method == method:
+                request.params = {k: unquote(v) for k, v in match.groupdict().items()}
+                return route, None
+        # unknown route → bodyless 404; known path with another method → bodyless 405 (§1.2)
+        return None, empty_reply(405 if path_known else 404)
+
+    def _guard(self, route: Route, request: Request) -> Optional[Reply]:
+        if self._auth is None or route.access in ("public", "auth"):
+            return None   # proxy mode has no guard at all; public routes never are guarded (§1.4–1.5)
+        with self._lock:
+            return self._auth.guard(request.bearer_token())
+
+    def _call_handler(self, route: Route, request: Request) -> Reply:
+        try:
+            result = getattr(self, "_h_" + route.handler)(request)
+        except Reply as reply:
+            return reply
+        except Exception:   # a bug in the double: answer like the node's catch-all, keep the trace for the test
+            with self._lock:
+                self.handler_errors.append(traceback.format_exc())
+            return internal_error()
+        return result if isinstance(result, Reply) else json_reply(200, result)
+
+    # -- faults ---------------------------------------------------------------------------------------------
+
+    def _current_fault(self, path: str) -> Dict[str, Any]:
+        with self._lock:
+            fault = dict(self.faults)
+            prefixes = fault.get("paths")
+            if not fault or (prefixes and not any(path.startswith(p) for p in prefixes)):
+                return {}
+            if "times" in fault:   # optional: a fault that heals itself after N requests
+                self.faults["times"] = fault["times"] - 1
+                if self.faults["times"] <= 0:
+                    self.faults.clear()
+            return fault
+
+    def _apply_fault(self, handler: _Handler, request: Request) -> bool:
+        """Returns True when the fault already dealt with the connection."""
+        fault = self._current_fault(request.path)
+        if fault.get("delay"):
+            time.sleep(float(fault["delay"]))
+        if fault.get("down"):
+            handler.close_connection = True   # FIN without a response: "connection closed"/refused
+            return True
+        if fault.get("reset"):
+            handler.abort_with_reset()
+            return True
+        if fault.get("truncated"):
+            self._send_truncated(handler)
+            return True
+        if fault.get("garbage"):
+            handler.send(Reply(200, b"<html><body>502 Bad Gateway?</body>", JSON_TYPE))
+            return True
+        if "status" in fault or "json" in fault or "body" in fault:
+            handler.send(self._fault_reply(fault, request.path))
+            return True
+        return False
+
+    @staticmethod
+    def _send_truncated(handler: _Handler) -> None:
+        partial = b'{"data":{"status":"al'
+        handler.send_response(200)
+        handler.send_header("Content-Type", JSON_TYPE)
+        handler.send_header("Content-Length", str(len(partial) + 64))
+        handler.end_headers()
+        handler.wfile.write(partial)
+        handler.close_connection = True
+
+    @staticmethod
+    def _fault_reply(fault: Dict[str, Any], path: str) -> Reply:
+        status = int(fault.get("status", 200))
+        if "json" in fault:
+            return json_reply(status, fault["json"])
+        if "body" in fault:
+            return text_reply(status, str(fault["body"]))
+        if status == 503:
+            ids = re.findall(r"[0-9a-f]{64}", path)
+            return error_reply(503, AUTHORITY_NOT_YET.format(ids[0] if ids else NODE_ACCOUNT))
+        if status == 500:
+            return internal_error()
+        return error_reply(status, HTTPStatus(status).phrase)
+
+    # =================================================================================================================
+    # Handlers. Each returns a JSON-able value (200) or a Reply. Names: _h_<route handler>.
+    # =================================================================================================================
+
+    # -- health & identity (§3.1) -----------------------------------------------------------------------------
+
+    def _h_health(self, request):
+        return {"data": {"status": "alive"}}
+
+    def _h_ready(self, request):
+        return {"data": {"status": "ready"}}
+
+    def _h_is_authed(self, request):
+        return {"data": {"status": "alive"}}
+
+    def _h_certificate(self, request):
+        return text_reply(404, "Certificate not found")
+
+    def _h_identity(self, request):
+        return {"data": {"accountId": NODE_ACCOUNT, "deviceId": NODE_DEVICE, "publicKey": NODE_PUBLIC_KEY,
+                         "accountRootPublicKey": NODE_ACCOUNT, "holdsAccountRoot": True, "deviceCertified": True}}
+
+    def _h_peers(self, request):
+        return {"count": 0}
+
+    # -- applications (§3.2) ------------------------------------------------------------------------------------
+
+    def _app_or_404(self, app_id: str) -> Dict[str, Any]:
+        record = self._apps.get(app_id)
+        if record is None:
+            raise error_reply(404, "Application not found")
+        return record
+
+    def _h_list_applications(self, request):
+        with self._lock:
+            apps = [self._app_view(self._apps[k], self.list_services) for k in sorted(self._apps)]
+        return {"data": {"apps": apps}}
+
+    def _h_get_application(self, request):
+        with self._lock:
+            return {"data": {"application": self._app_view(self._app_or_404(request.params["application_id"]), True)}}
+
+    def _h_get_abi(self, request):
+        with self._lock:
+            record = self._app_or_404(request.params["application_id"])
+            if record["abi_error"]:
+                raise error_reply(400, record["abi_error"])
+            manifest = self._select_abi(record, request.query.get("service_name"))
+        version = str(manifest.get("schema_version", ""))
+        if version != "wasm-abi/1" and not version.startswith("wasm-abi/1."):
+            raise error_reply(400, "unsupported ABI schema version {}".format(version))
+        return {"data": manifest}
+
+    @staticmethod
+    def _select_abi(record: Dict[str, Any], service: Optional[str]) -> Dict[str, Any]:
+        """The §3.2 service rules: one service answers without a name; several need one."""
+        services = record["services"]
+        available = ", ".join(sorted(services))
+        if services:
+            if service is None and len(services) > 1:
+                raise error_reply(400, "application has multiple services; pass service_name (available: {})"
+                                  .format(available))
+            if service is not None and service not in services:
+                raise error_reply(400, 'service "{}" not found (available: {})'.format(service, available))
+            manifest = services[service] if service is not None else next(iter(services.values()))
+        elif service is not None:
+            raise error_reply(400, "application has no named services; omit service_name")
+        else:
+            manifest = record["abi"]
+        if not isinstance(manifest, dict):
+            raise error_reply(400, NO_USABLE_ABI)
+        return manifest
+
+    def _h_application_versions(self, request):
+        with self._lock:
+            record = self._app_or_404(request.params["application_id"])
+            return {"data": [dict(entry) for entry in record["history"]]}
+
+    def _h_uninstall_application(self, request):
+        # idempotent: deleting the row of an unknown id still succeeds (checklist 8)
+        self.remove_app(request.params["application_id"])
+        return {"data": {"applicationId": request.params["application_id"]}}
+
+    def _h_install_application(self, request):
+        body = request.json
+        for key in body:
+            if key not in ("package", "version"):
+                raise error_reply(400, "unknown field `{}`, expected `package` or `version`".format(key))
+        absent = missing_field(body, ("package", "version"))
+        if absent:
+            raise error_reply(400, "missing field `{}`".format(absent))
+        coords = "{}@{}".format(body["package"], body["version"])
+        spec = self.registry.get(coords)
+        if spec is None:   # §0: the node only fetches from its own registry; failures are text/plain 500
+            raise text_reply(500, "Registry returned HTTP 404 Not Found for {}: has no application published at "
+                             "{}/api/v2/bundles/{}/{}".format(coords, REGISTRY_URL, body["package"], body["version"]))
+        app_id = self.add_app(dict(spec, package=body["package"], version=body["version"]))
+        return {"data": {"applicationId": app_id}}
+
+    def _h_install_dev_application(self, request):
+        path = request.json.get("path")
+        spec = self.registry.get(path) if isinstance(path, str) else None
+        if spec is None:
+            raise text_reply(500, "failed to read bundle at {}: No such file or directory (os error 2)".format(path))
+        return {"data": {"applicationId": self.add_app(spec)}}
+
+    def _h_list_packages(self, request):
+        with self._lock:
+            return {"packages": sorted({r["package"] for r in self._apps.values() if r["package"]})}
+
+    def _h_package_versions(self, request):
+        with self._lock:
+            return {"versions": sorted({r["version"] for r in self._apps.values()
+                                        if r["package"] == request.params["package"]})}
+
+    def _h_package_latest(self, request):
+        with self._lock:
+            records = [r for r in self._apps.values() if r["package"] == request.params["package"]]
+        if not records:
+            return {"applicationId": None, "version": None}
+        latest = max(records, key=lambda r: [int(p) if p.isdigit() else 0 for p in r["version"].split(".")])
+        return {"applicationId": latest["id"], "version": latest["version"]}
+
+    # -- contexts (§3.3) -------------------------------------------------------------------------------------------
+
+    def _context_view(self, context: Dict[str, Any], with_group: bool) -> Dict[str, Any]:
+        app = self._apps.get(context["applicationId"])
+        view = {"id": context["id"], "applicationId": context["applicationId"]}
+        if context["serviceName"]:
+            view["serviceName"] = context["serviceName"]
+        view["contextStateHash"] = self._state_hash(context)
+        if context["heads"]:   # omitted when empty (checklist 14)
+            view["dagHeads"] = [id_bytes(head) for head in context["heads"]]
+        if app and app["version"]:
+            view["applicationVersion"] = app["version"]
+        if context["name"]:
+            view["name"] = context["name"]
+        if with_group and context["groupId"]:
+            view["groupId"] = context["groupId"]
+        return view
+
+    @staticmethod
+    def _state_hash(context: Dict[str, Any]) -> str:
+        if context["uninitialized"]:
+            return ZERO_HASH   # all-zero ⇒ state not initialised yet (§3.3)
+        return hex_id("state:{}:{}:{}".format(context["id"], context["seq"], compact_json(sorted(context["kv"].items()))))
+
+    def _context_or_404(self, context_id: str) -> Dict[str, Any]:
+        context = self._contexts.get(context_id)
+        if context is None:
+            raise error_reply(404, "Context not found")
+        return context
+
+    def _h_list_contexts(self, request):
+        with self._lock:
+            contexts = [self._context_view(self._contexts[k], True) for k in sorted(self._contexts)]
+        return {"data": {"contexts": paginate(contexts, request.query)}}
+
+    def _h_contexts_for_application(self, request):
+        app_id = request.params["application_id"]
+        with self._lock:
+            contexts = [self._context_view(self._contexts[k], True) for k in sorted(self._contexts)
+                        if self._contexts[k]["applicationId"] == app_id]
+        return {"data": {"contexts": contexts}}
+
+    def _h_get_context(self, request):
+        with self._lock:
+            return {"data": self._context_view(self._context_or_404(request.params["context_id"]), False)}
+
+    def _h_delete_context(self, request):
+        with self._lock:
+            deleted = self._contexts.pop(request.params["context_id"], None) is not None
+        return {"data": {"isDeleted": deleted}}
+
+    def _h_join_context(self, request):
+        context_id = request.params["context_id"]
+        with self._lock:
+            if context_id not in self._contexts:
+                raise internal_error()
+        return {"data": {"contextId": context_id, "memberPublicKey": hex_id("member:" + context_id)}}
+
+    _h_leave_context = _h_join_context
+
+    def _h_context_identities(self, request):
+        with self._lock:
+            context = self._context_or_404(request.params["context_id"])
+        return {"data": {"identities": [hex_id("member:" + context["id"])]}}
+
+    def _h_context_group(self, request):
+        with self._lock:
+            return {"data": self._context_or_404(request.params["context_id"])["groupId"]}
+
+    def _h_create_context(self, request):
+        body = request.json
+        absent = missing_field(body, ("applicationId", "groupId"))
+        if absent:
+            raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+                              "missing field `{}`".format(absent))
+        group_id = self._parse_group_id_field(body["groupId"])
+        with self._lock:
+            group = self._groups.get(group_id)
+            # §3.3: the group's target application wins over the requested one (the node only warns)
+            record = self._apps.get(group["applicationId"]) if group else None
+            if record is None:
+                raise internal_error()   # unknown group / app: untyped error (checklist 16)
+            service = self._create_context_service(record, body.get("serviceName"))
+            manifest = self._manifest_for(record, service)
+            init_input = self._init_input(body.get("initializationParams"))
+            self._run_init(manifest, init_input)
+            context_id = self.add_context(record["id"], service=service, group_id=group_id, name=body.get("name"))
+        return {"data": {"contextId": context_id, "memberPublicKey": hex_id("member:" + context_id),
+                         "groupId": group_id, "groupCreated": False}}
+
+    @staticmethod
+    def _parse_group_id_field(value: Any) -> str:
+        if not isinstance(value, str) or not HEX_STRING.match(value):
+            raise error_reply(400, "Invalid group_id: expected hex-encoded 32 bytes")
+        if len(value) != 64:
+            raise error_reply(400, "Invalid group_id: must be exactly 32 bytes")
+        return value.lower()
+
+    @staticmethod
+    def _create_context_service(record: Dict[str, Any], service: Optional[str]) -> Optional[str]:
+        services = record["services"]
+        if services and service is None and len(services) > 1:
+            raise error_reply(400, "application has multiple services; pass serviceName (available: {})"
+                              .format(", ".join(sorted(services))))
+        if service is not None and service not in services:
+            raise internal_error()
+        return service
+
+    @staticmethod
+    def _init_input(params: Any) -> Any:
+        """initializationParams: integer array of the UTF-8 JSON of init's arguments; [] = no input (§3.3)."""
+        if params is None or params == []:
+            return NO_INPUT
+        try:
+            return json.loads(bytes(params).decode("utf-8"))
+        except (TypeError, ValueError):
+            raise error_reply(400, "application initialization failed: guest panicked: init: failed to "
+                              "deserialize arguments: Error(\"expected value\", line: 1, column: 1)")
+
+    @staticmethod
+    def _run_init(manifest: Optional[Dict[str, Any]], init_input: Any) -> None:
+        init = find_method(manifest, "init")
+        if init is None:
+            return
+        try:
+            decode_arguments(manifest, init, init_input)
+        except GuestPanic as panic:
+            raise error_reply(400, "application initialization failed: guest panicked: {}".format(panic))
+
+    # -- aliases (§3.4) ------------------------------------------------------------------------------------------
+
+    def _alias_table(self, request) -> Dict[str, str]:
+        table = self._aliases.get(request.params["kind"])
+        if table is None:
+            raise empty_reply(404)
+        return table
+
+    def _h_create_alias(self, request):
+        body = request.json
+        id_key = "contextId" if request.params["kind"] == "context" else "applicationId"
+        alias, target = body.get("alias"), body.get(id_key)
+        if not isinstance(alias, str) or not ALIAS.match(alias):
+            raise text_reply(422, "Failed to deserialize the JSON body into the target type: alias: invalid alias "
+                             "(1-50 characters of A-Z a-z 0-9 . _ -) at line 1 column {}".format(len(request.body)))
+        if normalise_hex64(target) is None:
+            raise text_reply(422, "Failed to deserialize the JSON body into the target type: {}: invalid id "
+                             "at line 1 column {}".format(id_key, len(request.body)))
+        with self._lock:
+            table = self._alias_table(request)
+            if alias in table:
+                raise error_reply(409, "alias already exists")
+            table[alias] = normalise_hex64(target)
+        return {"data": None}
+
+    def _h_lookup_alias(self, request):
+        if not ALIAS.match(request.params["name"]):
+            raise text_reply(400, "invalid path params")
+        with self._lock:
+            return {"data": {"value": self._alias_table(request).get(request.params["name"])}}
+
+    def _h_list_aliases(self, request):
+        with self._lock:
+            table = self._alias_table(request)
+            return {"data": dict(sorted(table.items()))}
+
+    def _h_delete_alias(self, request):
+        if not ALIAS.match(request.params["name"]):
+            raise text_reply(400, "invalid path params")
+        with self._lock:
+            self._alias_table(request).pop(request.params["name"], None)
+        return {"data": None}
+
+    # -- blobs (§3.5) ----------------------------------------------------------------------------------------------
+
+    def _h_upload_blob(self, request):
+        for key, message in (("hash", "The provided hash is not a valid format"),
+                             ("context_id", "The provided context_id is not a valid format")):
+            if key in request.query and normalise_hex64(request.query[key]) is None:
+                raise error_reply(400, message)
+        blob_id = hashlib.sha256(request.body).hexdigest()
+        with self._lock:
+            self._blobs[blob_id] = request.body
+        return {"data": {"blob_id": blob_id, "size": len(request.body)}}
+
+    def _h_list_blobs(self, request):
+        with self._lock:
+            sizes = self._app_blob_ids()
+            sizes.update({blob_id: len(data) for blob_id, data in self._blobs.items()})
+        return {"data": {"blobs": [{"blob_id": k, "size": sizes[k]} for k in sorted(sizes)]}}
+
+    def _h_download_blob(self, request):
+        blob_id = request.params["blob_id"]
+        with self._lock:
+            data = self._blobs.get(blob_id)
+        if data is None:
+            raise error_reply(404, "Blob not found" if request.method == "HEAD"
+                              else "Blob not found locally or in network")
+        return Reply(200, data, "application/octet-stream", {
+            "ETag": '"{}"'.format(hashlib.sha256(data).hexdigest()), "Cache-Control": "private, no-cache",
+            "X-Blob-ID": blob_id, "X-Blob-Hash": blob_id, "X-Blob-MIME-Type": "application/octet-stream",
+            "Access-Control-Expose-Headers": "X-Blob-ID, X-Blob-Hash, X-Blob-MIME-Type, ETag"})
+
+    def _h_delete_blob(self, request):
+        blob_id = request.params["blob_id"]
+        with self._lock:
+            if blob_id in self._app_blob_ids():
+                raise error_reply(403, "Blob is referenced by an installed application and cannot be deleted")
+            if self._blobs.pop(blob_id, None) is None:
+                raise error_reply(404, "Blob not found")
+        return {"blob_id": blob_id, "deleted": True}   # no wrapper (§1.2)
+
+    # -- namespaces (§3.6) -----------------------------------------------------------------------------------------
+
+    def _namespace_view(self, group: Dict[str, Any]) -> Dict[str, Any]:
+        app = self._apps.get(group["applicationId"])
+        view = {"namespaceId": group["id"],
+                "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
+                "targetApplicationId": group["applicationId"], "createdAt": group["createdAt"]}
+        if group["name"]:
+            view["name"] = group["name"]
+        view.update(self._group_counts(group))
+        if app and app["version"]:
+            view["appVersion"] = app["version"]
+        return view
+
+    def _group_counts(self, group: Dict[str, Any]) -> Dict[str, int]:
+        return {"memberCount": len(group["members"]),
+                "contextCount": sum(1 for c in self._contexts.values() if c["groupId"] == group["id"]),
+                "subgroupCount": sum(1 for g in self._groups.values() if g["parent"] == group["id"])}
+
+    def _namespaces(self) -> List[Dict[str, Any]]:
+        return [self._groups[k] for k in sorted(self._groups) if self._groups[k]["parent"] is None]
+
+    def _h_list_namespaces(self, request):
+        with self._lock:
+            views = [self._namespace_view(g) for g in self._namespaces()]
+        return {"data": paginate(views, request.query)}
+
+    def _h_namespaces_for_application(self, request):
+        with self._lock:
+            return {"data": [self._namespace_view(g) for g in self._namespaces()
+                             if g["applicationId"] == request.params["application_id"]]}
+
+    def _namespace_or_404(self, namespace_id: str) -> Dict[str, Any]:
+        group = self._groups.get(namespace_id)
+        if group is None or group["parent"] is not None:
+            raise error_reply(404, "Namespace not found")
+        return group
+
+    def _h_get_namespace(self, request):
+        with self._lock:
+            return {"data": self._namespace_view(self._namespace_or_404(request.params["namespace_id"]))}
+
+    def _h_create_namespace(self, request):
+        body = request.json   # extra keys such as upgradePolicy are ignored (§3.6)
+        app_id = normalise_hex64(body.get("applicationId"))
+        if "appKey" in body and normalise_hex64(body["appKey"]) is None:
+            raise error_reply(400, "Invalid appKey: expected hex-encoded 32 bytes")
+        with self._lock:
+            if app_id not in self._apps:
+                raise internal_error()
+            namespace_id = self.add_namespace(app_id, name=body.get("name"))
+        return {"data": {"namespaceId": namespace_id}}
+
+    def _h_delete_group(self, request):
+        """DELETE /namespaces/:id and /groups/:id; contexts outlive their namespace (§3.6)."""
+        group_id = request.params.get("namespace_id") or request.params["group_id"]
+        with self._lock:
+            if group_id not in self._groups:
+                raise internal_error()
+            doomed = self._descendants(group_id)
+            for doomed_id in doomed:
+                self._groups.pop(doomed_id, None)
+        return {"data": {"isDeleted": True}}
+
+    def _descendants(self, group_id: str) -> List[str]:
+        found = [group_id]
+        for group in list(self._groups.values()):
+            if group["parent"] == group_id:
+                found.extend(self._descendants(group["id"]))
+        return found
+
+    def _invitation(self, group: Dict[str, Any], expiration: int) -> Dict[str, Any]:
+        """A SignedGroupOpenInvitation (§3.6): snake_case, byte arrays, signature over the inner object."""
+        inner = {"inviter_identity": id_bytes(NODE_PUBLIC_KEY), "group_id": id_bytes(group["id"]),
+                 "expiration_timestamp": expiration, "secret_salt": id_bytes(self._new_id("salt")),
+                 "invited_role": 1}
+        app = self._apps.get(group["applicationId"])
+        invitation = {"invitation": inner, "inviter_signature": self._invitation_signature(inner),
+                      "inviter_account": NODE_ACCOUNT, "application_id": id_bytes(group["applicationId"])}
+        if app:
+            invitation["app_key"] = id_bytes(self._blob_ids(app)[0])
+        return invitation
+
+    @staticmethod
+    def _invitation_signature(inner: Dict[str, Any]) -> str:
+        digest = hashlib.sha512(json.dumps(inner, sort_keys=True).encode()).hexdigest()
+        return digest   # 128 hex chars, the length of an ed25519 signature
+
+    def _h_invite_namespace(self, request):
+        body = request.json
+        expiration = body.get("expirationTimestamp") or int(time.time()) + 365 * 24 * 3600
+        with self._lock:
+            group = self._groups.get(request.params["namespace_id"])
+            if group is None:
+                raise internal_error()
+            if group["parent"] is not None:
+                raise error_reply(400, "namespace_id must reference a root group (namespace)")
+            if body.get("recursive"):
+                return {"data": {"invitations": [self._labelled_invitation(self._groups[g], expiration)
+                                                  for g in self._descendants(group["id"])]}}
+            data = {"invitation": self._invitation(group, expiration)}
+            if group["name"]:
+                data["groupName"] = group["name"]
+        return {"data": data}
+
+    def _labelled_invitation(self, group: Dict[str, Any], expiration: int) -> Dict[str, Any]:
+        entry = {"groupId": group["id"], "invitation": self._invitation(group, expiration)}
+        if group["name"]:
+            entry["groupName"] = group["name"]
+        return entry
+
+    def _h_join_namespace(self, request):
+        namespace_id = request.params["namespace_id"]
+        signed = request.json.get("invitation")
+        inner = signed.get("invitation") if isinstance(signed, dict) else None
+        if not isinstance(inner, dict) or "group_id" not in inner:
+            raise error_reply(400, "Invalid JSON data: missing field `invitation`")
+        if inner["group_id"] != id_bytes(namespace_id):
+            raise error_reply(400, "invitation group_id does not match namespace_id in path")
+        if signed.get("inviter_signature") != self._invitation_signature(inner):
+            raise error_reply(400, "invalid invitation signature")   # reshaped invitation (text not verified)
+        with self._lock:
+            if namespace_id in self._groups:
+                self._groups[namespace_id]["members"].setdefault(NODE_ACCOUNT, "Member")
+        return {"data": {"namespaceId": namespace_id, "memberIdentity": NODE_PUBLIC_KEY,
+                         "memberAccount": NODE_ACCOUNT}}
+
+    def _h_leave_namespace(self, request):
+        namespace_id = request.params["namespace_id"]
+        with self._lock:
+            self._namespace_or_404(namespace_id)["members"].pop(NODE_ACCOUNT, None)
+        return {"data": {"namespaceId": namespace_id, "memberPublicKey": NODE_PUBLIC_KEY}}
+
+    def _h_namespace_groups(self, request):
+        with self._lock:
+            self._namespace_or_404(request.params["namespace_id"])
+            return {"data": self._child_groups(request.params["namespace_id"])}
+
+    def _child_groups(self, parent_id: str) -> List[Dict[str, Any]]:
+        children = []
+        for key in sorted(self._groups):
+            group = self._groups[key]
+            if group["parent"] == parent_id:
+                children.append(dict({"groupId": key}, **({"name": group["name"]} if group["name"] else {})))
+        return children
+
+    def _h_create_namespace_group(self, request):
+        body = request.json
+        visibility = str(body.get("visibility") or "restricted").lower()
+        with self._lock:
+            parent = self._groups.get(request.params["namespace_id"])
+            # invalid visibility or a non-root id are untyped errors → 500 (§3.6)
+            if parent is None or parent["parent"] is not None or visibility not in ("open", "restricted"):
+                raise internal_error()
+            group_id = self.add_group(namespace=parent["id"], name=body.get("groupName"), visibility=visibility)
+        return {"data": {"groupId": group_id}}
+
+    # -- groups (§3.7) -----------------------------------------------------------------------------------------
+
+    def _group_or_500(self, group_id: str) -> Dict[str, Any]:
+        group = self._groups.get(group_id)
+        if group is None:
+            raise internal_error()   # "group not found" is untyped (§1.2)
+        return group
+
+    def _h_create_group(self, request):
+        body = request.json
+        parent_id = body.get("parentGroupId")
+        with self._lock:
+            if parent_id is not None and normalise_hex64(parent_id) not in self._groups:
+                raise internal_error()
+            app_id = normalise_hex64(body.get("applicationId"))
+            if parent_id is None and app_id not in self._apps:
+                raise internal_error()
+            group_id = self.add_group(parent=normalise_hex64(parent_id) if parent_id else None,
+                                      app_id=app_id, name=body.get("name"),
+                                      group_id=normalise_hex64(body.get("groupId")), visibility="restricted")
+        return {"data": {"groupId": group_id}}   # always born restricted on this path
+
+    def _h_group_info(self, request):
+        with self._lock:
+            group = self._group_or_500(request.params["group_id"])
+            app = self._apps.get(group["applicationId"])
+            info = {"groupId": group["id"], "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
+                    "targetApplicationId": group["applicationId"]}
+            counts = self._group_counts(group)
+            info.update({"memberCount": counts["memberCount"], "contextCount": counts["contextCount"],
+                         "defaultCapabilities": 0, "subgroupVisibility": group["visibility"]})
+            if group["metadata"] is not None:
+                info["metadata"] = dict(group["metadata"])
+            info["groupStateHash"] = hex_id("group-state:{}:{}".format(group["id"], compact_json(group["metadata"])))
+        return {"data": info}
+
+    def _h_subgroups(self, request):
+        with self._lock:
+            self._group_or_500(request.params["group_id"])
+            return {"subgroups": self._child_groups(request.params["group_id"])}
+
+    def _require_member(self, group: Dict[str, Any]) -> None:
+        if NODE_ACCOUNT not in group["members"]:
+            raise error_reply(403, "node is not a member of group '{}'".format(group["id"]))
+
+    def _h_group_contexts(self, request):
+        with self._lock:
+            group = self._group_or_500(request.params["group_id"])
+            self._require_member(group)
+            entries = []
+            for key in sorted(self._contexts):
+                context = self._contexts[key]
+                if context["groupId"] == group["id"]:
+                    entries.append(dict({"contextId": key}, **({"name": context["name"]} if context["name"] else {})))
+        return {"data": paginate(entries, request.query)}
+
+    def _h_group_members(self, request):
+        with self._lock:
+            group = self._group_or_500(request.params["group_id"])
+            self._require_member(group)
+            members = [{"identity": k, "role": group["members"][k]} for k in sorted(group["members"])]
+        return {"members": paginate(members, request.query)}   # no wrapper (checklist 25)
+
+    def _h_add_group_members(self, request):
+        members = request.json.get("members")
+        if not isinstance(members, list) or not members:
+            raise error_reply(400, "Validation errors: members must not be empty")
+        for member in members:
+            problem = self._member_problem(member)
+            if problem:
+                raise error_reply(400, problem)
+        with self._lock:
+            group = self._group_or_500(request.params["group_id"])
+            for member in members:
+                group["members"][member["identity"]] = member["role"]
+        return {}
+
+    @staticmethod
+    def _member_problem(member: Any) -> Optional[str]:
+        if not isinstance(member, dict) or "identity" not in member or "role" not in member:
+            return "Invalid JSON data: missing field `identity` or `role`"
+        identity = member["identity"]
+        if not isinstance(identity, str) or not (HEX64.match(identity) or BASE58.match(identity)):
+            return "Invalid JSON data: invalid member identity"
+        if member["role"] not in ROLES:
+            return "Invalid JSON data: unknown variant `{}`, expected one of `Admin`, `Member`, `ReadOnly`".format(
+                member["role"])
+        if member["role"] == "ReadOnlyTee":
+            return "role ReadOnlyTee cannot be assigned directly"
+        return None
+
+    def _h_set_visibility(self, request):
+        visibility = request.json.get("subgroupVisibility")
+        if visibility not in ("open", "restricted"):
+            raise error_reply(400, VISIBILITY_ERROR)
+        with self._lock:
+            self._group_or_500(request.params["group_id"])["visibility"] = visibility
+        return {}
+
+    def _h_get_group_metadata(self, request):
+        with self._lock:
+            metadata = self._group_or_500(request.params["group_id"])["metadata"]
+        return {"data": dict(metadata) if metadata is not None else None}
+
+    def _h_set_group_metadata(self, request):
+        body = request.json
+        data = body.get("data", {})
+        name = body.get("name")
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            raise error_reply(400, "Invalid JSON data: data must map strings to strings")
+        if name is not None and (not isinstance(name, str) or not name or len(name.encode()) > 64):
+            raise error_reply(400, "Field 'name' has invalid format: must be 1-64 bytes")
+        with self._lock:   # PUT replaces the whole record (§3.7)
+            self._group_or_500(request.params["group_id"])["metadata"] = {
+                "name": name, "data": dict(data), "updatedAt": int(time.time() * 1000), "updatedBy": NODE_PUBLIC_KEY}
+        return {}
+
+    def _h_join_via_inheritance(self, request):
+        group_id = request.params["group_id"]
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None:
+                raise error_reply(404, "Group not found")
+            parent = self._groups.get(group["parent"]) if group["parent"] else None
+            if group["visibility"] != "open" or parent is None or NODE_ACCOUNT not in parent["members"]:
+                raise error_reply(403, "node is not eligible to join group '{}' via inheritance".format(group_id))
+            group["members"].setdefault(NODE_ACCOUNT, "Member")
+        return {"data": {"groupId": group_id, "memberPublicKey": NODE_PUBLIC_KEY, "wasInherited": True}}
+
+    def _h_leave_group(self, request):
+        group_id = request.params["group_id"]
+        with self._lock:
+            self._group_or_500(group_id)["members"].pop(NODE_ACCOUNT, None)
+        return {"data": {"groupId": group_id, "memberPublicKey": NODE_PUBLIC_KEY}}
+
+    # -- JSON-RPC (§4) -------------------------------------------------------------------------------------------
+
+    def _h_jsonrpc(self, request):
+        body = request.json
+        if body.get("jsonrpc") != "2.0":
+            raise text_reply(422, "Failed to deserialize the JSON body into the target type: jsonrpc: invalid "
+                             "value, expected \"2.0\"")
+        if "id" not in body:
+            raise text_reply(422, "Failed to deserialize the JSON body into the target type: missing field `id`")
+        request_id = body["id"]
+        if not (request_id is None or isinstance(request_id, str)
+                or (isinstance(request_id, int) and not isinstance(request_id, bool) and request_id >= 0)):
+            raise text_reply(422, "Failed to deserialize the JSON body into the target type: id: data did not "
+                             "match any variant of untagged enum RequestId")
+        outcome = self._rpc_dispatch(body.get("method"), body.get("params"))
+        return dict({"jsonrpc": "2.0", "id": request_id}, **outcome)   # always HTTP 200 (checklist 21)
+
+    def _rpc_dispatch(self, method: Any, params: Any) -> Dict[str, Any]:
+        handlers = {"execute": self._rpc_execute, "sync_status": self._rpc_sync_status,
+                    "set_ephemeral": self._rpc_set_ephemeral}
+        if method not in handlers:
+            return rpc_error("ParseError", "unknown variant `{}`, expected one of `execute`, `sync_status`, "
+                             "`set_ephemeral`".format(method))
+        if not isinstance(params, dict):
+            return rpc_error("ParseError", "invalid type: expected struct ExecutionRequest")
+        return handlers[method](params)
+
+    def _rpc_sync_status(self, params):
+        with self._lock:
+            context = self._contexts.get(params.get("contextId"))
+            if context is None:
+                return {"error": {"type": "ContextNotFound"}}
+            return {"result": {"contextId": context["id"], "isInitialized": not context["uninitialized"],
+                               "syncState": {"state": "idle"}, "failureCount": 0}}
+
+    def _rpc_set_ephemeral(self, params):
+        return {"result": {}}
+
+    def _rpc_execute(self, params: Dict[str, Any]) -> Dict[str, Any]:
+        for field in ("contextId", "method", "argsJson"):
+            if field not in params:
+                return rpc_error("ParseError", "missing field `{}`".format(field))
+        if normalise_hex64(params["contextId"]) is None:
+            return rpc_error("ParseError", "invalid context id: expected 64 hex characters")
+        if not isinstance(params["method"], str) or not params["method"]:
+            return rpc_error("ParseError", "Field 'method' is required but was empty")
+        context_id = normalise_hex64(params["contextId"])
+        with self._lock:
+            refusal = self._execute_refusal(context_id)
+            if refusal is not None:
+                return refusal
+            self.executions.append({"contextId": context_id, "method": params["method"],
+                                    "argsJson": params["argsJson"]})
+            self._inflight += 1
+            self.max_inflight = max(self.max_inflight, self._inflight)
+        try:
+            if self.exec_delay:
+                time.sleep(self.exec_delay)   # outside the lock, so concurrent calls overlap
+            with self._lock:
+                return self._execute_in_app(self._contexts.get(context_id), params["method"], params["argsJson"])
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    def _execute_refusal(self, context_id: str) -> Optional[Dict[str, Any]]:
+        """Errors the node returns before the app is reached (§4.2)."""
+        context = self._contexts.get(context_id)
+        if context is None:
+            return {"error": {"type": "ContextNotFound"}}
+        if context["groupId"] is not None and context["groupId"] not in self._groups:
+            # a context stranded by deleting its namespace stays uncallable (tools.md delete_namespace)
+            return {"error": {"type": "InternalError", "data": {"kind": "Group"}}}
+        if context["uninitialized"]:
+            return {"error": {"type": "Uninitialized"}}
+        if context["applicationId"] not in self._apps:
+            return {"error": {"type": "ApplicationNotInstalled",
+                              "data": {"application_id": context["applicationId"]}}}
+        return None
+
+    def _execute_in_app(self, context: Optional[Dict[str, Any]], method_name: str, args: Any) -> Dict[str, Any]:
+        if context is None:   # deleted while the call slept
+            return {"error": {"type": "ContextNotFound"}}
+        record = self._apps[context["applicationId"]]
+        manifest = self._manifest_for(record, context["serviceName"]) or {}
+        method = find_method(manifest, method_name)
+        if method is None:
+            return rpc_error("FunctionCallError", 'method "{}" not found'.format(method_name))
+        store = dict(context["kv"])
+        try:
+            output = run_guest(record["behaviour"], manifest, method, args, store)
+        except GuestPanic as panic:
+            return rpc_error("FunctionCallError", "guest panicked: {}".format(panic))
+        except AppError as error:
+            return rpc_error("FunctionCallError", app_error_text(error.value))
+        if not is_read_only(method):
+            self._commit(context, store)
+        return {"result": {"output": output}}
+
+    @staticmethod
+    def _commit(context: Dict[str, Any], store: Dict[str, Any]) -> None:
+        """A write moves the state hash and leaves a single new DAG head."""
+        context["kv"] = store
+        context["seq"] += 1
+        context["heads"] = [hex_id("head:{}:{}".format(context["id"], context["seq"]))]
+
+    # -- embedded auth (§2) ------------------------------------------------------------------------------------
+
+    def _h_auth_token(self, request):
+        body = request.json
+        absent = missing_field(body, ("auth_method", "public_key", "client_name", "timestamp", "provider_data"))
+        if absent:
+            return json_reply(400, {"error": "Invalid JSON: missing field `{}`".format(absent), "status": 400})
+        if body["auth_method"] not in ("user_password", "username_password"):
+            return auth_failure(400, "Unsupported authentication method: {}".format(body["auth_method"]))
+        provider = body["provider_data"] if isinstance(body["provider_data"], dict) else {}
+        username, password = provider.get("username"), provider.get("password")
+        with self._lock:
+            if username not in self._auth.users or self._auth.users[username] != password:
+                return auth_failure(401, "Authentication failed: invalid username or password")
+            pair = self._auth.mint_pair(hex_id("root-key:" + username), ["admin"], uuid.uuid4().hex,
+                                        str(body["client_name"]))
+        return auth_success(pair)
+
+    def _h_auth_refresh(self, request):
+        body = request.json
+        with self._lock:
+            self.refresh_count += 1
+            absent = missing_field(body, ("access_token", "refresh_token"))
+            if absent:
+                return json_reply(400, {"error": "Invalid JSON: missing field `{}`".format(absent), "status": 400})
+            return self._refresh(str(body["access_token"]), str(body["refresh_token"]))
+
+    def _refresh(self, access_token: str, refresh_token: str):
+        auth = self._auth
+        access, refresh = auth.decode(access_token), auth.decode(refresh_token)
+        if access is None or access.get("token_type") != "access":
+            return auth_failure(401, "Invalid access token")
+        if refresh is None or refresh.get("token_type") != "refresh":
+            return auth_failure(401, "Invalid refresh token")
+        if not auth.is_expired(access):
+            return auth_failure(401, "Access token still valid")   # §2.3: refresh only after expiry
+        if access["sub"] != refresh["sub"]:
+            return auth_failure(401, "Access and refresh tokens do not belong to the same subject")
+        family = auth.family_of(refresh)
+        if auth.tokens[refresh["jti"]]["used"]:
+            auth.revoked_families.add(family)   # replay revokes the whole family (§2.3)
+            return auth_failure(401, "Refresh token reuse detected; re-authentication required",
+                                {"X-Auth-Error": "token_reuse"})
+        if family in auth.revoked_families:
+            return auth_failure(401, "Token has been revoked", {"X-Auth-Error": "token_revoked"})
+        auth.tokens[refresh["jti"]]["used"] = True
+        # root keys keep their id; a client key's id rotates on refresh (§2.3)
+        subject = refresh["sub"] if not refresh["sub"].startswith("client-") else "client-" + uuid.uuid4().hex
+        return auth_success(auth.mint_pair(subject, refresh.get("permissions") or [], family,
+                                           refresh.get("node_url", "")))
+
+    def _h_auth_health(self, request):
+        return {"data": {"status": "alive", "storage": True, "uptime_seconds": 1}, "error": None}
+
+    def _h_auth_providers(self, request):
+        provider = {"name": "user_password", "type": "credentials",
+                    "description": "Authenticates users with username and password credentials",
+                    "configured": bool(self._auth.users),
+                    "config": {"enabled": True, "description": "Username and password authentication"}}
+        return {"data": {"providers": [provider], "count": 1}, "error": None}
+
+    def _h_auth_identity(self, request):
+        return {"data": {"service": "calimero-auth", "version": "0.11.0-rc.83", "authentication_mode": "forward",
+                         "providers": ["user_password"]}, "error": None}
+
+    def _h_client_key(self, request):
+        """POST /admin/client-key: the desktop's "Connect AI agent" mint (§2.4)."""
+        permissions = request.json.get("permissions") or ["admin"]
+        if not isinstance(permissions, list) or not all(isinstance(p, str) for p in permissions):
+            return json_reply(400, {"error": "Invalid JSON: permissions must be a list of strings", "status": 400})
+        with self._lock:
+            pair = self._auth.mint_pair("client-" + uuid.uuid4().hex, permissions, uuid.uuid4().hex,
+                                        str(request.json.get("target_node_url") or ""))
+        return auth_success(pair)
+
+
+def spec_kwargs(spec: Dict[str, Any], renames: Dict[str, str]) -> Dict[str, Any]:
+    return {renames.get(key, key): value for key, value in spec.items()}
+
+
+def rpc_error(error_type: str, data: Any) -> Dict[str, Any]:
+    """JSON-RPC errors are `{"type", "data"}`, never `{code, message}` (§4.2)."""
+    return {"error": {"type": error_type, "data": data}}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sample data (`--sample` and sample_double())
+# ---------------------------------------------------------------------------------------------------------------
+
+MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"
+SAMPLE_SIGNER = "did:key:z6MknF3p5L5FDHJQ7FREUapuX4Wmp4MtF6WrHYaXS2B3eZQd"
+SAMPLE_ICON = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+SAMPLE_GUIDE = """# KV Store
+
+A replicated key-value store: every member of a context sees the same entries.
+
+## Procedures
+
+### Store a value
+1. Call `set` with a `key` and a `value`.
+2. Read it back with `get`.
+
+### List everything
+Call `entries` for the whole map, or `len` for the count.
+
+### Remove a value
+Call `remove` with the `key`; it returns the value it held.
+
+## Notes
+
+```markdown
+### Not a procedure: headings inside fences are ignored
+```
+"""
+
+COUNTER_MANIFEST = {
+    "schema_version": "wasm-abi/1",
+    "types": {},
+    "methods": [
+        {"name": "increment", "doc": "Adds `by` to the counter.",
+         "params": [{"name": "by", "type": {"kind": "u32"}, "doc": "How much to add."}],
+         "returns": {"kind": "u64"}, "returns_doc": "The counter after the addition.", "intent": "mutating"},
+        {"name": "init", "params": [], "returns": {"kind": "unit"}},
+        {"name": "value", "doc": "Reads the counter.", "params": [], "returns": {"kind": "u64"},
+         "returns_doc": "The current count.", "intent": "read_only"},
+    ],
+    "events": [],
+}
+
+
+def kv_store_manifest() -> Dict[str, Any]:
+    with open(MANIFEST_DIR / "kv-store.json", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def kv_store_spec(version: str = "1.0.0") -> Dict[str, Any]:
+    return {"package": "com.calimero.kv-store", "version": version, "signer_id": SAMPLE_SIGNER,
+            "metadata": {"name": "KV Store", "description": "A replicated key-value store.",
+                         "author": "Calimero", "guide": SAMPLE_GUIDE, "icon": SAMPLE_ICON},
+            "abi": kv_store_manifest()}
+
+
+def counter_spec() -> Dict[str, Any]:
+    return {"package": "com.example.counter", "version": "0.1.0", "signer_id": SAMPLE_SIGNER,
+            "metadata": {"name": "Counter", "description": "A shared counter."}, "abi": COUNTER_MANIFEST}
+
+
+def sample_double(**kw) -> NodeDouble:
+    """The kv-store app (with a guide) in one namespace with one context aliased `demo`, plus a small
+    counter app without a guide. Keyword arguments go to NodeDouble (auth=…, port=…, exec_delay=…)."""
+    double = NodeDouble(apps=[kv_store_spec(), counter_spec()], **kw)
+    kv_id = double._app_key("com.calimero.kv-store")
+    namespace_id = double.add_namespace(kv_id, name="demo-team")
+    context_id = double.add_context(kv_id, group_id=namespace_id, name="demo")
+    double.add_alias("demo", context_id)
+    return double
+
+
+DEMO_AUTH = {"users": {"admin": "dev-password"}}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="A fake merod for mero-mcp tests and demos.")
+    parser.add_argument("--sample", action="store_true", help="load the sample apps, namespace and context")
+    parser.add_argument("--port", type=int, default=0, help="port to bind on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--auth", action="store_true", help="embedded auth with admin / dev-password")
+    args = parser.parse_args(argv)
+    options: Dict[str, Any] = {"port": args.port}
+    if args.auth:
+        options["auth"] = DEMO_AUTH
+    double = sample_double(**options) if args.sample else NodeDouble(**options)
+    double.start()
+    print("READY {}".format(double.url), flush=True)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    while not stopping.wait(0.2):
+        pass
+    double.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

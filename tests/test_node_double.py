@@ -1,0 +1,820 @@
+"""Tests of the node double itself, over real HTTP, against node-api.md (§ numbers refer to it)."""
+from __future__ import annotations
+
+import base64
+import copy
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from node_double import (AUTHORITY_NOT_YET, NODE_ACCOUNT, NodeDouble, TypeSystem, counter_spec, hex_id,
+                         kv_store_manifest, kv_store_spec, sample_double)
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parent.parent / "shared" / "fixtures"
+SCHEMA = FIXTURES / "abi" / "wasm-abi.schema.json"
+CREDENTIALS = {"users": {"admin": "dev-password"}}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HTTP helper: http.client, so tests control headers exactly and see low-level failures as they are
+# ---------------------------------------------------------------------------------------------------------------
+
+class Response:
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body)
+
+    @property
+    def content_type(self):
+        return self.headers.get("content-type", "")
+
+
+def call(node, method, path, body=None, headers=None, raw=None, timeout=5):
+    """body: JSON-encoded with a JSON content type; raw: bytes sent as they are."""
+    headers = dict(headers or {})
+    data = raw
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers.setdefault("Content-Type", "application/json")
+    connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=timeout)
+    try:
+        connection.request(method, path, body=data, headers=headers)
+        response = connection.getresponse()
+        return Response(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    finally:
+        connection.close()
+
+
+def execute(node, context_id, method, args=None, request_id=1, headers=None):
+    params = {"contextId": context_id, "method": method}
+    if args is not None:
+        params["argsJson"] = args
+    reply = call(node, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": request_id, "method": "execute",
+                                            "params": params}, headers=headers)
+    assert reply.status == 200
+    return reply.json()
+
+
+def output_of(node, context_id, method, args=None):
+    envelope = execute(node, context_id, method, {} if args is None else args)
+    assert "error" not in envelope, envelope
+    return envelope["result"]["output"]
+
+
+def decode_app_error(data):
+    """Clients turn `the method call returned an error: [..]` back into JSON (§4.2)."""
+    numbers = data.split("[", 1)[1].rstrip("]")
+    return json.loads(bytes(int(n) for n in numbers.split(", ")))
+
+
+@pytest.fixture
+def node():
+    with sample_double() as double:
+        yield double
+
+
+@pytest.fixture
+def demo_context(node):
+    return call(node, "POST", "/admin-api/alias/lookup/context/demo").json()["data"]["value"]
+
+
+@pytest.fixture
+def auth_node():
+    with sample_double(auth=CREDENTIALS) as double:
+        yield double
+
+
+def kv_id():
+    return hex_id("com.calimero.kv-store\0" + kv_store_spec()["signer_id"])
+
+
+def login(node, password="dev-password"):
+    return call(node, "POST", "/auth/token", {
+        "auth_method": "user_password", "public_key": "admin", "client_name": "mero-mcp", "timestamp": 1727000000,
+        "permissions": ["admin"], "provider_data": {"username": "admin", "password": password}})
+
+
+def bearer(token):
+    return {"Authorization": "Bearer " + token}
+
+
+def multi_service_spec(**extra):
+    spec = {"package": "com.calimero.drive", "version": "2.0.0", "signer_id": "did:key:z6MkDrive",
+            "services": {"docs": kv_store_manifest(), "registry": counter_spec()["abi"]}}
+    spec.update(extra)
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Envelopes, routing, health (§1.2, §3.1)
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, status", [("/admin-api/health", "alive"), ("/admin-api/ready", "ready"),
+                                          ("/admin-api/is-authed", "alive")])
+def test_health_routes_wrap_status_in_data(node, path, status):
+    reply = call(node, "GET", path)
+    assert (reply.status, reply.json(), reply.content_type) == (200, {"data": {"status": status}},
+                                                                 "application/json")
+
+
+def test_unknown_route_is_a_bodyless_404_and_wrong_method_a_bodyless_405(node):
+    missing = call(node, "GET", "/admin-api/applications/" + kv_id() + "/nothing")
+    wrong_method = call(node, "PATCH", "/admin-api/applications")
+    assert (missing.status, missing.body) == (404, b"")
+    assert (wrong_method.status, wrong_method.body) == (405, b"")
+
+
+def test_every_request_is_logged_with_lowercased_headers_and_parsed_json(node):
+    call(node, "POST", "/admin-api/contexts?x=1", {"applicationId": "zz"}, headers={"X-Trace": "t"})
+    entry = node.requests_to("POST", "/admin-api/contexts")[-1]
+    assert entry["query"] == {"x": "1"} and entry["headers"]["x-trace"] == "t"
+    assert entry["json"] == {"applicationId": "zz"} and entry["body"] == b'{"applicationId": "zz"}'
+    assert node.requests_to("GET") == []
+
+
+def test_identity_ids_are_hex(node):
+    data = call(node, "GET", "/admin-api/identity").json()["data"]
+    assert data["accountId"] == NODE_ACCOUNT and len(data["publicKey"]) == 64
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Applications (§3.2)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_application_list_entries_follow_section_3_2(node):
+    apps = call(node, "GET", "/admin-api/applications").json()["data"]["apps"]
+    assert [a["id"] for a in apps] == sorted(a["id"] for a in apps)
+    kv = next(a for a in apps if a["package"] == "com.calimero.kv-store")
+    assert kv["id"] == kv_id() and kv["signer_id"].startswith("did:key:") and kv["version"] == "1.0.0"
+    assert set(kv) == {"id", "blob", "size", "source", "metadata", "signer_id", "package", "version"}
+    metadata = json.loads(bytes(kv["metadata"]))
+    assert metadata["name"] == "KV Store" and "## Procedures\n\n### Store a value" in metadata["guide"]
+    assert metadata["icon"].startswith("data:image/png;base64,")
+
+
+@pytest.mark.parametrize("list_services, listed", [(True, True), (False, False)])
+def test_services_on_the_list_depend_on_release(list_services, listed):
+    with NodeDouble(apps=[multi_service_spec()], list_services=list_services) as double:
+        app = call(double, "GET", "/admin-api/applications").json()["data"]["apps"][0]
+        single = call(double, "GET", "/admin-api/applications/" + app["id"]).json()["data"]["application"]
+    assert ("services" in app) is listed
+    assert sorted(single["services"]) == ["docs", "registry"]
+    assert set(single["services"]["docs"]) == {"bytecode", "compiled"}
+
+
+def test_metadata_may_be_raw_bytes():
+    with NodeDouble(apps=[dict(counter_spec(), metadata=b"")]) as double:
+        app = call(double, "GET", "/admin-api/applications").json()["data"]["apps"][0]
+    assert app["metadata"] == []
+
+
+def test_get_application_errors(node):
+    missing = call(node, "GET", "/admin-api/applications/" + hex_id("nothing"))
+    malformed = call(node, "GET", "/admin-api/applications/not-an-id")
+    assert (missing.status, missing.json()) == (404, {"error": "Application not found"})
+    assert malformed.status == 400 and malformed.content_type.startswith("text/plain")
+    assert malformed.body.startswith(b"Invalid URL: ")
+
+
+def test_abi_of_single_service_app(node):
+    reply = call(node, "GET", "/admin-api/applications/{}/abi".format(kv_id()))
+    assert reply.json() == {"data": kv_store_manifest()}
+    named = call(node, "GET", "/admin-api/applications/{}/abi?service_name=api".format(kv_id()))
+    assert (named.status, named.json()) == (400, {"error": "application has no named services; omit service_name"})
+
+
+def test_abi_service_selection_and_errors():
+    one_service = dict(counter_spec(), package="com.example.solo", services={"api": counter_spec()["abi"]})
+    broken = dict(counter_spec(), package="com.example.broken", abi_error="unsupported ABI schema version 2")
+    with NodeDouble(apps=[multi_service_spec(), one_service, broken]) as double:
+        ids = {a["package"]: a["id"] for a in call(double, "GET", "/admin-api/applications").json()["data"]["apps"]}
+        base = "/admin-api/applications/{}/abi"
+        drive = base.format(ids["com.calimero.drive"])
+        unnamed = call(double, "GET", drive)
+        unknown = call(double, "GET", drive + "?service_name=nope")
+        registry = call(double, "GET", drive + "?service_name=registry")
+        solo = call(double, "GET", base.format(ids["com.example.solo"]))
+        failing = call(double, "GET", base.format(ids["com.example.broken"]))
+    assert unnamed.json() == {"error": "application has multiple services; pass service_name (available: docs, registry)"}
+    assert unknown.json() == {"error": 'service "nope" not found (available: docs, registry)'}
+    assert registry.json()["data"] == counter_spec()["abi"]
+    assert solo.json()["data"] == counter_spec()["abi"]
+    assert (failing.status, failing.json()) == (400, {"error": "unsupported ABI schema version 2"})
+
+
+def test_install_from_registry_upgrades_in_place():
+    upgraded = dict(kv_store_spec("1.1.0"), metadata={"name": "KV Store 1.1"})
+    with sample_double(registry={"com.calimero.kv-store@1.1.0": upgraded}) as double:
+        before = call(double, "GET", "/admin-api/applications/" + kv_id()).json()["data"]["application"]
+        reply = call(double, "POST", "/admin-api/install-application",
+                     {"package": "com.calimero.kv-store", "version": "1.1.0"})
+        after = call(double, "GET", "/admin-api/applications/" + kv_id()).json()["data"]["application"]
+        versions = call(double, "GET", "/admin-api/applications/{}/versions".format(kv_id())).json()["data"]
+    assert reply.json() == {"data": {"applicationId": kv_id()}}
+    assert after["version"] == "1.1.0" and after["blob"]["bytecode"] != before["blob"]["bytecode"]
+    assert [v["version"] for v in versions] == ["1.0.0", "1.1.0"]
+    assert versions[1]["blobId"] == after["blob"]["bytecode"]
+
+
+def test_install_failures_are_text_or_field_errors(node):
+    unknown = call(node, "POST", "/admin-api/install-application", {"package": "com.x", "version": "9.9.9"})
+    with_url = call(node, "POST", "/admin-api/install-application", {"url": "https://x/app.mpk"})
+    assert unknown.status == 500 and unknown.content_type.startswith("text/plain")
+    assert unknown.body.decode().startswith("Registry returned HTTP 404 Not Found for com.x@9.9.9: "
+                                            "has no application published at ")
+    assert (with_url.status, with_url.json()) == (400, {"error": "unknown field `url`, expected `package` or `version`"})
+
+
+def test_uninstall_is_idempotent(node):
+    unknown_id = hex_id("never-installed")
+    for app_id in (kv_id(), kv_id(), unknown_id):
+        reply = call(node, "DELETE", "/admin-api/applications/" + app_id)
+        assert reply.json() == {"data": {"applicationId": app_id}}
+    assert call(node, "GET", "/admin-api/applications/" + kv_id()).status == 404
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Contexts (§3.3)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_context_objects(node, demo_context):
+    listed = call(node, "GET", "/admin-api/contexts").json()["data"]["contexts"][0]
+    single = call(node, "GET", "/admin-api/contexts/" + demo_context).json()["data"]
+    assert listed["id"] == demo_context and listed["applicationId"] == kv_id()
+    assert len(listed["groupId"]) == 64 and "groupId" not in single
+    assert len(listed["contextStateHash"]) == 64 and listed["name"] == "demo"
+    assert all(len(head) == 32 and all(0 <= b <= 255 for b in head) for head in listed["dagHeads"])
+    missing = call(node, "GET", "/admin-api/contexts/" + hex_id("nothing"))
+    assert (missing.status, missing.json()) == (404, {"error": "Context not found"})
+
+
+def test_contexts_are_listed_in_id_order_and_paginate():
+    with NodeDouble(apps=[counter_spec()], namespaces=[{"app": "com.example.counter"}],
+                    contexts=[{"app": "com.example.counter", "heads": 0}] * 5) as double:
+        ids = [c["id"] for c in call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"]]
+        page = call(double, "GET", "/admin-api/contexts?offset=1&limit=2").json()["data"]["contexts"]
+    assert ids == sorted(ids) and len(ids) == 5
+    assert [c["id"] for c in page] == ids[1:3]
+    assert all("dagHeads" not in c for c in page)   # omitted when empty
+
+
+def test_some_contexts_have_two_dag_heads():
+    with NodeDouble(apps=[counter_spec()], contexts=[{"app": "com.example.counter"}] * 6) as double:
+        contexts = call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"]
+    assert {len(c["dagHeads"]) for c in contexts} == {1, 2}
+
+
+def namespace_of(node):
+    return call(node, "GET", "/admin-api/namespaces").json()["data"][0]["namespaceId"]
+
+
+def test_create_context(node):
+    namespace = namespace_of(node)
+    reply = call(node, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": namespace,
+                                                       "name": "second", "initializationParams": []})
+    data = reply.json()["data"]
+    assert set(data) == {"contextId", "memberPublicKey", "groupId", "groupCreated"}
+    assert data["groupId"] == namespace and data["groupCreated"] is False
+    assert call(node, "GET", "/admin-api/contexts/" + data["contextId"]).json()["data"]["name"] == "second"
+
+
+@pytest.mark.parametrize("group_id, status, message", [
+    ("default-group", 400, "Invalid group_id: expected hex-encoded 32 bytes"),
+    ("abcd", 400, "Invalid group_id: must be exactly 32 bytes"),
+    (hex_id("unknown-group"), 500, "Internal server error"),
+])
+def test_create_context_group_errors(node, group_id, status, message):
+    reply = call(node, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": group_id})
+    assert (reply.status, reply.json()) == (status, {"error": message})
+
+
+def init_with_params_manifest():
+    manifest = copy.deepcopy(kv_store_manifest())
+    init = next(m for m in manifest["methods"] if m["name"] == "init")
+    init["params"] = [{"name": "owner", "type": {"kind": "string"}},
+                      {"name": "limit", "type": {"kind": "u32"}, "nullable": True}]
+    return manifest
+
+
+@pytest.mark.parametrize("init_args, fragment", [
+    ({"owner": "me", "extra": 1}, "unknown field `extra`, expected `owner` or `limit`"),
+    ({"limit": 3}, "missing field `owner`"),
+    ({"owner": 7}, "invalid type: integer `7`, expected a string"),
+    (None, "EOF while parsing a value"),
+])
+def test_create_context_runs_the_init_argument_check(init_args, fragment):
+    spec = dict(kv_store_spec(), abi=init_with_params_manifest())
+    with NodeDouble(apps=[spec], namespaces=[{"app": kv_id()}]) as double:
+        params = [] if init_args is None else list(json.dumps(init_args).encode())
+        reply = call(double, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": namespace_of(double),
+                                                             "initializationParams": params})
+        contexts = call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"]
+    message = reply.json()["error"]
+    assert reply.status == 400 and contexts == []
+    assert message.startswith("application initialization failed: guest panicked: init: failed to deserialize "
+                              "arguments (expected { owner: String, limit: Option<u32> }): ")
+    assert fragment in message
+
+
+def test_create_context_needs_a_service_for_multi_service_apps():
+    with NodeDouble(apps=[multi_service_spec()]) as double:
+        app_id = call(double, "GET", "/admin-api/applications").json()["data"]["apps"][0]["id"]
+        namespace = double.add_namespace(app_id)
+        refused = call(double, "POST", "/admin-api/contexts", {"applicationId": app_id, "groupId": namespace})
+        created = call(double, "POST", "/admin-api/contexts", {"applicationId": app_id, "groupId": namespace,
+                                                               "serviceName": "docs"})
+        context = call(double, "GET", "/admin-api/contexts/" + created.json()["data"]["contextId"]).json()["data"]
+    assert refused.status == 400 and "serviceName" in refused.json()["error"]
+    assert context["serviceName"] == "docs"
+
+
+def test_delete_and_join_context(node, demo_context):
+    joined = call(node, "POST", "/admin-api/contexts/{}/join".format(demo_context), {})
+    assert joined.json() == {"data": {"contextId": demo_context, "memberPublicKey": hex_id("member:" + demo_context)}}
+    assert call(node, "DELETE", "/admin-api/contexts/" + demo_context).json() == {"data": {"isDeleted": True}}
+    assert call(node, "DELETE", "/admin-api/contexts/" + demo_context).json() == {"data": {"isDeleted": False}}
+    assert call(node, "DELETE", "/admin-api/contexts/nope").json() == {"error": "Invalid context id"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Aliases (§3.4) and blobs (§3.5)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_alias_lifecycle(node, demo_context):
+    created = call(node, "POST", "/admin-api/alias/create/context", {"alias": "a.b-c_1", "contextId": demo_context})
+    duplicate = call(node, "POST", "/admin-api/alias/create/context", {"alias": "demo", "contextId": demo_context})
+    bad = call(node, "POST", "/admin-api/alias/create/context", {"alias": "no spaces", "contextId": demo_context})
+    listed = call(node, "GET", "/admin-api/alias/list/context").json()
+    miss = call(node, "POST", "/admin-api/alias/lookup/context/absent")
+    assert created.json() == {"data": None}
+    assert (duplicate.status, duplicate.json()) == (409, {"error": "alias already exists"})
+    assert bad.status == 422 and bad.content_type.startswith("text/plain")
+    assert list(listed["data"]) == ["a.b-c_1", "demo"]
+    assert (miss.status, miss.json()) == (200, {"data": {"value": None}})
+    assert call(node, "POST", "/admin-api/alias/delete/context/demo").json() == {"data": None}
+    assert call(node, "POST", "/admin-api/alias/lookup/context/demo").json() == {"data": {"value": None}}
+
+
+def test_blob_lifecycle(node):
+    uploaded = call(node, "PUT", "/admin-api/blobs?context_id=" + hex_id("ctx"), raw=b"hello",
+                    headers={"Content-Type": "application/octet-stream"}).json()["data"]
+    blob_id = uploaded["blob_id"]
+    listed = call(node, "GET", "/admin-api/blobs").json()["data"]["blobs"]
+    app_blob = call(node, "GET", "/admin-api/applications/" + kv_id()).json()["data"]["application"]["blob"]
+    assert uploaded == {"blob_id": blob_id, "size": 5} and len(blob_id) == 64
+    assert {"blob_id": blob_id, "size": 5} in listed
+    assert call(node, "GET", "/admin-api/blobs/" + blob_id).body == b"hello"
+    assert call(node, "DELETE", "/admin-api/blobs/" + blob_id).json() == {"blob_id": blob_id, "deleted": True}
+    gone = call(node, "DELETE", "/admin-api/blobs/" + blob_id)
+    protected = call(node, "DELETE", "/admin-api/blobs/" + app_blob["bytecode"])
+    assert (gone.status, gone.json()) == (404, {"error": "Blob not found"})
+    assert protected.status == 403
+    bad_hash = call(node, "PUT", "/admin-api/blobs?hash=xyz", raw=b"x")
+    assert bad_hash.json() == {"error": "The provided hash is not a valid format"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Namespaces (§3.6) and groups (§3.7)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_namespace_list_and_create(node):
+    created = call(node, "POST", "/admin-api/namespaces", {"applicationId": kv_id(), "name": "team-b",
+                                                           "upgradePolicy": "LazyOnAccess"}).json()
+    listed = call(node, "GET", "/admin-api/namespaces").json()["data"]
+    entry = next(n for n in listed if n["namespaceId"] == created["data"]["namespaceId"])
+    assert entry["targetApplicationId"] == kv_id() and entry["name"] == "team-b"
+    assert (entry["memberCount"], entry["contextCount"], entry["subgroupCount"]) == (1, 0, 0)
+    assert [n["namespaceId"] for n in listed] == sorted(n["namespaceId"] for n in listed)
+
+
+def test_namespace_delete_requires_a_json_body(node, demo_context):
+    namespace = namespace_of(node)
+    no_body = call(node, "DELETE", "/admin-api/namespaces/" + namespace)
+    no_type = call(node, "DELETE", "/admin-api/namespaces/" + namespace, raw=b"{}")
+    deleted = call(node, "DELETE", "/admin-api/namespaces/" + namespace, {})
+    assert no_body.status == 400 and no_type.status == 400
+    assert deleted.json() == {"data": {"isDeleted": True}}
+    # its contexts outlive it and stay uncallable until deleted
+    assert call(node, "GET", "/admin-api/contexts/" + demo_context).status == 200
+    assert execute(node, demo_context, "len", {})["error"]["type"] == "InternalError"
+
+
+def test_invitation_round_trip_is_byte_exact(node):
+    namespace = namespace_of(node)
+    data = call(node, "POST", "/admin-api/namespaces/{}/invite".format(namespace), {}).json()["data"]
+    invitation = data["invitation"]
+    assert data["groupName"] == "demo-team"
+    assert invitation["invitation"]["group_id"] == list(bytes.fromhex(namespace))
+    assert len(invitation["invitation"]["secret_salt"]) == 32 and invitation["inviter_account"] == NODE_ACCOUNT
+    raw = json.dumps({"invitation": invitation}).encode()
+    joined = call(node, "POST", "/admin-api/namespaces/{}/join".format(namespace), raw=raw,
+                  headers={"Content-Type": "application/json"})
+    assert set(joined.json()["data"]) == {"namespaceId", "memberIdentity", "memberAccount"}
+    assert node.requests_to("POST", "/admin-api/namespaces/{}/join".format(namespace))[-1]["body"] == raw
+
+
+def test_join_refuses_a_foreign_or_reshaped_invitation(node):
+    namespace = namespace_of(node)
+    invitation = call(node, "POST", "/admin-api/namespaces/{}/invite".format(namespace), {}).json()["data"]["invitation"]
+    other = call(node, "POST", "/admin-api/namespaces/{}/join".format(hex_id("other")), {"invitation": invitation})
+    reshaped = copy.deepcopy(invitation)
+    reshaped["invitation"]["invited_role"] = 0
+    tampered = call(node, "POST", "/admin-api/namespaces/{}/join".format(namespace), {"invitation": reshaped})
+    assert (other.status, other.json()) == (400, {"error": "invitation group_id does not match namespace_id in path"})
+    assert tampered.status == 400
+
+
+def test_groups_in_a_namespace(node):
+    namespace = namespace_of(node)
+    created = call(node, "POST", "/admin-api/namespaces/{}/groups".format(namespace),
+                   {"groupName": "ops", "visibility": "Open"}).json()["data"]["groupId"]
+    nested = call(node, "POST", "/admin-api/groups", {"applicationId": kv_id(), "parentGroupId": created,
+                                                      "name": "inner"}).json()["data"]["groupId"]
+    listed = call(node, "GET", "/admin-api/namespaces/{}/groups".format(namespace)).json()["data"]
+    info = call(node, "GET", "/admin-api/groups/" + nested).json()["data"]
+    bad = call(node, "POST", "/admin-api/namespaces/{}/groups".format(namespace), {"visibility": "secret"})
+    assert listed == [{"groupId": created, "name": "ops"}]
+    assert info["targetApplicationId"] == kv_id() and info["subgroupVisibility"] == "restricted"
+    assert call(node, "GET", "/admin-api/groups/" + created).json()["data"]["subgroupVisibility"] == "open"
+    assert (bad.status, bad.json()) == (500, {"error": "Internal server error"})
+
+
+def test_group_members_visibility_metadata_and_inheritance(node):
+    namespace = namespace_of(node)
+    group = call(node, "POST", "/admin-api/groups", {"applicationId": kv_id(), "parentGroupId": namespace}).json()
+    group_id = group["data"]["groupId"]
+    node._groups[group_id]["members"].clear()   # this node is not (yet) a member
+    base = "/admin-api/groups/" + group_id
+    refused = call(node, "POST", base + "/join-via-inheritance", {})
+    bad_visibility = call(node, "PUT", base + "/settings/subgroup-visibility", {"subgroupVisibility": "public"})
+    assert call(node, "PUT", base + "/settings/subgroup-visibility", {"subgroupVisibility": "open"}).json() == {}
+    joined = call(node, "POST", base + "/join-via-inheritance", {}).json()
+    added = call(node, "POST", base + "/members", {"members": [{"identity": hex_id("bob"), "role": "Member"}]})
+    members = call(node, "GET", base + "/members").json()
+    assert refused.status == 403
+    assert (bad_visibility.status, bad_visibility.json()) == (400, {
+        "error": "Field 'subgroup_visibility' has invalid format: must be 'open' or 'restricted'"})
+    assert joined == {"data": {"groupId": group_id, "memberPublicKey": joined["data"]["memberPublicKey"],
+                               "wasInherited": True}}
+    assert added.json() == {}
+    assert "data" not in members and {"identity": hex_id("bob"), "role": "Member"} in members["members"]
+    call(node, "PUT", base + "/metadata", {"name": "Ops", "data": {"a": "1", "b": "2"}})
+    call(node, "PUT", base + "/metadata", {"data": {"b": "3"}})
+    metadata = call(node, "GET", base + "/metadata").json()["data"]
+    assert (metadata["name"], metadata["data"]) == (None, {"b": "3"})   # PUT replaces the whole record
+    assert call(node, "GET", base).json()["data"]["metadata"]["data"] == {"b": "3"}
+
+
+def test_group_delete_requires_a_json_body(node):
+    group_id = call(node, "POST", "/admin-api/groups", {"applicationId": kv_id(), "parentGroupId": namespace_of(node)})
+    path = "/admin-api/groups/" + group_id.json()["data"]["groupId"]
+    assert call(node, "DELETE", path).status == 400
+    assert call(node, "DELETE", path, {}).json() == {"data": {"isDeleted": True}}
+    assert call(node, "GET", path).status == 500
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON-RPC execute (§4)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_kv_behaviour(node, demo_context):
+    def run(method, **args):
+        return output_of(node, demo_context, method, args)
+
+    assert run("set", key="a", value="1") is None
+    assert run("get", key="a") == "1" and run("get", key="zz") is None
+    assert run("get_or_insert", key="b", value="2") == "2" and run("get_or_insert", key="b", value="9") == "2"
+    assert run("update_if_exists", key="a", value="3") is True and run("update_if_exists", key="q", value="x") is False
+    assert run("entries") == {"a": "3", "b": "2"} and run("len") == 2
+    assert run("remove", key="a") == "3" and run("remove", key="a") is None
+    assert run("clear") is None and run("len") == 0
+    assert node.kv_state(demo_context) == {}
+
+
+def test_writes_move_the_state_hash_and_reads_do_not(node, demo_context):
+    def context():
+        return call(node, "GET", "/admin-api/contexts/" + demo_context).json()["data"]
+
+    before = context()
+    output_of(node, demo_context, "get", {"key": "a"})
+    assert context() == before
+    output_of(node, demo_context, "set", {"key": "a", "value": "1"})
+    after = context()
+    assert after["contextStateHash"] != before["contextStateHash"] and len(after["dagHeads"]) == 1
+
+
+def test_app_error_is_a_debug_byte_list(node, demo_context):
+    envelope = execute(node, demo_context, "get_result", {"key": "zz"}, request_id="req-7")
+    assert envelope["id"] == "req-7" and envelope["error"]["type"] == "FunctionCallError"
+    assert envelope["error"]["data"].startswith("the method call returned an error: [34, 107, 101, 121, ")
+    assert decode_app_error(envelope["error"]["data"]) == "key not found: zz"
+
+
+def test_get_unchecked_panics_on_an_absent_key():
+    manifest = kv_store_manifest()
+    get = next(m for m in manifest["methods"] if m["name"] == "get")
+    manifest["methods"].append(dict(get, name="get_unchecked", returns_nullable=False))
+    with NodeDouble(apps=[dict(kv_store_spec(), abi=manifest)], contexts=[{"app": kv_id()}]) as double:
+        context_id = call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"][0]["id"]
+        error = execute(double, context_id, "get_unchecked", {"key": "zz"})["error"]
+    assert error["type"] == "FunctionCallError"
+    assert error["data"].startswith("guest panicked: key not found at src/lib.rs:")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ({"key": "a", "value": "b", "extra": 1}, 'Error(\\"unknown field `extra`, expected `key` or `value`\\"'),
+    ({"key": "a"}, "missing field `value`"),
+    ({"key": "a", "value": 42}, "invalid type: integer `42`, expected a string"),
+    ({"key": ["a"], "value": "b"}, "invalid type: sequence, expected a string"),
+])
+def test_bad_arguments_make_the_guest_panic(node, demo_context, args, fragment):
+    error = execute(node, demo_context, "set", args)["error"]
+    assert error["type"] == "FunctionCallError"
+    assert error["data"].startswith("guest panicked: set: failed to deserialize arguments "
+                                    "(expected { key: String, value: String }): Error(")
+    assert fragment.replace('\\"', '"') in error["data"]
+    assert node.kv_state(demo_context) == {}
+
+
+def test_methods_without_parameters_refuse_named_arguments_only(node, demo_context):
+    assert output_of(node, demo_context, "len", {}) == 0
+    assert execute(node, demo_context, "len", None)["error"]["data"] == "missing field `argsJson`"
+    error = execute(node, demo_context, "len", {"key": "a"})["error"]
+    assert error["data"].startswith('guest panicked: len: failed to deserialize arguments (expected {}): '
+                                    'Error("unknown field `key`, there are no fields"')
+
+
+@pytest.mark.parametrize("params, error", [
+    ({"contextId": hex_id("none"), "method": "get", "argsJson": {}}, {"type": "ContextNotFound"}),
+    ({"method": "get", "argsJson": {}}, {"type": "ParseError", "data": "missing field `contextId`"}),
+])
+def test_execute_refusals(node, params, error):
+    reply = call(node, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": 3, "method": "execute", "params": params})
+    assert reply.status == 200 and reply.json() == {"jsonrpc": "2.0", "id": 3, "error": error}
+
+
+def test_execute_errors_in_the_envelope(node, demo_context):
+    assert execute(node, demo_context, "get")["error"] == {"type": "ParseError", "data": "missing field `argsJson`"}
+    assert execute(node, demo_context, "nope", {})["error"] == {"type": "FunctionCallError",
+                                                                "data": 'method "nope" not found'}
+    unknown = call(node, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": None, "method": "query", "params": {}}).json()
+    assert unknown["id"] is None and unknown["error"]["type"] == "ParseError"
+    assert "unknown variant `query`" in unknown["error"]["data"]
+
+
+def test_jsonrpc_framework_rejections_are_text(node):
+    not_json = call(node, "POST", "/jsonrpc", raw=b"{", headers={"Content-Type": "application/json"})
+    no_type = call(node, "POST", "/jsonrpc", raw=b"{}")
+    assert not_json.status == 400 and not_json.body.startswith(b"Failed to parse the request body as JSON")
+    assert no_type.status == 415
+
+
+def test_generic_apps_return_sample_values_and_record_executions():
+    with NodeDouble(apps=[counter_spec()], contexts=[{"app": "com.example.counter"}]) as double:
+        context_id = call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"][0]["id"]
+        assert output_of(double, context_id, "increment", {"by": 2}) == 1
+        assert output_of(double, context_id, "init", {}) is None
+        assert double.executions[0] == {"contextId": context_id, "method": "increment", "argsJson": {"by": 2}}
+
+
+REAL_MANIFESTS = ["core-abi_conformance.json", "mero-mcp-rc83-abi_conformance.json", "apps-mero-issue-tracker.json",
+                  "apps-battleships-lobby.json", "mero-mcp-rc83-kv-store.json"]
+
+
+@pytest.mark.parametrize("name", REAL_MANIFESTS)
+def test_every_method_of_a_real_manifest_executes(name):
+    path = FIXTURES / "abi" / name
+    if not path.exists():
+        pytest.skip("shared fixture absent: " + str(path))
+    manifest = json.loads(path.read_text())
+    types = TypeSystem(manifest)
+    spec = {"package": "com.example.real", "version": "1.0.0", "abi": manifest, "behaviour": "generic"}
+    with NodeDouble(apps=[spec], contexts=[{"app": "com.example.real"}]) as double:
+        context_id = call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"][0]["id"]
+        for method in manifest["methods"]:
+            args = {p["name"]: None if p.get("nullable") else types.sample(p["type"]) for p in method["params"]}
+            envelope = execute(double, context_id, method["name"], args)
+            assert "result" in envelope, (method["name"], envelope)
+            if method.get("returns_nullable") or method.get("returns", {"kind": "unit"}) == {"kind": "unit"}:
+                assert envelope["result"]["output"] is None
+
+
+def test_concurrent_executes_are_counted(node, demo_context):
+    node.exec_delay = 0.2
+    threads = [threading.Thread(target=output_of, args=(node, demo_context, "len")) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert node.max_inflight == 4 and len(node.executions) == 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Faults and restart
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_fault_down_closes_without_an_answer(node):
+    node.faults["down"] = True
+    with pytest.raises(http.client.RemoteDisconnected):
+        call(node, "GET", "/admin-api/health")
+
+
+def test_fault_reset_aborts_the_connection(node):
+    node.faults["reset"] = True
+    with pytest.raises(ConnectionResetError):
+        call(node, "GET", "/admin-api/health")
+
+
+def test_fault_truncated_body(node):
+    node.faults["truncated"] = True
+    with pytest.raises(http.client.IncompleteRead):
+        call(node, "GET", "/admin-api/health")
+
+
+def test_fault_garbage_and_status_bodies(node):
+    node.faults.update({"garbage": True})
+    garbage = call(node, "GET", "/admin-api/health")
+    node.faults.clear()
+    node.faults.update({"status": 500, "body": "boom"})
+    text = call(node, "GET", "/admin-api/health")
+    node.faults.update({"status": 503, "body": None})
+    del node.faults["body"]
+    retry = call(node, "GET", "/admin-api/groups/" + hex_id("g"))
+    assert garbage.status == 200 and not garbage.body.startswith(b"{")
+    assert (text.status, text.body, text.content_type.startswith("text/plain")) == (500, b"boom", True)
+    assert (retry.status, retry.json()) == (503, {"error": AUTHORITY_NOT_YET.format(hex_id("g"))})
+
+
+def test_fault_path_filter_and_times(node):
+    node.faults.update({"status": 502, "json": {"error": "bad gateway"}, "paths": ["/admin-api/applications"],
+                        "times": 1})
+    assert call(node, "GET", "/admin-api/health").status == 200
+    assert call(node, "GET", "/admin-api/applications").json() == {"error": "bad gateway"}
+    assert call(node, "GET", "/admin-api/applications").status == 200
+    assert node.faults == {}
+
+
+def test_stop_and_restart_on_the_same_port(node, demo_context):
+    port = node.port
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.request("GET", "/admin-api/health")
+    connection.getresponse().read()   # a kept-alive connection must not outlive stop()
+    node.stop()
+    with pytest.raises(OSError):
+        call(node, "GET", "/admin-api/health")
+    with pytest.raises((OSError, http.client.HTTPException)):
+        connection.request("GET", "/admin-api/health")
+        connection.getresponse()
+    node.start()
+    assert node.port == port and call(node, "GET", "/admin-api/contexts/" + demo_context).status == 200
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Auth (§1.4–1.5, §2)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_proxy_mode_has_no_auth_routes(node):
+    reply = login(node)
+    assert (reply.status, reply.body) == (404, b"")
+    assert call(node, "GET", "/admin-api/applications").status == 200
+
+
+def jwt_claims(token):
+    header, payload, signature = token.split(".")
+    assert json.loads(base64.urlsafe_b64decode(header + "==")) == {"alg": "HS256", "typ": "JWT"} and signature
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_login_returns_a_jwt_pair(auth_node):
+    reply = login(auth_node)
+    body = reply.json()
+    assert reply.status == 200 and body["error"] is None and body["data"]["error"] is None
+    access = jwt_claims(body["data"]["access_token"])
+    assert access["iss"] == "calimero-auth" and access["token_type"] == "access"
+    assert access["permissions"] == ["admin"] and access["exp"] - access["iat"] == 3600
+    assert jwt_claims(body["data"]["refresh_token"])["token_type"] == "refresh"
+    second = login(auth_node).json()["data"]["access_token"]
+    assert jwt_claims(second)["jti"] != access["jti"]
+
+
+def test_login_failures(auth_node):
+    bad = login(auth_node, password="wrong")
+    assert bad.status == 401 and bad.json()["data"] is None
+    assert bad.json()["error"].startswith("Authentication failed: ")
+    no_timestamp = call(auth_node, "POST", "/auth/token", {"auth_method": "user_password", "public_key": "admin",
+                                                           "client_name": "x", "provider_data": {}})
+    assert no_timestamp.status == 400
+
+
+def test_guard_answers(auth_node, demo_context):
+    access, _ = auth_node.issue_tokens()
+    assert call(auth_node, "GET", "/admin-api/health").status == 200
+    none = call(auth_node, "GET", "/admin-api/applications")
+    assert (none.status, none.body) == (401, b"")
+    assert call(auth_node, "GET", "/admin-api/applications", headers=bearer(access)).status == 200
+    assert call(auth_node, "GET", "/admin-api/applications?token=" + access).status == 200
+    header_wins = call(auth_node, "GET", "/admin-api/applications?token=" + access, headers=bearer("junk"))
+    assert (header_wins.status, header_wins.body) == (401, b"")
+    rpc = call(auth_node, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": 1, "method": "execute",
+                                               "params": {"contextId": demo_context, "method": "len", "argsJson": {}}})
+    assert rpc.status == 401
+    assert execute(auth_node, demo_context, "len", {}, headers=bearer(access))["result"]["output"] == 0
+
+
+def test_expiry_refresh_and_replay(auth_node):
+    access, refresh = auth_node.issue_tokens()
+    early = call(auth_node, "POST", "/auth/refresh", {"access_token": access, "refresh_token": refresh})
+    assert (early.status, early.json()) == (401, {"data": None, "error": "Access token still valid"})
+    auth_node.expire_access_tokens()
+    expired = call(auth_node, "GET", "/admin-api/applications", headers=bearer(access))
+    assert (expired.status, expired.headers.get("x-auth-error"), expired.body) == (401, "token_expired", b"")
+    renewed = call(auth_node, "POST", "/auth/refresh", {"access_token": access, "refresh_token": refresh}).json()
+    new_access = renewed["data"]["access_token"]
+    assert call(auth_node, "GET", "/admin-api/applications", headers=bearer(new_access)).status == 200
+    replay = call(auth_node, "POST", "/auth/refresh", {"access_token": access, "refresh_token": refresh})
+    assert (replay.status, replay.headers.get("x-auth-error")) == (401, "token_reuse")
+    revoked = call(auth_node, "GET", "/admin-api/applications", headers=bearer(new_access))
+    assert (revoked.status, revoked.headers.get("x-auth-error")) == (403, "token_revoked")
+    assert auth_node.refresh_count == 3
+
+
+def test_revoke_all_and_client_keys(auth_node):
+    access, _ = auth_node.issue_tokens()
+    minted = call(auth_node, "POST", "/admin/client-key", {"permissions": ["admin"]}, headers=bearer(access)).json()
+    client_access = minted["data"]["access_token"]
+    assert jwt_claims(client_access)["sub"] != jwt_claims(access)["sub"]
+    assert call(auth_node, "GET", "/admin-api/contexts", headers=bearer(client_access)).status == 200
+    assert call(auth_node, "POST", "/admin/client-key", {"permissions": ["admin"]}).status == 401
+    auth_node.revoke_all()
+    assert call(auth_node, "GET", "/admin-api/contexts", headers=bearer(client_access)).status == 403
+    assert call(auth_node, "GET", "/admin-api/contexts",
+                headers=bearer(login(auth_node).json()["data"]["access_token"])).status == 200
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kv-store manifest and the command line
+# ---------------------------------------------------------------------------------------------------------------
+
+RC83_KEYS = ("doc", "returns_doc", "destructive", "idempotent")
+
+
+def strip_rc83_keys(value):
+    """The rc.25 JSON Schema predates doc/returns_doc/destructive/idempotent (§0); drop them to validate."""
+    if isinstance(value, dict):
+        return {k: strip_rc83_keys(v) for k, v in value.items() if k not in RC83_KEYS}
+    if isinstance(value, list):
+        return [strip_rc83_keys(v) for v in value]
+    return value
+
+
+def test_kv_store_manifest_is_valid_wasm_abi():
+    jsonschema = pytest.importorskip("jsonschema")
+    if not SCHEMA.exists():
+        pytest.skip("shared fixtures absent: " + str(SCHEMA))
+    schema = json.loads(SCHEMA.read_text())
+    # the upstream schema points at a `VariableBytesType` it never defines; read it as BytesType
+    schema["definitions"].setdefault("VariableBytesType", schema["definitions"]["BytesType"])
+    jsonschema.validate(strip_rc83_keys(kv_store_manifest()), schema)
+
+
+def test_kv_store_manifest_contents():
+    methods = {m["name"]: m for m in kv_store_manifest()["methods"]}
+    assert list(methods) == sorted(methods) == ["clear", "entries", "get", "get_or_insert", "get_result", "init",
+                                                "len", "remove", "set", "update_if_exists"]
+    flags = {name: (m.get("intent"), bool(m.get("destructive")), bool(m.get("idempotent")))
+             for name, m in methods.items()}
+    assert flags["clear"] == ("mutating", True, True) and flags["set"] == ("mutating", True, False)
+    assert flags["get_or_insert"] == ("mutating", False, True) and flags["init"] == (None, False, False)
+    assert methods["get"]["returns_nullable"] and methods["remove"]["returns_nullable"]
+    assert methods["len"]["returns"] == {"kind": "u32"} and methods["update_if_exists"]["returns"] == {"kind": "bool"}
+    for method in methods.values():
+        assert method["doc"] and all(p["doc"] for p in method["params"])
+        assert method["returns"] == {"kind": "unit"} or method["returns_doc"]
+
+
+def test_command_line_sample_prints_ready_and_stops_quietly():
+    process = subprocess.Popen([sys.executable, str(HERE / "node_double.py"), "--sample", "--auth"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY http://127.0.0.1:")
+        port = int(line.strip().rsplit(":", 1)[1])
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("GET", "/admin-api/applications")
+        assert connection.getresponse().status == 401
+        connection.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+    assert (process.returncode, out, err) == (0, "", "")
