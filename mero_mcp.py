@@ -558,7 +558,7 @@ def node_status(args, call):
     return call.server.node.status()
 
 
-# Shared by the fixed tools: id checks, the alias lookup, small shape converters. The tools follow in tools.md order.
+# Shared by the fixed tools: argument schemas, context naming, answer shapes. The tools follow in tools.md order.
 
 DESCRIPTION_LIMIT = 200
 JOIN_TIMEOUT = 65                           # a namespace join waits on peer discovery (node-api §3.6)
@@ -588,6 +588,11 @@ def context_id_of(server, value):
 def path_segment(value):
     # Ids are hex, but a typo must not be able to reach another route.
     return quote(value, safe="")
+
+
+def as_object(answer):
+    # Every answer read here is an object on current nodes; an empty or odd body must not become a crash.
+    return answer if isinstance(answer, dict) else {}
 
 
 def hex_of(value):
@@ -628,9 +633,8 @@ def list_applications(args, call):
 
 def compact_app_row(app):
     import abi
-    description = app.description if isinstance(app.description, str) else None
     return {"id": app.id, "package": app.package, "name": app.name, "version": app.version,
-            "description": description[:DESCRIPTION_LIMIT] if description else description,
+            "description": app.description[:DESCRIPTION_LIMIT] if app.description else app.description,
             "hasGuide": bool(app.guide), "procedures": abi.procedures(app.guide)}
 
 
@@ -663,7 +667,7 @@ def list_contexts(args, call):
     if args.get("application") is not None:
         contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
     else:
-        contexts = (server.node.get("/admin-api/contexts") or {}).get("contexts") or []
+        contexts = as_object(server.node.get("/admin-api/contexts")).get("contexts") or []
     return {"contexts": [context_row(c, args.get("verbose")) for c in contexts]}
 
 
@@ -873,7 +877,7 @@ def decoded_base64(text):
 
 def blob_record(blob):
     """One blob as the agent sees it: camelCase, whichever casing this node release used."""
-    blob = blob if isinstance(blob, dict) else {}
+    blob = as_object(blob)
     record = {"blobId": blob.get("blobId", blob.get("blob_id"))}
     for key in ("size", "deleted"):
         if key in blob:
@@ -883,7 +887,7 @@ def blob_record(blob):
 
 @tool("list_blobs", "Blobs stored on this node: {blobs: [{blobId, size}]}.", annotations=READ_ONLY, toolset="blobs")
 def list_blobs(args, call):
-    answer = call.server.node.get("/admin-api/blobs") or {}
+    answer = as_object(call.server.node.get("/admin-api/blobs"))
     return {"blobs": [blob_record(b) for b in answer.get("blobs") or []]}
 
 
@@ -974,7 +978,7 @@ def leave_namespace(args, call):
 @tool("list_group_members", "Members of a group: {members: [{identity, role, name?}], selfIdentity?}.",
       {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
-    answer = call.server.node.get("/admin-api/groups/%s/members" % path_segment(args["group"])) or {}
+    answer = as_object(call.server.node.get("/admin-api/groups/%s/members" % path_segment(args["group"])))
     members = {"members": answer.get("members") or []}
     if answer.get("selfIdentity") is not None:
         members["selfIdentity"] = answer["selfIdentity"]
@@ -1016,19 +1020,19 @@ def create_group_in_namespace(node, args):
     if args.get("name") is not None:
         body["groupName"] = args["name"]
     body["visibility"] = args.get("visibility") or "open"
-    answer = node.post("/admin-api/namespaces/%s/groups" % path_segment(args["namespace"]), body)
+    answer = as_object(node.post("/admin-api/namespaces/%s/groups" % path_segment(args["namespace"]), body))
     return {"groupId": answer.get("groupId")}
 
 
 def create_nested_group(node, args):
     """Core's nested create takes the parent's application and no visibility: the group is born restricted."""
     parent = args["parent"]
-    info = node.get("/admin-api/groups/" + path_segment(parent))
+    info = as_object(node.get("/admin-api/groups/" + path_segment(parent)))
     body = dict(UPGRADE_POLICY, applicationId=info.get("targetApplicationId"))
     if args.get("name") is not None:
         body["name"] = args["name"]
     body["parentGroupId"] = parent
-    group_id = node.post("/admin-api/groups", body).get("groupId")
+    group_id = as_object(node.post("/admin-api/groups", body)).get("groupId")
     visibility = args.get("visibility")
     if visibility is not None and visibility != "restricted":
         try:
@@ -1075,8 +1079,7 @@ def set_group_metadata(args, call):
 
 
 def current_group_name(node, path):
-    record = node.get(path)
-    return record.get("name") if isinstance(record, dict) else None
+    return as_object(node.get(path)).get("name")
 
 
 @tool("join_open_group", "Join an open group through membership of its parent namespace or group (join via "

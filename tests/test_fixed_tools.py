@@ -1,0 +1,600 @@
+"""The 26 fixed tools over stdio against the node double: what reached the node, and what came back
+(tools.md; reference-behaviour.md §3.2-§3.4 for the literal texts)."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+
+from mcp_client import minimal_env
+from node_double import (NODE_ACCOUNT, NodeDouble, counter_spec, error_reply, hex_id, kv_store_spec,
+                         sample_double)
+
+CORE = ["node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "create_context",
+        "join_context", "delete_context", "create_alias", "lookup_alias"]
+BLOBS = ["install_application", "uninstall_application", "upload_blob", "list_blobs", "delete_blob"]
+GOVERNANCE = ["create_namespace", "delete_namespace", "invite_to_namespace", "join_namespace", "leave_namespace",
+              "list_group_members", "add_group_members", "create_group", "set_group_visibility",
+              "set_group_metadata", "join_open_group"]
+FIXED = CORE + BLOBS + GOVERNANCE
+READ_ONLY = {"node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "lookup_alias",
+             "list_blobs", "list_group_members"}
+DESTRUCTIVE = {"delete_context", "uninstall_application", "delete_blob", "delete_namespace", "leave_namespace"}
+KV = "com.calimero.kv-store"
+MISSING = hex_id("no such thing")
+
+# An app whose init takes arguments, for create_context's init check.
+WORLD_MANIFEST = {
+    "schema_version": "wasm-abi/1", "types": {},
+    "methods": [
+        {"name": "init", "doc": "Creates the world.", "intent": "mutating", "returns": {"kind": "unit"},
+         "params": [{"name": "name", "type": {"kind": "string"}, "doc": "What to call it."},
+                    {"name": "seed", "type": {"kind": "u64"}},
+                    {"name": "motto", "type": {"kind": "string"}, "nullable": True}]},
+        {"name": "name", "params": [], "returns": {"kind": "string"}, "intent": "read_only"},
+    ],
+}
+NO_INIT_MANIFEST = {"schema_version": "wasm-abi/1", "types": {},
+                    "methods": [{"name": "ping", "params": [], "returns": {"kind": "unit"}}]}
+
+
+def world_spec(**extra):
+    return dict({"package": "com.example.world", "version": "1.0.0", "signer_id": "signer-w",
+                 "metadata": {"name": "World"}, "abi": WORLD_MANIFEST}, **extra)
+
+
+def sha256_hex(data):
+    return hashlib.sha256(data).hexdigest()      # the double's blob id
+
+
+def text_of(result):
+    return result["content"][-1]["text"]
+
+
+def error_text(result):
+    assert result.get("isError") is True, result
+    return text_of(result)
+
+
+def namespace_of(double, package=KV):
+    app_id = double._app_key(package)
+    return next(g["id"] for g in double._groups.values() if g["parent"] is None and g["applicationId"] == app_id)
+
+
+def context_of(double, package=KV):
+    app_id = double._app_key(package)
+    return next(c["id"] for c in double._contexts.values() if c["applicationId"] == app_id)
+
+
+def bodies(double, method, path):
+    return [entry["json"] for entry in double.requests_to(method, path)]
+
+
+@pytest.fixture
+def serve(start_server, tmp_path):
+    """Start a server against a double of the test's own making (started here, stopped at the end)."""
+    doubles = []
+
+    def run(double, **env):
+        doubles.append(double.start())
+        settings = {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
+                    "CALIMERO_NODE_HOME": tmp_path / "nodes"}
+        settings.update(env)
+        return start_server(minimal_env(tmp_path / "home", settings))
+    yield run
+    for double in doubles:
+        double.stop()
+
+
+# ── the tool table: names, toolsets, annotations, schemas ─────────────────────────────────────────
+
+@pytest.mark.parametrize("setting,expected", [
+    (None, FIXED), ("all", FIXED), ("core", CORE), ("core,blobs", CORE + BLOBS), ("governance", CORE + GOVERNANCE),
+    ("bogus", CORE)])
+def test_toolsets_select_the_fixed_tools(serve, setting, expected):
+    env = {"CALIMERO_MCP_TOOLSETS": setting} if setting is not None else {}
+    server = serve(sample_double(), **env)
+    names = [name for name in server.tool_names() if name in FIXED]
+    assert names == expected
+
+
+def test_an_unknown_toolset_is_reported_once_on_stderr(serve):
+    server = serve(sample_double(), CALIMERO_MCP_TOOLSETS="core,bogus")
+    server.tool_names()
+    server.call_tool("node_status")
+    server.close()
+    warnings = [line for line in server.stderr.splitlines() if "bogus" in line]
+    assert len(warnings) == 1
+    assert "CALIMERO_MCP_TOOLSETS names unknown toolsets bogus" in warnings[0]
+
+
+def test_annotations_follow_tools_md(server):
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
+    for name in FIXED:
+        annotations = tools[name].get("annotations", {})
+        if name in READ_ONLY:
+            assert annotations == {"readOnlyHint": True}, name
+        elif name in DESTRUCTIVE:
+            assert annotations == {"readOnlyHint": False, "destructiveHint": True}, name
+        else:
+            assert annotations == {}, name
+
+
+def test_every_property_is_described(server):
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
+    for name in FIXED:
+        schema = tools[name]["inputSchema"]
+        assert schema["type"] == "object", name
+        assert len(tools[name]["description"]) > 20, name
+        for prop, definition in schema["properties"].items():
+            assert definition.get("description"), (name, prop)
+
+
+def test_the_invitation_is_declared_opaque(server):
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
+    schema = tools["join_namespace"]["inputSchema"]
+    assert schema["properties"]["invitation"] == {
+        "type": "object",
+        "description": "The invitation object returned by invite_to_namespace, passed through unchanged."}
+    assert schema["required"] == ["namespace", "invitation"]
+
+
+# ── core ──────────────────────────────────────────────────────────────────────────────────────────
+
+def test_node_status_reports_the_double(server, double):
+    status = server.tool_json("node_status")
+    assert status == {"health": {"status": "alive"}, "url": double.url, "nodeName": None,
+                      "discoverySource": "env", "authMode": "none"}
+
+
+def test_list_nodes_merges_configured_nodes_and_marks_the_active_one(serve, tmp_path):
+    double = sample_double().start()
+    node_dir = tmp_path / "nodes" / "mine"
+    node_dir.mkdir(parents=True)
+    (node_dir / "config.toml").write_text('[server]\nlisten = ["/ip4/127.0.0.1/tcp/%d"]\n' % double.port)
+    server = serve(double)
+    nodes = server.tool_json("list_nodes")
+    assert nodes[0] == {"url": "http://localhost:%d" % double.port, "name": "mine", "active": True}
+    assert all(entry["active"] is False for entry in nodes[1:])
+
+
+def test_list_applications_compact_rows(server):
+    apps = server.tool_json("list_applications")["apps"]
+    kv, counter = apps if apps[0]["package"] == KV else apps[::-1]
+    assert kv == {"id": hex_id(KV + "\0" + kv_store_spec()["signer_id"]), "package": KV, "name": "KV Store",
+                  "version": "1.0.0", "description": "A replicated key-value store.", "hasGuide": True,
+                  "procedures": ["Store a value", "List everything", "Remove a value"]}
+    assert counter["hasGuide"] is False and counter["procedures"] == []
+
+
+def test_list_applications_cuts_descriptions_at_200_characters(serve):
+    spec = counter_spec()
+    spec["metadata"] = {"name": "Counter", "description": "x" * 199 + "yz" + "w" * 50}
+    server = serve(NodeDouble(apps=[spec]))
+    row = server.tool_json("list_applications")["apps"][0]
+    assert row["description"] == "x" * 199 + "y"
+
+
+def test_list_applications_verbose_returns_full_records_without_the_guide(server):
+    apps = server.tool_json("list_applications", {"verbose": True})["apps"]
+    kv = next(a for a in apps if a["package"] == KV)
+    assert kv["appVersion"] == "1.0.0"
+    assert kv["signer_id"] == kv_store_spec()["signer_id"]
+    assert set(kv["blob"]) == {"bytecode", "compiled"}
+    assert kv["metadata"]["icon"].startswith("data:image/png;base64,")
+    assert kv["metadata"]["name"] == "KV Store"
+    assert "guide" not in kv["metadata"] and "guide" not in kv
+    assert kv["procedures"] == ["Store a value", "List everything", "Remove a value"]
+
+
+def test_list_namespaces_is_the_node_list(server, double):
+    namespaces = server.tool_json("list_namespaces")
+    assert [n["namespaceId"] for n in namespaces] == [namespace_of(double)]
+    assert namespaces[0]["name"] == "demo-team"
+
+
+def test_list_contexts_leaves_out_state_unless_verbose(server, double):
+    context_id = context_of(double)
+    plain = server.tool_json("list_contexts")["contexts"]
+    assert [c["id"] for c in plain] == [context_id]
+    assert "contextStateHash" not in plain[0] and "dagHeads" not in plain[0]
+    verbose = server.tool_json("list_contexts", {"verbose": True})["contexts"][0]
+    heads = double._contexts[context_id]["heads"]
+    assert verbose["dagHeads"] == heads                      # byte arrays on the wire, hex for the agent
+    assert len(verbose["contextStateHash"]) == 64
+
+
+def test_list_contexts_filters_by_any_app_name(server, double):
+    kv_id = double._app_key(KV)
+    contexts = server.tool_json("list_contexts", {"application": "kv store"})["contexts"]
+    assert [c["id"] for c in contexts] == [context_of(double)]
+    assert double.requests_to("GET", "/admin-api/contexts/for-application/" + kv_id)
+    assert server.tool_json("list_contexts", {"application": "counter"}) == {"contexts": []}
+    missing = error_text(server.call_tool("list_contexts", {"application": "nope"}))
+    assert missing == ('Error: Application "nope" not found. Installed: com.calimero.kv-store, '
+                       'com.example.counter')
+
+
+def test_create_context_sends_the_init_bytes(server, double):
+    namespace = namespace_of(double)
+    created = server.tool_json("create_context", {"application": "kv-store", "group": namespace, "name": "two"})
+    assert created["contextId"] in double._contexts
+    body = bodies(double, "POST", "/admin-api/contexts")[-1]
+    assert body == {"applicationId": double._app_key(KV), "groupId": namespace, "name": "two",
+                    "initializationParams": list(b"{}")}
+
+
+def test_create_context_takes_namespace_as_an_older_name_for_group(server, double):
+    namespace = namespace_of(double)
+    server.tool_json("create_context", {"application": KV, "namespace": namespace})
+    server.tool_json("create_context", {"application": KV, "namespace": namespace, "group": namespace})
+    assert [b["groupId"] for b in bodies(double, "POST", "/admin-api/contexts")] == [namespace, namespace]
+    both = error_text(server.call_tool("create_context", {"application": KV, "namespace": namespace,
+                                                          "group": MISSING}))
+    assert both == 'Error: Pass group or namespace, not both: they differ ("%s" and "%s").' % (MISSING, namespace)
+    neither = error_text(server.call_tool("create_context", {"application": KV}))
+    assert neither == ("Error: create_context needs group: the id of the namespace or subgroup to create the "
+                       "context in.")
+    assert len(double.requests_to("POST", "/admin-api/contexts")) == 2
+
+
+WORLD_INIT = ("Its init: Creates the world.\n\n[mut] init(name: string, seed: u64, motto?: string) -> unit\n"
+              "  name: What to call it.\nPass these as create_context's args, keyed by parameter name.")
+
+
+@pytest.mark.parametrize("args,problems", [
+    (None, "missing name, seed"),
+    ({"seed": 7}, "missing name"),
+    ({"name": "w", "seed": "seven"}, 'invalid seed (expected integer, got "seven")'),
+    ({"name": "w", "seed": 7, "colour": "red"}, "undeclared colour"),
+    ({"seed": -1, "extra": 1}, "missing name; invalid seed (expected an integer >= 0, got -1); undeclared extra"),
+])
+def test_create_context_checks_init_args_before_creating(serve, args, problems):
+    double = NodeDouble(apps=[world_spec()])
+    namespace = double.add_namespace(double._app_key("com.example.world"))
+    server = serve(double)
+    request = {"application": "world", "group": namespace}
+    if args is not None:
+        request["args"] = args
+    text = error_text(server.call_tool("create_context", request))
+    assert text == 'Error: Application "world" cannot be initialized with these args: %s.\n%s' % (problems,
+                                                                                                  WORLD_INIT)
+    assert double.requests_to("POST", "/admin-api/contexts") == []
+
+
+def test_create_context_encodes_validated_init_args_as_compact_utf8_json(serve):
+    double = NodeDouble(apps=[world_spec()])
+    namespace = double.add_namespace(double._app_key("com.example.world"))
+    server = serve(double)
+    server.tool_json("create_context", {"application": "World", "group": namespace,
+                                        "args": {"seed": 7, "name": "Wörld"}})
+    sent = bodies(double, "POST", "/admin-api/contexts")[-1]["initializationParams"]
+    assert bytes(sent) == '{"name":"Wörld","seed":7}'.encode("utf-8")
+
+
+def test_create_context_refuses_args_for_an_app_without_init(serve):
+    double = NodeDouble(apps=[world_spec(abi=NO_INIT_MANIFEST)])
+    namespace = double.add_namespace(double._app_key("com.example.world"))
+    server = serve(double)
+    text = error_text(server.call_tool("create_context", {"application": "world", "group": namespace,
+                                                          "args": {"a": 1}}))
+    assert text == 'Error: Application "world" declares no init method, so it takes no init args.'
+    server.tool_json("create_context", {"application": "world", "group": namespace})
+    assert [b["initializationParams"] for b in bodies(double, "POST", "/admin-api/contexts")] == [[]]
+
+
+def test_create_context_without_a_readable_abi(serve):
+    double = NodeDouble(apps=[world_spec(abi_error="application has no usable embedded ABI")])
+    namespace = double.add_namespace(double._app_key("com.example.world"))
+    server = serve(double)
+    refused = error_text(server.call_tool("create_context", {"application": "world", "group": namespace,
+                                                             "args": {"name": "w", "seed": 1}}))
+    assert refused == ('Error: Application "world" cannot check these init args: its ABI could not be read '
+                       '(application has no usable embedded ABI).')
+    assert double.requests_to("POST", "/admin-api/contexts") == []
+    # No args and no ABI: created with no init input, and the node's own init failure is what the agent reads.
+    unchecked = error_text(server.call_tool("create_context", {"application": "world", "group": namespace}))
+    assert unchecked.startswith("Error: application initialization failed: guest panicked: init: failed to "
+                                "deserialize arguments")
+    assert bodies(double, "POST", "/admin-api/contexts")[-1]["initializationParams"] == []
+
+
+def test_create_context_for_a_multi_service_app(serve):
+    spec = world_spec(abi=None, services={"api": WORLD_MANIFEST, "admin": NO_INIT_MANIFEST})
+    double = NodeDouble(apps=[spec])
+    namespace = double.add_namespace(double._app_key("com.example.world"))
+    server = serve(double)
+    text = error_text(server.call_tool("create_context", {"application": "world", "group": namespace}))
+    assert text == "Error: Application com.example.world bundles several services; pass service with one of: admin, api"
+    server.tool_json("create_context", {"application": "world", "group": namespace, "service": "admin"})
+    body = bodies(double, "POST", "/admin-api/contexts")[-1]
+    assert body["serviceName"] == "admin" and body["initializationParams"] == []
+
+
+def test_join_context_by_id_and_by_alias(server, double):
+    context_id = context_of(double)
+    joined = server.tool_json("join_context", {"context": "demo"})
+    assert joined == {"contextId": context_id, "memberPublicKey": hex_id("member:" + context_id)}
+    server.tool_json("join_context", {"context": context_id})
+    assert [e["path"] for e in double.requests_to("POST", "/admin-api/contexts/")] == [
+        "/admin-api/contexts/%s/join" % context_id] * 2
+
+
+def test_delete_context_resolves_an_alias_first(server, double):
+    context_id = context_of(double)
+    assert server.tool_json("delete_context", {"context": "demo"}) == {"isDeleted": True}
+    assert [e["path"] for e in double.requests_to("DELETE")] == ["/admin-api/contexts/" + context_id]
+    missing = error_text(server.call_tool("delete_context", {"context": "gone"}))
+    assert missing == 'Error: Context "gone" is neither a context id nor an alias on this node.'
+    assert len(double.requests_to("DELETE")) == 1
+
+
+def test_create_and_look_up_an_alias(server, double):
+    context_id = context_of(double)
+    created = server.call_tool("create_alias", {"alias": "prod", "contextId": context_id})
+    assert text_of(created) == 'Alias "prod" now resolves to context %s.' % context_id
+    assert bodies(double, "POST", "/admin-api/alias/create/context") == [{"alias": "prod", "contextId": context_id}]
+    assert server.tool_json("lookup_alias", {"name": "prod"}) == {"alias": "prod", "contextId": context_id}
+    duplicate = error_text(server.call_tool("create_alias", {"alias": "prod", "contextId": context_id}))
+    assert duplicate == "Error: alias already exists"
+
+
+@pytest.mark.parametrize("name", ["nobody", "not an alias!"])
+def test_a_lookup_miss_is_a_result_not_an_error(server, name):
+    result = server.call_tool("lookup_alias", {"name": name})
+    assert not result.get("isError")
+    assert text_of(result) == 'No alias named "%s" on this node.' % name
+
+
+# ── blobs ─────────────────────────────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("coords", ["kv-store", "a@b@c", "@1.0.0", "com.x@", "com.x @1.0.0", "com.x@1.0.0\n", ""])
+def test_install_refuses_malformed_coordinates(server, double, coords):
+    text = error_text(server.call_tool("install_application", {"coords": coords}))
+    assert text == 'Error: Expected package@version, got "%s".' % coords
+    assert double.requests_to("POST", "/admin-api/install-application") == []
+
+
+def test_install_by_coordinates_then_reads_the_list_again(serve):
+    double = NodeDouble(registry={"com.example.counter@0.1.0": counter_spec()})
+    server = serve(double)
+    server.tool_names()                                    # the first catalog read is done
+    before = len(double.requests_to("GET", "/admin-api/applications"))
+    installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
+    assert installed == {"applicationId": double._app_key("com.example.counter")}
+    assert bodies(double, "POST", "/admin-api/install-application") == [
+        {"package": "com.example.counter", "version": "0.1.0"}]
+    assert len(double.requests_to("GET", "/admin-api/applications")) > before
+    failed = error_text(server.call_tool("install_application", {"coords": "com.example.none@1.0.0"}))
+    assert "has no application published at" in failed
+
+
+def test_install_succeeds_when_only_the_refresh_fails(serve):
+    double = NodeDouble(registry={"com.example.counter@0.1.0": counter_spec()})
+    server = serve(double)
+    server.tool_names()
+    double.faults = {"status": 500, "json": {"error": "list broke"}, "paths": ["/admin-api/applications"]}
+    installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
+    assert installed == {"applicationId": double._app_key("com.example.counter")}
+    server.close()
+    assert "app list refresh failed: list broke" in server.stderr
+
+
+def test_uninstall_resolves_the_name_before_removing(server, double):
+    kv_id = double._app_key(KV)
+    assert server.tool_json("uninstall_application", {"application": "KV Store"}) == {"applicationId": kv_id}
+    assert [e["path"] for e in double.requests_to("DELETE")] == ["/admin-api/applications/" + kv_id]
+    assert KV not in [r["package"] for r in double._apps.values()]
+    missing = error_text(server.call_tool("uninstall_application", {"application": KV}))
+    assert missing == 'Error: Application "com.calimero.kv-store" not found. Installed: com.example.counter'
+    assert len(double.requests_to("DELETE")) == 1
+
+
+def test_uninstall_refuses_an_ambiguous_name(serve):
+    other = dict(counter_spec(), package="org.other.counter")
+    double = NodeDouble(apps=[counter_spec(), other])
+    server = serve(double)
+    text = error_text(server.call_tool("uninstall_application", {"application": "counter"}))
+    assert text == ('Error: Application "counter" is ambiguous: com.example.counter, org.other.counter. '
+                    'Pass the full package name or the application id.')
+    assert double.requests_to("DELETE") == []
+
+
+def test_upload_blob_puts_the_decoded_bytes(server, double):
+    data = bytes(range(256))
+    context_id = context_of(double)
+    expected_id = sha256_hex(data)
+    uploaded = server.tool_json("upload_blob", {"data": base64.b64encode(data).decode(), "hash": expected_id,
+                                                "context": "demo"})
+    assert uploaded == {"blobId": expected_id, "size": 256}
+    put = double.requests_to("PUT", "/admin-api/blobs")[-1]
+    assert put["body"] == data
+    assert put["query"] == {"hash": expected_id, "context_id": context_id}
+    assert put["headers"]["content-type"] == "application/octet-stream"
+
+
+@pytest.mark.parametrize("data", ["aGVsbG8*", "aGVsbG8", "not base64 at all!"])
+def test_upload_blob_refuses_invalid_base64(server, double, data):
+    text = error_text(server.call_tool("upload_blob", {"data": data}))
+    assert text.startswith("Error: data is not valid base64 (")
+    assert text.endswith("). Encode the blob bytes with standard base64.")
+    assert double.requests_to("PUT") == []
+
+
+def test_upload_blob_accepts_wrapped_base64(server, double):
+    uploaded = server.tool_json("upload_blob", {"data": "aGVs\nbG8="})
+    assert uploaded == {"blobId": sha256_hex(b"hello"), "size": 5}
+
+
+def test_list_and_delete_blobs_speak_camel_case(server, double):
+    server.tool_json("upload_blob", {"data": base64.b64encode(b"hello").decode()})
+    blob_id = sha256_hex(b"hello")
+    blobs = server.tool_json("list_blobs")["blobs"]
+    assert {"blobId": blob_id, "size": 5} in blobs
+    assert all(set(b) == {"blobId", "size"} for b in blobs)
+    assert server.tool_json("delete_blob", {"blob": blob_id}) == {"blobId": blob_id, "deleted": True}
+    assert double.requests_to("DELETE", "/admin-api/blobs/" + blob_id)
+    in_use = next(b["blobId"] for b in blobs if b["blobId"] != blob_id)
+    refused = error_text(server.call_tool("delete_blob", {"blob": in_use}))
+    # node.py appends auth advice to every 403; the node's own words come first.
+    assert refused.startswith("Error: Blob is referenced by an installed application and cannot be deleted")
+
+
+# ── governance ────────────────────────────────────────────────────────────────────────────────────
+
+def test_create_and_delete_a_namespace(server, double):
+    created = server.tool_json("create_namespace", {"application": "counter", "name": "team"})
+    assert created["namespaceId"] in double._groups
+    assert bodies(double, "POST", "/admin-api/namespaces") == [
+        {"upgradePolicy": "LazyOnAccess", "applicationId": double._app_key("com.example.counter"), "name": "team"}]
+    deleted = server.tool_json("delete_namespace", {"namespace": created["namespaceId"]})
+    assert deleted == {"isDeleted": True}
+    request = double.requests_to("DELETE", "/admin-api/namespaces/")[-1]
+    assert request["body"] == b"{}" and request["headers"]["content-type"] == "application/json"
+
+
+def test_invitation_round_trip_is_byte_identical(server, double):
+    namespace = namespace_of(double)
+    invited = server.call_tool("invite_to_namespace", {"namespace": namespace})
+    returned_text = text_of(invited)
+    answer = json.loads(returned_text)
+    assert invited["structuredContent"] == answer
+    joined = server.tool_json("join_namespace", {"namespace": namespace, "invitation": answer})
+    assert joined["memberAccount"] == NODE_ACCOUNT
+    sent = double.requests_to("POST", "/admin-api/namespaces/%s/join" % namespace)[-1]["body"]
+    signed = answer["invitation"]
+    # The signed object left as it arrived: same keys, same order, same values, snake_case kept.
+    assert json.dumps(signed).encode() in sent
+    assert pairs(sent)["invitation"] == pairs(returned_text.encode())["invitation"]
+    assert json.loads(sent) == {"invitation": signed, "groupName": "demo-team"}
+
+
+def pairs(raw):
+    """JSON with every object as its (key, value) list, so key order takes part in comparisons."""
+    return dict(json.loads(raw, object_pairs_hook=list))
+
+
+def test_join_forwards_unknown_fields_and_key_order(server, double):
+    namespace = namespace_of(double)
+    signed = server.tool_json("invite_to_namespace", {"namespace": namespace})["invitation"]
+    reshuffled = {"zz_future_field": {"b": 2, "a": 1}, "inviter_signature": signed["inviter_signature"]}
+    reshuffled.update((k, v) for k, v in signed.items() if k != "inviter_signature")
+    server.tool_json("join_namespace", {"namespace": namespace, "invitation": reshuffled, "groupName": "ours"})
+    sent = double.requests_to("POST", "/admin-api/namespaces/%s/join" % namespace)[-1]["body"]
+    assert sent == json.dumps({"invitation": reshuffled, "groupName": "ours"}).encode()
+
+
+def test_a_tampered_invitation_is_refused_by_the_node(server, double):
+    namespace = namespace_of(double)
+    signed = server.tool_json("invite_to_namespace", {"namespace": namespace})["invitation"]
+    signed["invitation"]["invited_role"] = 0                   # tampered: the node must see it and refuse
+    text = error_text(server.call_tool("join_namespace", {"namespace": namespace, "invitation": signed}))
+    assert text == "Error: invalid invitation signature"
+
+
+def test_leave_namespace(server, double):
+    namespace = namespace_of(double)
+    assert text_of(server.call_tool("leave_namespace", {"namespace": namespace})) == "Left namespace %s." % namespace
+    assert double.requests_to("POST", "/admin-api/namespaces/%s/leave" % namespace)
+    assert NODE_ACCOUNT not in double._groups[namespace]["members"]
+
+
+def test_group_members_list_and_add(server, double):
+    namespace = namespace_of(double)
+    assert server.tool_json("list_group_members", {"group": namespace}) == {
+        "members": [{"identity": NODE_ACCOUNT, "role": "Admin"}]}
+    alice, bob = hex_id("alice"), hex_id("bob")
+    members = [{"identity": alice, "role": "Member"}, {"identity": bob, "role": "ReadOnly"}]
+    added = server.call_tool("add_group_members", {"group": namespace, "members": members})
+    assert text_of(added) == "Added %s (Member), %s (ReadOnly) to group %s." % (alice, bob, namespace)
+    assert bodies(double, "POST", "/admin-api/groups/%s/members" % namespace) == [{"members": members}]
+    assert double._groups[namespace]["members"][bob] == "ReadOnly"
+
+
+def test_create_group_in_a_namespace_defaults_to_open(server, double):
+    namespace = namespace_of(double)
+    group_id = server.tool_json("create_group", {"namespace": namespace, "name": "ops"})["groupId"]
+    assert double._groups[group_id]["visibility"] == "open"
+    server.tool_json("create_group", {"namespace": namespace, "visibility": "restricted"})
+    assert bodies(double, "POST", "/admin-api/namespaces/%s/groups" % namespace) == [
+        {"groupName": "ops", "visibility": "open"}, {"visibility": "restricted"}]
+
+
+def test_create_nested_group_takes_the_parents_application(server, double):
+    namespace = namespace_of(double)
+    parent = double.add_group(namespace=namespace, name="parent")
+    group_id = server.tool_json("create_group", {"namespace": namespace, "parent": parent, "name": "kid",
+                                                 "visibility": "open"})["groupId"]
+    assert double.requests_to("GET", "/admin-api/groups/" + parent)
+    assert bodies(double, "POST", "/admin-api/groups") == [
+        {"upgradePolicy": "LazyOnAccess", "applicationId": double._app_key(KV), "name": "kid",
+         "parentGroupId": parent}]
+    assert bodies(double, "PUT", "/admin-api/groups/%s/settings" % group_id) == [{"subgroupVisibility": "open"}]
+    assert double._groups[group_id]["parent"] == parent and double._groups[group_id]["visibility"] == "open"
+    restricted = server.tool_json("create_group", {"namespace": namespace, "parent": parent})["groupId"]
+    assert double._groups[restricted]["visibility"] == "restricted"
+    assert len(double.requests_to("PUT")) == 1                # born restricted: no second step
+
+
+class VisibilityRefused(NodeDouble):
+    """A node that creates nested groups but refuses to change their visibility."""
+
+    def _h_set_visibility(self, request):
+        raise error_reply(500, "boom")
+
+
+def test_create_nested_group_names_the_group_when_visibility_fails(serve):
+    double = VisibilityRefused(apps=[kv_store_spec()])
+    namespace = double.add_namespace(double._app_key(KV))
+    parent = double.add_group(namespace=namespace)
+    server = serve(double)
+    text = error_text(server.call_tool("create_group", {"namespace": namespace, "parent": parent,
+                                                        "visibility": "open"}))
+    created = next(g for g in double._groups.values() if g["parent"] == parent and g["id"] != parent)["id"]
+    assert text == ("Error: Group %s was created under %s but its visibility was not set; retry "
+                    "set_group_visibility. boom" % (created, parent))
+
+
+def test_set_group_visibility(server, double):
+    group = double.add_group(namespace=namespace_of(double))
+    assert text_of(server.call_tool("set_group_visibility", {"group": group, "visibility": "open"})) == (
+        "Group %s is now open." % group)
+    assert double._groups[group]["visibility"] == "open"
+    refused = server.call_tool("set_group_visibility", {"group": group, "visibility": "public"})
+    assert refused["isError"] is True and "'public' is not one of ['open', 'restricted']" in text_of(refused)
+    assert len(double.requests_to("PUT")) == 1
+
+
+def test_set_group_metadata_replaces_data_and_keeps_the_name(server, double):
+    group = double.add_group(namespace=namespace_of(double),
+                             metadata={"name": "Ops", "data": {"old": "1"}, "updatedAt": 1, "updatedBy": "x"})
+    result = server.call_tool("set_group_metadata", {"group": group, "data": {"team": "blue"}})
+    assert text_of(result) == "Metadata of group %s replaced." % group
+    server.call_tool("set_group_metadata", {"group": group, "name": "Ops 2"})
+    assert bodies(double, "PUT", "/admin-api/groups/%s/metadata" % group) == [
+        {"name": "Ops", "data": {"team": "blue"}}, {"name": "Ops 2", "data": {}}]
+    assert double._groups[group]["metadata"]["name"] == "Ops 2"
+
+
+def test_set_group_metadata_on_a_group_without_any(server, double):
+    group = double.add_group(namespace=namespace_of(double))
+    server.call_tool("set_group_metadata", {"group": group, "data": {"k": "v"}})
+    assert bodies(double, "PUT", "/admin-api/groups/%s/metadata" % group) == [{"data": {"k": "v"}}]
+
+
+def test_join_open_group(server, double):
+    group = double.add_group(namespace=namespace_of(double), visibility="open", member=False)
+    joined = server.tool_json("join_open_group", {"group": group})
+    assert joined["groupId"] == group and joined["wasInherited"] is True
+    assert double.requests_to("POST", "/admin-api/groups/%s/join-via-inheritance" % group)
+    closed = double.add_group(namespace=namespace_of(double), member=False)
+    refused = error_text(server.call_tool("join_open_group", {"group": closed}))
+    assert refused.startswith("Error: node is not eligible to join group '%s' via inheritance" % closed)
+
+
+def test_node_failures_are_error_results(server, double):
+    double.faults = {"status": 500, "json": {"error": "store exploded"}, "paths": ["/admin-api/namespaces"]}
+    result = server.call_tool("list_namespaces")
+    assert result == {"content": [{"type": "text", "text": "Error: store exploded"}], "isError": True}
