@@ -1,0 +1,419 @@
+#!/usr/bin/env python3
+"""mero-mcp benchmarks: `make bench` or `python3 bench/run.py` from the repo root.
+
+Prints one table of medians and ratios measured in this run, each beside its target with PASS or MISS.
+Nothing here asserts a time: the machines are shared and noisy, so the table is information, not a gate.
+Every figure is a median, and competing variants are measured interleaved so that a noisy moment hits all alike.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+
+import requests  # noqa: E402
+
+from mcp_client import minimal_env  # noqa: E402
+import node_double  # noqa: E402
+from node_double import NodeDouble, sample_double  # noqa: E402
+from synthetic import APPS, METHODS_PER_APP, bench_app_specs  # noqa: E402
+
+PYTHON = sys.executable               # one interpreter for every process we compare
+SERVER = [PYTHON, str(ROOT / "mero_mcp.py")]
+SDK_SERVER = [PYTHON, str(ROOT / "bench" / "sdk_server.py")]
+ECHO_ONE_LINE = [PYTHON, "-c", "import sys; sys.stdout.write(sys.stdin.readline()); sys.stdout.flush()"]
+PROTOCOL_VERSION = "2025-11-25"
+COLD_SPAWNS = 30
+LIST_REPEATS = 60
+CALL_REPEATS = 1000
+CALL_BLOCKS = 10                      # per-call figures alternate server/direct in this many blocks
+CALL_MANY_SIZE = 32
+CALL_MANY_REPEATS = 7
+EXEC_DELAY = 0.05
+CATALOG_DEADLINE = 90.0
+GREETING = {"key": "greeting"}
+
+
+# ── A lean synchronous stdio client: no reader thread, so a timing is write → the answer line ─────────
+
+def request_line(request_id, method, params=None):
+    message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return (json.dumps(message) + "\n").encode("utf-8")
+
+
+INITIALIZE = request_line(1, "initialize", {"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                                            "clientInfo": {"name": "mero-mcp-bench", "version": "0"}})
+
+
+class StdioSession:
+    """One server process. `timed()` measures a request from the write to the full answer line."""
+
+    def __init__(self, command, env, stderr):
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                     env=env, cwd=str(ROOT))
+        self.next_id = 1
+
+    def timed(self, method, params=None):
+        self.next_id += 1
+        request_id = self.next_id
+        data = request_line(request_id, method, params)
+        started = time.perf_counter()
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+        line = self.answer_line(request_id)
+        elapsed = time.perf_counter() - started
+        return elapsed, json.loads(line)["result"]
+
+    def request(self, method, params=None):
+        return self.timed(method, params)[1]
+
+    def notify(self, method):
+        self.proc.stdin.write((json.dumps({"jsonrpc": "2.0", "method": method}) + "\n").encode("utf-8"))
+        self.proc.stdin.flush()
+
+    def answer_line(self, request_id):
+        """Skip notifications (list_changed, progress) until our answer; ids are parsed from the line's head
+        only, so a 1 MB tools/list answer is not decoded inside the timed region."""
+        marker = re.compile(rb'"id"\s*:\s*%d\s*[,}]' % request_id)
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("server exited before answering request %d" % request_id)
+            if marker.search(line, 0, 80):
+                return line
+
+    def call_tool(self, name, arguments):
+        return self.timed("tools/call", {"name": name, "arguments": arguments})
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+def open_session(env, stderr):
+    session = StdioSession(SERVER, env, stderr)
+    session.proc.stdin.write(INITIALIZE)
+    session.proc.stdin.flush()
+    session.answer_line(1)
+    session.notify("notifications/initialized")
+    return session
+
+
+def server_env(home, node_url):
+    """What a host passes a stdio server (HOME, PATH), pointed at the double; state kept out of the real home."""
+    return minimal_env(home, {"CALIMERO_NODE_URL": node_url, "CALIMERO_MCP_STATE_DIR": Path(home) / "state"})
+
+
+def tool_result_or_fail(result, what):
+    """A failing call would time an error path: stop and say so (a functional failure, not a time check)."""
+    if result.get("isError"):
+        raise RuntimeError("%s failed: %s" % (what, result["content"][-1]["text"]))
+    return result
+
+
+# ── 1. Cold start → initialize answer ──────────────────────────────────────────────────────────────
+
+def spawn_to_answer(command, env, stderr):
+    """Seconds from spawn to the whole initialize answer line on stdout; a fresh process every time."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            env=env, cwd=str(ROOT))
+    proc.stdin.write(INITIALIZE)
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    elapsed = time.perf_counter() - started
+    if not line.startswith(b"{"):
+        raise RuntimeError("%s answered %r" % (command[-1], line[:200]))
+    proc.stdin.close()               # hosts end a server by closing stdin; the exit is not timed
+    proc.wait()
+    proc.stdout.close()
+    return elapsed
+
+
+def sdk_installed():
+    """The SDK needs Python >= 3.10; on 3.9 its rows say so instead of failing the run."""
+    return importlib.util.find_spec("mcp") is not None
+
+
+def tools_listed_at_start(env, stderr):
+    session = open_session(env, stderr)
+    try:
+        return len(session.request("tools/list")["tools"])
+    finally:
+        session.close()
+
+
+def bench_cold_start(home, stderr):
+    with sample_double() as double:
+        env = server_env(home, double.url)
+        tool_count = tools_listed_at_start(env, stderr)
+        variants = {"bare": ECHO_ONE_LINE, "ours": SERVER}
+        if sdk_installed():
+            variants["sdk"] = SDK_SERVER + [str(tool_count)]
+        for command in variants.values():
+            spawn_to_answer(command, env, stderr)      # warm the page cache and .pyc files first
+        times = {name: [] for name in variants}
+        for _ in range(COLD_SPAWNS):                   # round-robin: noise lands on all three alike
+            for name, command in variants.items():
+                times[name].append(spawn_to_answer(command, env, stderr))
+    return tool_count, {name: statistics.median(values) for name, values in times.items()}
+
+
+# ── 2–5. One server with the 1,000-tool catalog ────────────────────────────────────────────────────
+
+def answer_without_nagle():
+    """The double writes a reply's headers and body in two send()s; with Nagle on, the body then waits for the
+    client's delayed ACK (40 ms on Linux) on every request. merod (hyper) sends a reply in one write, so this
+    stall is the double's, not the node's: switch Nagle off in this process's double (the file is untouched)."""
+    node_double._Handler.disable_nagle_algorithm = True
+
+
+class BenchNode:
+    """The double with APPS synthetic apps; app 00 is a kv store with one context holding `greeting`."""
+
+    def __init__(self):
+        self.double = NodeDouble()
+        self.specs = bench_app_specs()
+        app_ids = [self.double.add_app(spec) for spec in self.specs]
+        self.kv_package = self.specs[0]["package"]
+        self.context_id = self.double.add_context(app_ids[0], state={"greeting": "hello"})
+
+    def __enter__(self):
+        self.double.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.double.stop()
+
+
+def wait_for_catalog(session, expected_generated):
+    """tools/list answers after at most a few seconds even while ABIs load: poll until all are in."""
+    deadline = time.monotonic() + CATALOG_DEADLINE
+    while True:
+        tools = session.request("tools/list")["tools"]
+        generated = [t for t in tools if (t.get("_meta") or {}).get("package")]
+        if len(generated) >= expected_generated or time.monotonic() > deadline:
+            return tools, len(generated)
+        time.sleep(0.2)
+
+
+def kv_get_tool(tools, package):
+    for t in tools:
+        if (t.get("_meta") or {}).get("package") == package and t["name"].endswith("_get"):
+            return t["name"]
+    raise RuntimeError("no generated get tool for %s" % package)
+
+
+def bench_tools_list(session):
+    session.timed("tools/list")                        # the first one may still build definitions
+    return statistics.median(session.timed("tools/list")[0] for _ in range(LIST_REPEATS))
+
+
+def execute_body(node, method, args):
+    """The same JSON-RPC execute node.py sends (node-api §4)."""
+    return {"jsonrpc": "2.0", "id": 1, "method": "execute",
+            "params": {"contextId": node.context_id, "method": method, "argsJson": args}}
+
+
+def timed_direct_call(http, url, body):
+    started = time.perf_counter()
+    reply = http.post(url, json=body)
+    elapsed = time.perf_counter() - started
+    if reply.status_code != 200 or reply.json().get("error"):
+        raise RuntimeError("direct execute failed: %s" % reply.text[:200])
+    return elapsed
+
+
+def timed_server_call(session, tool_name, arguments):
+    elapsed, result = session.call_tool(tool_name, arguments)
+    tool_result_or_fail(result, tool_name)
+    return elapsed
+
+
+def bench_call_cost(session, node, tool_name):
+    """Server path vs the bare HTTP execute, alternating blocks so drift hits both."""
+    url = node.double.url + "/jsonrpc"
+    body = execute_body(node, "get", GREETING)
+    arguments = dict(GREETING, context=node.context_id)
+    server_times, direct_times = [], []
+    with requests.Session() as http:
+        http.trust_env = False                         # as node.py's session: no proxy lookup per request
+        for _ in range(20):                            # warm: connections, validators, caches
+            timed_server_call(session, tool_name, arguments)
+            timed_direct_call(http, url, body)
+        block = CALL_REPEATS // CALL_BLOCKS
+        for _ in range(CALL_BLOCKS):
+            server_times += [timed_server_call(session, tool_name, arguments) for _ in range(block)]
+            direct_times += [timed_direct_call(http, url, body) for _ in range(block)]
+    return statistics.median(server_times), statistics.median(direct_times)
+
+
+def named_item(node):
+    """A call that names its app and context: the server resolves the app by name on every call."""
+    return {"app": node.kv_package, "context": node.context_id, "method": "get", "args": GREETING}
+
+
+def handle_item(handle):
+    """A call with the app_handle select_app returned: the path the server's instructions steer agents to."""
+    return {"app_handle": handle, "method": "get", "args": GREETING}
+
+
+def select_handle(session, node):
+    _, result = session.call_tool("select_app", {"app": node.kv_package, "context": node.context_id})
+    tool_result_or_fail(result, "select_app")
+    summary = result.get("structuredContent") or json.loads(result["content"][-1]["text"])
+    return summary["app_handle"]
+
+
+def timed_call_many(session, item):
+    elapsed, result = session.call_tool("call_many", {"calls": [item] * CALL_MANY_SIZE})
+    items = json.loads(tool_result_or_fail(result, "call_many")["content"][-1]["text"])
+    failed = [entry for entry in items if not entry.get("ok")]
+    if failed:
+        raise RuntimeError("call_many items failed: %s" % failed[0])
+    return elapsed
+
+
+def bench_call_many(session, node, item):
+    """32 calls in one call_many against a slow node, over one call: concurrency keeps this near 1."""
+    node.double.exec_delay = EXEC_DELAY
+    try:
+        single, batch = [], []
+        for _ in range(CALL_MANY_REPEATS):
+            single.append(timed_server_call(session, "call", item))
+            batch.append(timed_call_many(session, item))
+    finally:
+        node.double.exec_delay = 0.0
+    return statistics.median(batch), statistics.median(single)
+
+
+def peak_rss_bytes(pid):
+    """VmHWM is the kernel's high-water mark of resident memory; psutil's current RSS elsewhere."""
+    try:
+        with open("/proc/%d/status" % pid) as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import psutil
+    return psutil.Process(pid).memory_info().rss
+
+
+def bench_catalog(home, stderr):
+    with BenchNode() as node:
+        session = open_session(server_env(home, node.double.url), stderr)
+        try:
+            tools, generated = wait_for_catalog(session, APPS * METHODS_PER_APP)
+            figures = {"listed": len(tools), "generated": generated}
+            figures["list"] = bench_tools_list(session)
+            tool_name = kv_get_tool(tools, node.kv_package)
+            figures["via_server"], figures["direct"] = bench_call_cost(session, node, tool_name)
+            handle = select_handle(session, node)
+            figures["many_handle"], figures["one_handle"] = bench_call_many(session, node, handle_item(handle))
+            figures["many_named"], figures["one_named"] = bench_call_many(session, node, named_item(node))
+            figures["rss"] = peak_rss_bytes(session.pid)
+        finally:
+            session.close()
+    return figures
+
+
+# ── The table ───────────────────────────────────────────────────────────────────────────────────────
+
+def ms(seconds):
+    return "%.2f ms" % (seconds * 1000)
+
+
+def row(label, value, target, passed):
+    return (label, value, target, "" if passed is None else ("PASS" if passed else "MISS"))
+
+
+def cold_start_rows(tool_count, cold):
+    rows = [
+        row("cold start: bare python3 echo", ms(cold["bare"]), "", None),
+        row("cold start: mero_mcp.py", ms(cold["ours"]), "", None),
+        row("  ours / bare", "%.2fx" % (cold["ours"] / cold["bare"]), "<= 2x", cold["ours"] <= 2 * cold["bare"]),
+    ]
+    if "sdk" not in cold:
+        return rows + [row("  SDK / ours", "n/a: mcp not installed", ">= 9x", None)]
+    return rows + [
+        row("cold start: SDK MCPServer, %d tools (as ours)" % tool_count, ms(cold["sdk"]), "", None),
+        row("  SDK / ours", "%.2fx" % (cold["sdk"] / cold["ours"]), ">= 9x", cold["sdk"] >= 9 * cold["ours"]),
+    ]
+
+
+def call_many_rows(f, kind, label):
+    one, many = f["one_" + kind], f["many_" + kind]
+    return [
+        row("call (1), %s" % label, ms(one), "", None),
+        row("call_many (%d), %s" % (CALL_MANY_SIZE, label), ms(many), "", None),
+        row("  call_many / call, %s" % label, "%.2fx" % (many / one), "<= 2x", many <= 2 * one),
+    ]
+
+
+def catalog_rows(f):
+    added = f["via_server"] - f["direct"]
+    return [
+        row("tools/list, %d tools (%d generated)" % (f["listed"], f["generated"]), ms(f["list"]), "<= 30 ms",
+            f["list"] <= 0.030),
+        row("generated call via server", ms(f["via_server"]), "", None),
+        row("same execute, direct HTTP", ms(f["direct"]), "", None),
+        row("  server-added cost per call", ms(added), "<= 1 ms", added <= 0.001),
+    ] + call_many_rows(f, "handle", "app_handle") + call_many_rows(f, "named", "app+context") + [
+        row("peak RSS (VmHWM), 1,000 tools", "%.1f MB" % (f["rss"] / 2 ** 20), "<= 40 MB", f["rss"] <= 40 * 2 ** 20),
+    ]
+
+
+def print_table(rows):
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    header = ("measure", "median", "target", "")
+    print()
+    for r in [header] + rows:
+        print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
+                        for i, (cell, width) in enumerate(zip(r, widths))).rstrip())
+    print()
+    print("Python %s (%s) on %s, %d cores; medians of %d spawns, %d lists, %d calls, %d call_many rounds; "
+          "call_many at node exec_delay %.2f s" % (platform.python_version(), PYTHON, platform.machine(),
+                                                   os.cpu_count() or 0, COLD_SPAWNS, LIST_REPEATS, CALL_REPEATS,
+                                                   CALL_MANY_REPEATS, EXEC_DELAY))
+
+
+def main():
+    started = time.monotonic()
+    answer_without_nagle()
+    with tempfile.TemporaryDirectory(prefix="mero-bench-") as home:
+        with open(Path(home) / "stderr.log", "wb") as stderr:
+            print("cold start: %d spawns each of bare python, mero_mcp.py, SDK server …" % COLD_SPAWNS, flush=True)
+            tool_count, cold = bench_cold_start(home, stderr)
+            print("catalog: %d apps x %d methods …" % (APPS, METHODS_PER_APP), flush=True)
+            figures = bench_catalog(home, stderr)
+    print_table(cold_start_rows(tool_count, cold) + catalog_rows(figures))
+    print("wall time %.0f s" % (time.monotonic() - started))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
