@@ -97,10 +97,25 @@ class Channel:
 def encode_message(message):
     """Compact UTF-8 JSON plus newline; json escapes newlines inside strings, so one message is one line."""
     try:
-        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:           # NaN/Infinity are not JSON (1e400 parses as inf): echo them as null
+        message = finite(message)
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
         return text.encode("utf-8") + b"\n"
     except UnicodeEncodeError:   # a lone surrogate echoed back from input: escape everything instead
-        return json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
+        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+
+
+def finite(value):
+    """A copy of a JSON value with every non-finite float replaced by None."""
+    if isinstance(value, float):
+        return value if value - value == 0 else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
 
 
 def read_lines(stream):
@@ -276,8 +291,10 @@ class Server:
             return method == "server/discover"
         if version in MODERN_VERSIONS:
             return True
+        # Echo a string (or number) as sent; a nested value could be too deep to encode again.
+        requested = version if isinstance(version, (str, int)) else None
         raise RpcError(UNSUPPORTED_VERSION, "Unsupported protocol version",
-                       {"supported": list(MODERN_VERSIONS + HANDSHAKE_VERSIONS), "requested": version})
+                       {"supported": list(MODERN_VERSIONS + HANDSHAKE_VERSIONS), "requested": requested})
 
     def wraps_output(self, call):
         """Handshake-era clients need object output schemas, so non-object returns ride as {result}."""
@@ -324,7 +341,7 @@ class Server:
         except ToolError as error:
             return error_result(error.text, error.blocks)
         except node_module.NodeError as error:
-            return error_result(str(error))
+            return error_result(node_error_text(error))
         return render_result(value)
 
     def announce_lists_changed(self):
@@ -340,6 +357,15 @@ class Server:
         self.channel.send(message)
 
 
+def node_error_text(error):
+    """A node failure for the agent: what failed (with the url), then what to do when node.py knows."""
+    text = str(error)
+    hint = getattr(error, "hint", None)
+    if hint and hint not in text:
+        text = "%s. %s" % (text.rstrip(". "), hint)
+    return text
+
+
 def parse_line(raw):
     if raw is None:
         raise RpcError(PARSE_ERROR, "Parse error: message longer than %d bytes" % MAX_LINE_BYTES)
@@ -348,11 +374,15 @@ def parse_line(raw):
     except UnicodeDecodeError as error:
         raise RpcError(PARSE_ERROR, "Parse error: not UTF-8 (%s)" % error.reason) from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=not_json)
     except RecursionError:
         raise RpcError(PARSE_ERROR, "Parse error: nested too deeply") from None
     except ValueError as error:
         raise RpcError(PARSE_ERROR, "Parse error: %s" % error) from None
+
+
+def not_json(constant):
+    raise ValueError("%s is not JSON" % constant)     # Python's json accepts NaN and Infinity; RFC 8259 does not
 
 
 def modern_result(method, result):
@@ -1788,6 +1818,7 @@ def call_tool(args, call):
 
 def run_call(apps, args):
     admitted = admit_call(apps, args)
+    apps.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
     return execute(apps, admitted, method, args.get("args") or {})
 
@@ -1972,18 +2003,35 @@ def quiet_exit(code=0):
 
 
 def reader(stream, inbox, server):
-    """stdin on its own thread, so a cancel is seen while a call runs; EOF ends the process."""
-    for raw in read_lines(stream):
-        if raw is not None and b"notifications/cancelled" in raw:
-            try:
-                message = json.loads(raw)
-                if isinstance(message, dict) and message.get("method") == "notifications/cancelled":
-                    server.handle_notification(message)
-                    continue
-            except ValueError:
-                pass
-        inbox.put(raw)
-    inbox.put(EOF)
+    """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
+    try:
+        for raw in read_lines(stream):
+            if raw is not None and (b"notifications/cancelled" in raw or b"ping" in raw) \
+                    and handled_at_once(server, raw):
+                continue
+            inbox.put(raw)
+    finally:
+        inbox.put(EOF)                   # even if this thread fails: the main loop must not wait forever
+
+
+def handled_at_once(server, raw):
+    """Cancellations and pings never queue behind a slow call; every other message is handled in order."""
+    try:
+        message = parse_line(raw)
+    except RpcError:
+        return False                     # the main loop answers the parse error, in order
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return False
+    method = message.get("method")
+    if method == "notifications/cancelled" and "id" not in message:
+        server.handle_notification(message)
+        return True
+    if method == "ping" and "id" in message:
+        reply = server.handle_message(message)     # cheap and stateless, whatever its params say
+        if reply is not None:
+            server.channel.send(reply)
+        return True
+    return False
 
 
 EOF = object()

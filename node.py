@@ -1,0 +1,1293 @@
+"""node.py — every byte that goes to or comes from the Calimero node (merod).
+
+Discovery, authentication, the token cache shared with the Calimero desktop app and other local agents, the
+cross-process refresh lock, one `requests.Session`, and one exception (`NodeError`) whose message is what a
+person should read. Also `check()`, the `mero-mcp --check` doctor.
+
+`requests` is imported lazily (first HTTP call): the server's cold start must not pay for it.
+Spec references: reference-behaviour.md (§1 configuration and auth, §2 endpoints, §6 error texts) and
+node-api.md (§1.2 envelopes, §1.5 auth guard, §2 auth service, §4 JSON-RPC).
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import http
+import itertools
+import json
+import logging
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from urllib.parse import urlsplit
+
+log = logging.getLogger("mero-mcp")
+
+# ── Constants ─────────────────────────────────────────────────────────────────────────────────────
+
+PROBE_PORTS = (2528, 2428, 2529, 2429)   # desktop app, merod CLI convention, then their neighbours (§1.3)
+PROBE_TIMEOUT = 2.0
+DEFAULT_TIMEOUT = 10.0
+JOIN_TIMEOUT = 65.0                      # namespace join waits for peers (§1.4)
+POOL_CONNECTIONS = 4
+POOL_MAXSIZE = 48                        # call_many fans out to 32 at once, plus headroom
+LOCK_STALE_SECONDS = 30.0                # refresh lock protocol (§1.2)
+LOCK_POLL_SECONDS = 0.05
+CLIENT_NAME = "mero-mcp"
+USER_AGENT = "mero-mcp"
+BODY_EXCERPT = 500                       # characters of a plain-text error body we show
+
+REVOKED = ("token_reuse", "token_revoked")
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
+
+# W3C trace context, as the reference forwards it (§1.4): no `ff` version, no all-zero ids.
+TRACEPARENT = re.compile(r"(?!ff-)[0-9a-f]{2}-(?!0{32}-)[0-9a-f]{32}-(?!0{16}-)[0-9a-f]{16}-[0-9a-f]{2}")
+# config.toml `[server]` listen multiaddrs we can reach locally (issue: ip4 loopback, ip4 any, ip6 loopback).
+LISTEN_ADDR = re.compile(r"/ip4/(?:127\.0\.0\.1|0\.0\.0\.0)/tcp/(\d+)|/ip6/::1/tcp/(\d+)")
+TOML_HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\]?\s*(?:#.*)?$")
+ABI_ROUTE = re.compile(r"/admin-api/applications/[^/]+/abi$")
+BYTE_LIST = re.compile(r"\[[\d,\s]+\]")
+
+OLD_NODE_ABI = ("This node's merod does not support the ABI endpoint (GET /admin-api/applications/:id/abi). "
+                "Upgrade merod to a release that includes it.")
+
+
+# ── The one exception ─────────────────────────────────────────────────────────────────────────────
+
+class NodeError(Exception):
+    """A node failure; `str()` is what a person should read. Never carries a token or password.
+
+    `status` is the HTTP status (None for network, discovery and JSON-RPC failures); `retryable` says the same
+    call may succeed later; `fix` is one concrete thing to do about it (used by `check`); `auth_error` is the
+    node's `x-auth-error` header, when it sent one; `hint` is what an agent should do next, for failures whose
+    message names only what went wrong (unreachable, timed out, unreadable, 5xx): tools append it.
+    """
+
+    def __init__(self, message, status=None, retryable=False, fix=None, auth_error=None, hint=None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+        self.fix = fix
+        self.auth_error = auth_error
+        self.hint = hint
+
+    def __str__(self):
+        return self.message
+
+
+# ── Environment and the state directory (§1.1, §1.2) ─────────────────────────────────────────────
+
+def setting(env: Mapping[str, str], name: str) -> Optional[str]:
+    """An environment value, trimmed; blank counts as unset (§1.1)."""
+    value = env.get(name)
+    if value is None:
+        return None
+    return str(value).strip() or None
+
+
+def _home(env):
+    return setting(env, "HOME") or os.path.expanduser("~")
+
+
+def node_home(env) -> str:
+    return setting(env, "CALIMERO_NODE_HOME") or os.path.join(_home(env), ".calimero")
+
+
+def state_dir(env) -> str:
+    return setting(env, "CALIMERO_MCP_STATE_DIR") or os.path.join(_home(env), ".config", "calimero", "mcp")
+
+
+def ensure_dir(path: str) -> str:
+    """Create the state directory 0700 when first needed; an existing directory is left as its owner made it."""
+    if not os.path.isdir(path):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)            # makedirs' mode is filtered by the umask
+    return path
+
+
+_logged = set()
+_logged_lock = threading.Lock()
+
+
+def _warn_once(message):
+    """Discovery re-runs on every connect attempt; say each thing once per process."""
+    with _logged_lock:
+        if message in _logged:
+            return
+        _logged.add(message)
+    log.warning("%s", message)
+
+
+# ── URLs ──────────────────────────────────────────────────────────────────────────────────────────
+
+def display_url(url: str) -> str:
+    """A URL fit for a message: no query string, fragment or userinfo (they may carry credentials, §6)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return url.split("?", 1)[0].split("#", 1)[0]
+    if not parts.scheme or not host:
+        return url.split("?", 1)[0].split("#", 1)[0]
+    host = "[%s]" % host if ":" in host else host
+    netloc = host if port is None else "%s:%d" % (host, port)
+    return "%s://%s%s" % (parts.scheme, netloc, parts.path)
+
+
+def _origin(value) -> str:
+    """What the handoff warning may show of a URL (§1.2): the origin only, or the scheme alone."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except (AttributeError, ValueError):
+        return "an unparseable url"
+    scheme = parts.scheme.lower()
+    if not scheme:
+        return "an unparseable url"
+    if scheme not in DEFAULT_PORTS:
+        return scheme + ":"
+    host = parts.hostname
+    if not host:
+        return "an unparseable url"
+    host = "[%s]" % host if ":" in host else host
+    return "%s://%s%s" % (scheme, host, ":%d" % port if port and port != DEFAULT_PORTS[scheme] else "")
+
+
+def is_loopback_url(value) -> bool:
+    """Only a loopback http(s) URL may come from the handoff file (§1.2)."""
+    try:
+        parts = urlsplit(value.strip())
+        parts.port
+    except (AttributeError, ValueError):
+        return False
+    return parts.scheme.lower() in ("http", "https") and (parts.hostname or "") in LOOPBACK_HOSTS
+
+
+def same_node(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether two base URLs name the same node (every loopback spelling is the same host)."""
+    if not a or not b:
+        return False
+    try:
+        pa, pb = urlsplit(a.rstrip("/")), urlsplit(b.rstrip("/"))
+        ports = (pa.port, pb.port)
+    except ValueError:
+        return a.rstrip("/") == b.rstrip("/")
+
+    def host(parts):
+        name = (parts.hostname or "").lower()
+        return "localhost" if name in LOOPBACK_HOSTS else name
+    return (pa.scheme.lower(), host(pa), ports[0], pa.path) == (pb.scheme.lower(), host(pb), ports[1], pb.path)
+
+
+def _checked_node_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+        parts.port
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise NodeError("CALIMERO_NODE_URL (%s) is not an http(s) URL" % display_url(value),
+                        fix="Set CALIMERO_NODE_URL to the node's address, e.g. http://localhost:2528.")
+    return value.rstrip("/")
+
+
+# ── The desktop app's handoff file (§1.2) ─────────────────────────────────────────────────────────
+
+class Handoff(NamedTuple):
+    path: str
+    node_url: Optional[str]
+    access_token: str
+    refresh_token: str
+
+
+def read_handoff(directory: str) -> Tuple[Optional[Handoff], Optional[str]]:
+    """(the handoff, None), or (None, why it was ignored); (None, None) when there is no file.
+
+    The file belongs to the desktop app: read only, never rewritten. A remote `nodeUrl` voids the whole file,
+    token included, and the warning shows the origin only — never the token.
+    """
+    path = os.path.join(directory, "agent.json")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return None, None
+    except OSError as error:
+        return _ignored("%s cannot be read (%s); ignoring it." % (path, error.strerror or error))
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return _ignored("%s is not valid JSON; ignoring it." % path)
+    data = data if isinstance(data, dict) else {}
+    node_url = data.get("nodeUrl")
+    if node_url is not None and not is_loopback_url(node_url):
+        return _ignored("%s points at %s, which is not a local node; ignoring the file." % (path, _origin(node_url)))
+    token = data.get("accessToken")
+    if not isinstance(token, str) or not token.strip():
+        return _ignored("%s has no accessToken; ignoring it." % path)
+    refresh = data.get("refreshToken")
+    refresh = refresh.strip() if isinstance(refresh, str) else ""
+    url = node_url.strip().rstrip("/") if node_url is not None else None
+    return Handoff(path, url, token.strip(), refresh), None
+
+
+def _ignored(reason):
+    _warn_once(reason)
+    return None, reason
+
+
+# ── Discovery (§1.3) ──────────────────────────────────────────────────────────────────────────────
+
+class Location(NamedTuple):
+    url: str
+    name: Optional[str]                  # None unless a node directory or CALIMERO_NODE_NAME names it
+    source: str                          # env, handoff, named, config-scan or probe
+
+
+def discover(env: Mapping[str, str], ports=None) -> Location:
+    """The node to use, first match wins (§1.3); raises NodeError with the reference's exact texts."""
+    return _resolve(env, ports)[0]
+
+
+def _resolve(env, ports=None) -> Tuple[Location, Optional[Handoff]]:
+    handoff, _ = read_handoff(state_dir(env))
+    name = setting(env, "CALIMERO_NODE_NAME")
+    explicit = setting(env, "CALIMERO_NODE_URL")
+    if explicit:
+        return Location(_checked_node_url(explicit), name, "env"), handoff
+    if handoff and handoff.node_url:
+        return Location(handoff.node_url, None, "handoff"), handoff
+    return _configured_location(env, name) or _probed_location(env, ports), handoff
+
+
+def _configured_location(env, name) -> Optional[Location]:
+    home, nodes = node_home(env), configured_nodes(env)
+    if name:
+        for node_name, url in nodes:
+            if node_name == name:
+                return Location(url, node_name, "named")
+        available = ", ".join(n for n, _ in nodes) or "(none)"
+        raise NodeError('Node "%s" not found in %s. Available: %s' % (name, home, available),
+                        fix="Set CALIMERO_NODE_NAME to one of the available names, or unset it.")
+    if len(nodes) == 1:
+        return Location(nodes[0][1], nodes[0][0], "config-scan")
+    for node_name, url in nodes:
+        if node_name == "default":
+            return Location(url, node_name, "config-scan")
+    if nodes:
+        listed = ", ".join("%s (%s)" % pair for pair in nodes)
+        raise NodeError("Several nodes found in %s: %s. Set CALIMERO_NODE_NAME or CALIMERO_NODE_URL."
+                        % (home, listed), fix="Set CALIMERO_NODE_NAME to the node this agent should use.")
+    return None
+
+
+def _probed_location(env, ports) -> Location:
+    found = probe(PROBE_PORTS if ports is None else ports)
+    if found:
+        return Location(found[0], None, "probe")
+    raise NodeError("No Calimero node found. Start one in the Calimero desktop app, or set CALIMERO_NODE_URL. "
+                    "(Looked in %s and probed local ports.)" % node_home(env),
+                    fix="Start a node (Calimero desktop app, or `merod --node <name> run`), "
+                        "or set CALIMERO_NODE_URL to a running node's address.")
+
+
+def configured_nodes(env: Mapping[str, str]) -> List[Tuple[str, str]]:
+    """[(name, url)] for every immediate subdirectory of the node home whose config.toml gives a local port."""
+    home = node_home(env)
+    try:
+        names = sorted(os.listdir(home))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        url = _config_url(os.path.join(home, name, "config.toml"))
+        if url:
+            found.append((name, url))
+    return found
+
+
+def _config_url(path) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:                       # no config.toml, or not a directory at all
+        return None
+    port = server_listen_port(text)
+    return "http://localhost:%d" % port if port else None
+
+
+def server_listen_port(text: str) -> Optional[int]:
+    """The first reachable listen port in the `[server]` section of a merod config.toml (not `[swarm]`)."""
+    section = None
+    for line in text.splitlines():
+        header = TOML_HEADER.match(line)
+        if header:
+            section = header.group(1).strip().strip('"')
+            continue
+        if section != "server" or line.lstrip().startswith("#"):
+            continue
+        match = LISTEN_ADDR.search(line)
+        if match:
+            port = int(match.group(1) or match.group(2))
+            if 0 < port < 65536:
+                return port
+    return None
+
+
+def probe(ports=PROBE_PORTS) -> List[str]:
+    """Healthy local nodes among `ports`, probed concurrently, in the order given (the preference order)."""
+    urls = ["http://localhost:%d" % port for port in ports]
+    if not urls:
+        return []
+    with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+        healthy = list(pool.map(_answers_health, urls))
+    return [url for url, ok in zip(urls, healthy) if ok]
+
+
+def _answers_health(url) -> bool:
+    requests = _requests()
+    try:
+        response = _session().get(url + "/admin-api/health", timeout=PROBE_TIMEOUT, allow_redirects=False)
+    except requests.RequestException:
+        return False
+    return 200 <= response.status_code < 300
+
+
+def list_nodes(env: Mapping[str, str], active_url: Optional[str], ports=None) -> List[Dict[str, Any]]:
+    """Configured nodes first, then nodes found only by probe (name None); `active` marks the one in use.
+
+    A node in use that neither list knows (e.g. a remote CALIMERO_NODE_URL) is appended, so `active`
+    always marks something once connected.
+    """
+    entries = [{"url": url, "name": name, "active": same_node(url, active_url)}
+               for name, url in configured_nodes(env)]
+    for url in probe(PROBE_PORTS if ports is None else ports):
+        if not any(same_node(url, entry["url"]) for entry in entries):
+            entries.append({"url": url, "name": None, "active": same_node(url, active_url)})
+    if active_url and not any(entry["active"] for entry in entries):
+        entries.append({"url": active_url, "name": None, "active": True})
+    return entries
+
+
+# ── Tokens: JWT claims, the cache file, the refresh lock (§1.2, §1.4) ─────────────────────────────
+
+def jwt_claim(token: Optional[str], claim: str) -> Optional[float]:
+    """A numeric claim (`iat`, `exp`) from a JWT's payload, or None when it cannot be read."""
+    try:
+        payload = token.split(".")[1]
+        data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        value = data[claim]
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def token_bundle(access: str, refresh: Optional[str]) -> Dict[str, Any]:
+    """The cache's record: expiry from the JWT's `exp`, else an hour from now (§1.4)."""
+    exp = jwt_claim(access, "exp")
+    expires_at = int(exp * 1000) if exp is not None else int(time.time() * 1000) + 3600 * 1000
+    return {"access_token": access, "refresh_token": refresh or "", "expires_at": expires_at}
+
+
+def is_newer(injected_access: str, cached: Optional[Dict[str, Any]]) -> bool:
+    """An injected token replaces the cache only when its `iat` is readably newer (§1.4): replaying a consumed
+    refresh token would revoke the whole family, so an undecidable comparison keeps the cache."""
+    if not cached:
+        return True
+    old, new = jwt_claim(cached.get("access_token"), "iat"), jwt_claim(injected_access, "iat")
+    return old is not None and new is not None and new > old
+
+
+def token_cache_path(directory: str, node_url: str, username: Optional[str]) -> str:
+    key = hashlib.sha256(("%s\0%s" % (node_url, username or "")).encode("utf-8")).hexdigest()[:16]
+    return os.path.join(directory, "tokens-%s.json" % key)
+
+
+class TokenStore:
+    """`tokens-<16 hex>.json`: {access_token, refresh_token, expires_at (ms)}, 0600, written atomically."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self) -> Optional[Dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as handle:
+                data = json.loads(handle.read().decode("utf-8"))
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            _warn_once("%s cannot be read (%s); ignoring it." % (self.path, error.strerror or error))
+            return None
+        except ValueError:
+            _warn_once("%s is not valid JSON; ignoring it." % self.path)
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("access_token"), str):
+            _warn_once("%s holds no access_token; ignoring it." % self.path)
+            return None
+        return data
+
+    def write(self, bundle: Dict[str, Any]) -> None:
+        """Write via `<path>.tmp` + rename, so a reader never sees half a file. A failure is logged, not raised:
+        the tokens still work in this process."""
+        tmp = self.path + ".tmp"
+        try:
+            ensure_dir(os.path.dirname(self.path))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                if hasattr(os, "fchmod"):        # a stale .tmp may have been created with other bits
+                    os.fchmod(fd, 0o600)
+                os.write(fd, json.dumps(bundle).encode("utf-8"))
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError as error:
+            _unlink_quietly(tmp)
+            log.warning("cannot save tokens to %s: %s", self.path, error.strerror or error)
+
+    def clear(self) -> None:
+        _unlink_quietly(self.path)
+
+    def lock(self):
+        ensure_dir(os.path.dirname(self.path))
+        return file_lock(self.path + ".lock")
+
+
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def file_lock(path: str, stale_after: float = LOCK_STALE_SECONDS, poll: float = LOCK_POLL_SECONDS):
+    """The cross-process refresh lock (§1.2): exclusive create holding our pid; a lock older than
+    `stale_after` or owned by a dead process is broken; otherwise poll. Always released."""
+    while not _create_lock(path):
+        state = _lock_state(path, stale_after)
+        if state == "stale":
+            _unlink_quietly(path)
+        elif state == "held":
+            time.sleep(poll)
+    try:
+        yield
+    finally:
+        _unlink_quietly(path)
+
+
+def _create_lock(path) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, str(os.getpid()).encode("ascii"))
+    finally:
+        os.close(fd)
+    return True
+
+
+def _lock_state(path, stale_after) -> str:
+    """"gone" (released meanwhile: retry now), "stale" or "held"."""
+    try:
+        age = time.time() - os.stat(path).st_mtime
+        with open(path, "rb") as handle:
+            text = handle.read().decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return "held"
+    if age > stale_after:
+        return "stale"
+    pid = int(text) if text.isdigit() else 0
+    if pid <= 0:                         # still being written by its owner: not stale
+        return "held"
+    return "held" if _pid_alive(pid) else "stale"
+
+
+def _pid_alive(pid) -> bool:
+    if os.name == "nt":                  # os.kill(pid, 0) would send CTRL_C_EVENT there: trust the mtime
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                      # EPERM: alive, just not ours
+        return True
+    return True
+
+
+# ── Authentication plan (§1.4) ────────────────────────────────────────────────────────────────────
+
+def auth_plan(env, handoff: Optional[Handoff], node_url: Optional[str]):
+    """(mode, injected (access, refresh) or None), first that applies: handoff, token, credentials, none.
+
+    The handoff token belongs to the handoff's node: it is used when the file names no node or names this one,
+    never sent to a node found some other way (e.g. a remote CALIMERO_NODE_URL).
+    """
+    if handoff and (handoff.node_url is None or same_node(handoff.node_url, node_url)):
+        return "handoff", (handoff.access_token, handoff.refresh_token)
+    token = setting(env, "CALIMERO_AUTH_TOKEN")
+    if token:
+        return "token", (token, setting(env, "CALIMERO_REFRESH_TOKEN") or "")
+    if setting(env, "CALIMERO_USERNAME") and (setting(env, "CALIMERO_PASSWORD")
+                                              or setting(env, "CALIMERO_PASSWORD_FILE")):
+        return "credentials", None
+    return "none", None
+
+
+def read_password(env) -> str:
+    """CALIMERO_PASSWORD, else the trimmed contents of CALIMERO_PASSWORD_FILE; a bad file is a clear error."""
+    password = setting(env, "CALIMERO_PASSWORD")
+    if password:
+        return password
+    path = setting(env, "CALIMERO_PASSWORD_FILE")
+    fix = "Point CALIMERO_PASSWORD_FILE at a readable file holding the password, or set CALIMERO_PASSWORD."
+    try:
+        with open(path, encoding="utf-8") as handle:
+            password = handle.read().strip()
+    except OSError as error:
+        raise NodeError("Cannot read CALIMERO_PASSWORD_FILE %s: %s" % (path, error.strerror or error), fix=fix)
+    except UnicodeDecodeError:
+        raise NodeError("Cannot read CALIMERO_PASSWORD_FILE %s: it is not UTF-8 text" % path, fix=fix)
+    if not password:
+        raise NodeError("CALIMERO_PASSWORD_FILE %s is empty" % path, fix=fix)
+    return password
+
+
+def auth_advice(mode: Optional[str]) -> str:
+    """The one thing to do when the node refuses this mode's credentials."""
+    return {
+        "handoff": "Reconnect the agent from the Calimero desktop app (Connect AI agent).",
+        "token": "Set a fresh CALIMERO_AUTH_TOKEN (and CALIMERO_REFRESH_TOKEN).",
+        "credentials": "Check CALIMERO_USERNAME and CALIMERO_PASSWORD; the account needs admin permission.",
+    }.get(mode, "This node requires authentication: set CALIMERO_USERNAME and CALIMERO_PASSWORD "
+                "(or CALIMERO_AUTH_TOKEN), or use Connect AI agent in the Calimero desktop app.")
+
+
+# ── HTTP: the lazy import, the one session, traceparent ──────────────────────────────────────────
+
+_session_instance = None
+_session_lock = threading.Lock()
+_trace = threading.local()
+
+
+def _requests():
+    import requests                      # lazy: the server's cold start must not import it
+    return requests
+
+
+def _session():
+    """The process's one `requests.Session`. `trust_env` is off: a proxy from the environment would otherwise
+    capture requests to the local node, and ~/.netrc must never add credentials of its own."""
+    global _session_instance
+    with _session_lock:
+        if _session_instance is None:
+            requests = _requests()
+            from requests.adapters import HTTPAdapter
+            session = requests.Session()
+            session.trust_env = False
+            adapter = HTTPAdapter(pool_connections=POOL_CONNECTIONS, pool_maxsize=POOL_MAXSIZE)
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
+            session.headers["User-Agent"] = USER_AGENT
+            _session_instance = session
+        return _session_instance
+
+
+def is_traceparent(value) -> bool:
+    return isinstance(value, str) and TRACEPARENT.fullmatch(value) is not None
+
+
+@contextlib.contextmanager
+def traced(traceparent):
+    """Within this block (this thread only), node requests carry `traceparent` if it is well-formed (§1.4)."""
+    previous = getattr(_trace, "value", None)
+    _trace.value = traceparent if is_traceparent(traceparent) else None
+    try:
+        yield
+    finally:
+        _trace.value = previous
+
+
+def _headers(token, content_type):
+    headers = {}
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    if content_type:
+        headers["Content-Type"] = content_type
+    traceparent = getattr(_trace, "value", None)
+    if traceparent:
+        headers["traceparent"] = traceparent
+    return headers
+
+
+# ── Error mapping: every shape a node failure takes → one NodeError (§6) ─────────────────────────
+
+_NETWORK_REASONS = (
+    ("refused", "connection refused"),
+    ("Name or service not known", "unknown host"),
+    ("nodename nor servname", "unknown host"),
+    ("getaddrinfo failed", "unknown host"),
+    ("name resolution", "unknown host"),
+    ("reset by peer", "the connection was reset"),
+    ("ConnectionResetError", "the connection was reset"),
+    ("Remote end closed", "the node closed the connection without answering"),
+    ("RemoteDisconnected", "the node closed the connection without answering"),
+    ("BadStatusLine", "the answer was not HTTP"),
+    ("SSL", "the TLS handshake failed"),
+    ("Network is unreachable", "the network is unreachable"),
+    ("No route to host", "no route to host"),
+)
+
+
+def network_error(error: Exception, url: str, timeout: float) -> NodeError:
+    """`Cannot reach the node at <url>: <reason>`. The exception's own text is matched, never shown:
+    it quotes the full URL, query string included."""
+    requests = _requests()
+    shown, base = display_url(url), display_url(_base_of(url))
+    hint = None
+    if isinstance(error, requests.Timeout):
+        reason = "timed out after %g s" % timeout
+        hint = "The node at %s did not answer in time: retry, and check its log if this keeps happening." % base
+    elif isinstance(error, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
+        return NodeError("Unreadable response from %s: the connection closed mid-response" % shown,
+                         hint=_unreadable_hint(base))
+    elif isinstance(error, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema)):
+        reason = "the url is not valid"
+    else:
+        text = repr(error)
+        reason = next((said for marker, said in _NETWORK_REASONS if marker in text), "network error")
+    fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
+    return NodeError("Cannot reach the node at %s: %s" % (shown, reason), fix=fix, hint=hint or fix)
+
+
+def _unreadable_hint(base):
+    return "Retry; if this keeps happening, check that %s is a Calimero node (merod) and read its log." % base
+
+
+def _server_error_hint(status, url):
+    """What to do about a 5xx: 503 means "not yet" (retryable), the others a failure inside the node."""
+    base = display_url(_base_of(url))
+    if status == 503:
+        return "The node at %s is not ready for this yet (HTTP 503): retry in a few seconds." % base
+    if status >= 500:
+        return "The node at %s failed (HTTP %d): retry, and check its log if this keeps happening." % (base, status)
+    return None
+
+
+def _base_of(url):
+    parts = urlsplit(url)
+    return "%s://%s" % (parts.scheme, parts.netloc.rsplit("@", 1)[-1])
+
+
+def http_error(status: int, reason: Optional[str], body: bytes, url: str,
+               auth_error: Optional[str] = None) -> NodeError:
+    """A non-2xx answer: the node's own words when it gave any, else the status line and the url (§6)."""
+    shown = display_url(url)
+    retryable = status == 503
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = reason or ""
+    status_line = ("HTTP %d %s" % (status, phrase)).rstrip()
+    text = body.decode("utf-8", "replace").strip()
+    if not text:
+        if status == 404 and ABI_ROUTE.search(shown):
+            return NodeError(OLD_NODE_ABI, status, fix="Upgrade merod to a release with the ABI endpoint.")
+        message = "%s from %s - the node returned no message" % (status_line, shown)
+        return NodeError(message, status, retryable, auth_error=auth_error, hint=_server_error_hint(status, url))
+    said = node_message(text)
+    if said:                             # the node's own words; only "not yet" gets advice added (and the url)
+        return NodeError(said, status, retryable, auth_error=auth_error,
+                         hint=_server_error_hint(status, url) if retryable else None)
+    return NodeError("%s from %s - the node said: %s" % (status_line, shown, text[:BODY_EXCERPT]),
+                     status, retryable, auth_error=auth_error, hint=_server_error_hint(status, url))
+
+
+def node_message(text: str) -> Optional[str]:
+    """The node's error text in `{"error": "…"}`, `{"error": {"message": "…"}}` or the auth envelope
+    `{"data": null, "error": "…"}` (node-api §1.2, §2); None for any other body."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    if isinstance(error, str) and error.strip():
+        return error.strip()
+    return None
+
+
+def decode_json(response, url: str):
+    """The JSON of a 2xx answer, `{"data": …}` unwrapped; None for an empty body."""
+    content = response.content
+    if not content.strip():
+        return None
+    try:
+        value = json.loads(content)
+    except ValueError:
+        raise NodeError("Unreadable response from %s: HTTP %d with a body that is not valid JSON (%d bytes; "
+                        "garbled or cut off)" % (display_url(url), response.status_code, len(content)),
+                        hint=_unreadable_hint(display_url(_base_of(url)))) from None
+    return unwrap(value)
+
+
+def unwrap(value):
+    """Most admin answers are `{"data": T}` (node-api §1.2); callers want T."""
+    if isinstance(value, dict) and "data" in value:
+        return value["data"]
+    return value
+
+
+# ── JSON-RPC errors (node-api §4.2, reference §6) ─────────────────────────────────────────────────
+
+_RPC_TEXTS = {
+    "ContextNotFound": "Context {context} not found on this node (ContextNotFound)",
+    "Uninitialized": "Context {context} has not synced its state yet; retry once it has (Uninitialized)",
+    "ApplicationNotInstalled": "The application of context {context} is not installed on this node "
+                               "(ApplicationNotInstalled)",
+    "Unauthorized": "This node holds no identity allowed to execute in context {context} (Unauthorized)",
+    "GroupKeyPending": "Context {context} is still waiting for its group key; retry shortly (GroupKeyPending)",
+    "UpgradeInProgress": "Context {context} is being upgraded: writes fail until it finishes, reads still work "
+                         "(UpgradeInProgress)",
+    "ParseError": "The node could not parse the call to {method} (ParseError)",
+    "SerdeError": "Method {method} returned a value that is not JSON (SerdeError)",
+    "InternalError": "The node failed internally while running {method} (InternalError)",
+}
+_RETRYABLE_RPC = frozenset({"Uninitialized", "GroupKeyPending", "UpgradeInProgress"})
+
+
+def rpc_error(error, context_id: str, method: str) -> NodeError:
+    """A JSON-RPC `error` object (`{"type","data"}` from merod, or `{code,message}`) rendered readably."""
+    if not isinstance(error, dict):
+        return NodeError("JSON-RPC error: %s" % _compact(error))
+    kind = error.get("type")
+    data = error.get("data")
+    if kind == "FunctionCallError":
+        decoded = function_call_message(data)
+        return NodeError(decoded if decoded else "FunctionCallError: %s" % _compact(data))
+    if not kind:
+        return NodeError("JSON-RPC error %s: %s" % (error.get("code", "?"), error.get("message") or _compact(data)))
+    template = _RPC_TEXTS.get(kind, kind)
+    text = template.format(context=context_id, method=method)
+    detail = _rpc_detail(data)
+    return NodeError(text + (": " + detail if detail else ""), retryable=kind in _RETRYABLE_RPC)
+
+
+def _rpc_detail(data) -> str:
+    if isinstance(data, dict) and set(data) == {"message"}:
+        data = data["message"]
+    if data is None or data == {} or data == "":
+        return ""
+    return data.strip() if isinstance(data, str) else _compact(data)
+
+
+def function_call_message(data) -> Optional[str]:
+    """The app's own error out of `the method call returned an error: [34, 98, …]` (Rust Debug bytes):
+    a JSON string literal is unwrapped, other JSON kept compact, other text as is. A string without a byte
+    list (a guest panic, an unknown method) is returned trimmed. None when nothing readable is there."""
+    if not isinstance(data, str):
+        return None
+    match = BYTE_LIST.search(data)
+    if not match:
+        return data.strip() or None
+    numbers = [int(part) for part in match.group(0)[1:-1].split(",") if part.strip()]
+    if not numbers or any(n > 255 for n in numbers):
+        return None
+    try:
+        text = bytes(numbers).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, str):
+        return value.strip() or None
+    return _compact(value)
+
+
+def _compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# ── Node: connect, request, refresh ───────────────────────────────────────────────────────────────
+
+class Node:
+    """The node this process talks to. Lazy: nothing touches the node until the first call; `connect()`
+    resolves and authenticates, success is kept, failure is not (the next call tries again)."""
+
+    def __init__(self, env: Optional[Mapping[str, str]] = None, ports=None):
+        self._env = os.environ if env is None else env
+        self._ports = ports               # probe ports; injectable so tests need not bind the real ones
+        self._connect_lock = threading.Lock()
+        self._renew_lock = threading.Lock()
+        self._location = None             # set once connect() succeeded
+        self._attempt = None              # (location, mode) of the last attempt that got past discovery
+        self._base = None
+        self._mode = None
+        self._store = None
+        self._tokens = None
+        self._credentials = None          # (username, password) in credentials mode
+        self._renewal_attempts = 0        # counts token renewals, so waiting threads can share an outcome
+        self._renewal_failure = None      # how the last renewal failed, for the threads that waited on it
+        self._ids = itertools.count(1)
+
+    # ---- identity ----
+    @property
+    def url(self) -> Optional[str]:
+        return self._location.url if self._location else None
+
+    @property
+    def name(self) -> Optional[str]:
+        return self._location.name if self._location else None
+
+    @property
+    def source(self) -> Optional[str]:
+        return self._location.source if self._location else None
+
+    @property
+    def auth_mode(self) -> Optional[str]:
+        return self._mode if self._location else None
+
+    @property
+    def state_dir(self) -> str:
+        return ensure_dir(state_dir(self._env))
+
+    traced = staticmethod(traced)
+
+    # ---- connect ----
+    def connect(self) -> "Node":
+        if self._location is None:
+            with self._connect_lock:
+                if self._location is None:
+                    location, handoff = _resolve(self._env, self._ports)
+                    self._connect_to(location, handoff)
+        return self
+
+    def _connect_to(self, location: Location, handoff: Optional[Handoff]) -> None:
+        """Authenticate against `location` (§1.4); marks the node connected only when that worked."""
+        env = self._env
+        username = setting(env, "CALIMERO_USERNAME")
+        mode, injected = auth_plan(env, handoff, location.url)
+        self._attempt = (location, mode)
+        self._base, self._mode = location.url, mode
+        self._store = TokenStore(token_cache_path(state_dir(env), location.url, username))
+        tokens = None
+        if injected:
+            tokens = self._store.read()
+            if is_newer(injected[0], tokens):
+                tokens = token_bundle(*injected)
+                self._store.write(tokens)
+        elif mode == "credentials":
+            self._credentials = (username, read_password(env))
+            tokens = self._store.read() or self._login()
+        self._tokens = tokens
+        self._location = location
+
+    # ---- requests ----
+    def get(self, path, params=None, timeout=None):
+        return self._request("GET", path, params=params, timeout=timeout)
+
+    def post(self, path, body=None, params=None, timeout=None):
+        return self._request("POST", path, body=body, params=params, timeout=timeout)
+
+    def put(self, path, body=None, params=None, timeout=None):
+        return self._request("PUT", path, body=body, params=params, timeout=timeout)
+
+    def delete(self, path, body=None, params=None, timeout=None):
+        return self._request("DELETE", path, body=body, params=params, timeout=timeout)
+
+    def put_bytes(self, path, data, params=None, timeout=None):
+        return self._request("PUT", path, data=bytes(data), content_type="application/octet-stream",
+                             params=params, timeout=timeout)
+
+    def health(self) -> Dict[str, Any]:
+        return self.get("/admin-api/health")
+
+    def execute(self, context_id: str, method: str, args, timeout=None):
+        """Run an app method (node-api §4): the method's output, or NodeError with the app's own message."""
+        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": "execute",
+                "params": {"contextId": context_id, "method": method, "argsJson": {} if args is None else args}}
+        reply = self._request("POST", "/jsonrpc", body=body, timeout=timeout)
+        if not isinstance(reply, dict) or ("result" not in reply and "error" not in reply):
+            raise NodeError("Unreadable response from %s: not a JSON-RPC reply" % display_url(self._base + "/jsonrpc"))
+        if reply.get("error") is not None:
+            raise rpc_error(reply["error"], context_id, method)
+        result = reply.get("result")
+        return result["output"] if isinstance(result, dict) and "output" in result else result
+
+    def _request(self, method, path, body=None, params=None, data=None, content_type=None, timeout=None):
+        self.connect()
+        url = self._base + path
+        timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        if body is not None:
+            data, content_type = json.dumps(body).encode("utf-8"), "application/json"
+
+        def send(token):
+            return self._send(method, url, token, data, content_type, params, timeout)
+        response = self._send_authenticated(send)
+        if not 200 <= response.status_code < 300:
+            raise self._refusal(response, url)
+        return decode_json(response, url)
+
+    def _send(self, method, url, token, data, content_type, params, timeout):
+        requests = _requests()
+        try:
+            return _session().request(method, url, params=params, data=data, timeout=timeout,
+                                      headers=_headers(token, content_type), allow_redirects=False)
+        except requests.RequestException as error:
+            raise network_error(error, url, timeout) from None
+
+    def _refusal(self, response, url) -> NodeError:
+        error = http_error(response.status_code, response.reason, response.content, url,
+                           _auth_error(response))
+        # Only the auth guard's answers get login advice: a 403 without x-auth-error is the node's own
+        # refusal (a blob an app still uses, a group this node may not join) and its text says why.
+        if response.status_code == 401 or (response.status_code == 403 and error.auth_error):
+            advice = auth_advice(self._mode)
+            return NodeError("%s. %s" % (error.message.rstrip("."), advice), error.status, fix=advice,
+                             auth_error=error.auth_error)
+        return error
+
+    # ---- expiry and revocation (§1.4) ----
+    def _send_authenticated(self, send):
+        """Send; on an expired token renew once (one refresh shared by every thread) and retry once;
+        on a revoked one clear the cache, recover if this mode can, else say so."""
+        for attempt in range(2):
+            token = self._access_token()
+            response = send(token)
+            reason = _auth_error(response)
+            if not self._renewable(token, reason, response.status_code):
+                return response
+            if attempt == 1:
+                break
+            self._renew(token, reason, response)
+        if reason in REVOKED:
+            with self._renew_lock:
+                if self._access_token() == token:
+                    self._store.clear()
+                    self._raise_revoked(reason, response.status_code, response.url)
+        return response
+
+    def _renewable(self, token, reason, status) -> bool:
+        """An expired or revoked token; or, where this mode can get a new one, a token the node no longer
+        knows at all (a plain 401: e.g. a cache left over from a node that was re-initialised)."""
+        if not token:
+            return False
+        if reason in REVOKED or (status == 401 and reason == "token_expired"):
+            return True
+        return status == 401 and reason is None and self._mode in ("handoff", "credentials")
+
+    def _access_token(self) -> Optional[str]:
+        tokens = self._tokens
+        return tokens.get("access_token") if tokens else None
+
+    def _renew(self, failed_token, reason, response) -> None:
+        """Replace `failed_token`, once for all threads that hit it together; raises NodeError when it cannot.
+
+        Threads that waited while an attempt failed share its error instead of spending the refresh token
+        again; a later call (a new incident: the node may be back) tries afresh.
+        """
+        attempts_seen = self._renewal_attempts
+        with self._renew_lock:
+            if self._renewal_attempts != attempts_seen and self._renewal_failure is not None:
+                raise self._renewal_failure
+            if self._access_token() != failed_token:
+                return                    # another thread already renewed it
+            self._renewal_attempts += 1
+            try:
+                with self._store.lock():
+                    self._tokens = self._renewed(failed_token, reason, response)
+                self._renewal_failure = None
+            except NodeError as error:
+                self._renewal_failure = error
+                raise
+
+    def _renewed(self, failed_token, reason, response) -> Dict[str, Any]:
+        """Inside the file lock: adopt what another process rotated, else refresh or recover (§1.2)."""
+        stored = self._store.read()
+        if stored and stored.get("access_token") != failed_token:
+            return stored
+        if reason == "token_expired":
+            try:
+                return self._refreshed(stored or self._tokens)
+            except NodeError as error:
+                return self._after_failed_refresh(failed_token, error)
+        return self._recover_or_raise(failed_token, reason, response.status_code, response.url,
+                                      self._refusal(response, response.url))
+
+    def _refreshed(self, bundle) -> Dict[str, Any]:
+        refresh = (bundle or {}).get("refresh_token")
+        if not refresh:
+            raise NodeError("no refresh token is available", 401)
+        pair = self._auth_post("/auth/refresh", {"access_token": bundle["access_token"], "refresh_token": refresh})
+        fresh = token_bundle(*pair)
+        self._store.write(fresh)          # refresh tokens are single-use: persist before anything else
+        return fresh
+
+    def _after_failed_refresh(self, failed_token, error) -> Dict[str, Any]:
+        """A refresh the node refused never clears tokens, unless it says the family is revoked (§1.4)."""
+        advice = auth_advice(self._mode)
+        failure = NodeError("The access token expired and could not be refreshed: %s. %s"
+                            % (str(error).rstrip("."), advice), 401, fix=advice)
+        return self._recover_or_raise(failed_token, error.auth_error, error.status, self._base + "/auth/refresh",
+                                      failure)
+
+    def _recover_or_raise(self, failed_token, reason, status, url, failure) -> Dict[str, Any]:
+        """A revoked family clears the cache and says so (§1.4); either way, recover first if this mode can."""
+        if reason in REVOKED:
+            self._store.clear()
+        recovered = self._recovered(failed_token)
+        if recovered:
+            return recovered
+        if reason in REVOKED:
+            self._raise_revoked(reason, status, url)
+        raise failure
+
+    def _recovered(self, failed_token) -> Optional[Dict[str, Any]]:
+        """What a user expects after a lost token family: credentials log in again (the reference's lack of
+        re-login is a known limitation, §8.10); a handoff file the desktop app has since rewritten is adopted."""
+        if self._mode == "credentials":
+            log.info("logging in again as %s", self._credentials[0])
+            return self._login()
+        if self._mode == "handoff":
+            handoff, _ = read_handoff(state_dir(self._env))
+            if handoff and auth_plan(self._env, handoff, self._base)[0] == "handoff" \
+                    and is_newer(handoff.access_token, {"access_token": failed_token}):
+                fresh = token_bundle(handoff.access_token, handoff.refresh_token)
+                self._store.write(fresh)
+                return fresh
+        return None
+
+    def _raise_revoked(self, reason, status, url):
+        """The cache file is gone; the dead token stays in memory only so a newer handoff can be told apart."""
+        advice = auth_advice(self._mode)
+        raise NodeError("Authentication revoked (%s): HTTP %d %s from %s. The cached tokens were cleared. %s"
+                        % (reason, status, http.HTTPStatus(status).phrase, display_url(url), advice), status,
+                        fix=advice, auth_error=reason)
+
+    # ---- login (credentials mode) ----
+    def _login(self) -> Dict[str, Any]:
+        username, password = self._credentials
+        body = {"auth_method": "user_password", "public_key": username, "client_name": CLIENT_NAME,
+                "permissions": ["admin"], "timestamp": int(time.time()),
+                "provider_data": {"username": username, "password": password}}
+        try:
+            pair = self._auth_post("/auth/token", body)
+        except NodeError as error:
+            raise _login_error(error, self._base) from None
+        bundle = token_bundle(*pair)
+        self._store.write(bundle)
+        return bundle
+
+    def _auth_post(self, path, body) -> Tuple[str, str]:
+        """POST to the node's auth service (no Authorization header); the new (access, refresh) pair."""
+        url = self._base + path
+        response = self._send("POST", url, None, json.dumps(body).encode("utf-8"), "application/json",
+                              None, DEFAULT_TIMEOUT)
+        if not 200 <= response.status_code < 300:
+            raise http_error(response.status_code, response.reason, response.content, url, _auth_error(response))
+        data = decode_json(response, url)
+        access = data.get("access_token") if isinstance(data, dict) else None
+        if not isinstance(access, str) or not access:
+            raise NodeError("The node's answer to POST %s carried no access_token" % path)
+        refresh = data.get("refresh_token")
+        return access, refresh if isinstance(refresh, str) else ""
+
+    # ---- node_status ----
+    def status(self) -> Dict[str, Any]:
+        """What node_status reports; never raises: when the node is down, `health` describes the failure."""
+        try:
+            self.connect()
+        except NodeError as error:
+            location, mode = self._attempt or (None, self._planned_mode())
+            return {"health": _failed_health(error), "url": location.url if location else None,
+                    "nodeName": location.name if location else None,
+                    "discoverySource": location.source if location else None, "authMode": mode}
+        try:
+            health = self.health()
+        except NodeError as error:
+            health = _failed_health(error)
+        return {"health": health, "url": self.url, "nodeName": self.name, "discoverySource": self.source,
+                "authMode": self.auth_mode}
+
+    def _planned_mode(self) -> str:
+        """The auth mode the environment asks for, when discovery found no node to pair it with."""
+        handoff, _ = read_handoff(state_dir(self._env))
+        return auth_plan(self._env, handoff, None)[0]
+
+
+def _auth_error(response) -> Optional[str]:
+    value = response.headers.get("x-auth-error")
+    return value.strip().lower() if value else None
+
+
+def _failed_health(error: NodeError) -> Dict[str, Any]:
+    return {"status": "unreachable" if error.status is None else "error", "error": str(error)}
+
+
+def _login_error(error: NodeError, base: str) -> NodeError:
+    """`Authentication failed: <msg>` (§1.4), with a 404 read as "this node has no auth service"."""
+    if error.status is None:
+        return error                      # unreachable: the network message says it better
+    fix = auth_advice("credentials")
+    if error.status == 404:
+        return NodeError("Authentication failed: the node at %s has no login service (POST /auth/token answered "
+                         "404), so it probably runs without auth" % display_url(base), 404,
+                         fix="Unset CALIMERO_USERNAME and CALIMERO_PASSWORD for a node without auth.")
+    message = str(error)
+    if not message.startswith("Authentication failed"):
+        message = "Authentication failed: " + message
+    return NodeError(message, error.status, error.retryable, fix=fix, auth_error=error.auth_error)
+
+
+# ── check: the `mero-mcp --check` doctor ──────────────────────────────────────────────────────────
+
+_SOURCE_TEXT = {
+    "env": "CALIMERO_NODE_URL",
+    "handoff": "the desktop app's handoff file",
+    "named": "CALIMERO_NODE_NAME in the node home",
+    "config-scan": "the node home's only (or default) node",
+    "probe": "a live probe of local ports",
+}
+_MODE_TEXT = {
+    "handoff": "handoff (the desktop app's token in agent.json)",
+    "token": "token (CALIMERO_AUTH_TOKEN)",
+    "credentials": "credentials (CALIMERO_USERNAME + password)",
+    "none": "none (no credentials set; fine for a node that runs without auth)",
+}
+
+
+class _Report:
+    """Lines of plain text, and the problems found, each with one fix."""
+
+    def __init__(self, out):
+        self.out = out
+        self.problems = []                # (text, fix, fatal)
+
+    def line(self, label, text):
+        self.out.write("%-10s %s\n" % (label + ":", text))
+
+    def problem(self, text, fix, fatal=True):
+        self.problems.append((text, fix, fatal))
+
+    def finish(self) -> int:
+        fatal = any(p[2] for p in self.problems)
+        if self.problems:
+            self.out.write("Problems:\n")
+            for text, fix, _ in self.problems:
+                self.out.write("  - %s\n    Fix: %s\n" % (text, fix))
+        self.line("Result", "the server cannot work with this node until the problems above are fixed." if fatal
+                  else "OK, the server can work with this node.")
+        self.out.flush()
+        return 1 if fatal else 0
+
+
+def check(env: Mapping[str, str], out, ports=None) -> int:
+    """Print which discovery step found which node (or why none), the auth mode, health, installed apps with
+    their tool counts, and one fix per problem. Non-zero when the server could not work."""
+    report = _Report(out)
+    out.write("mero-mcp --check\n")
+    handoff = _report_handoff(report, env)
+    try:
+        location, handoff = _resolve(env, ports)
+    except NodeError as error:
+        report.line("Node", "none: %s" % error)
+        report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, None)[0]])
+        report.problem(str(error), error.fix or "Set CALIMERO_NODE_URL to a running node's address.")
+        return report.finish()
+    report.line("Node", "%s, found by %s (name: %s)" % (location.url, _SOURCE_TEXT[location.source],
+                                                          location.name or "none"))
+    report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, location.url)[0]])
+    node, step = Node(env, ports), "Auth"
+    try:
+        node._connect_to(location, handoff)
+        step = "Health"
+        health = node.health()
+        report.line(step, health.get("status", "unknown") if isinstance(health, dict) else str(health))
+        step = "Apps"
+        listing = node.get("/admin-api/applications")
+    except NodeError as error:
+        report.line(step, "failed: %s" % error)
+        report.problem(str(error), error.fix or "Check the node's log, then run mero-mcp --check again.")
+        return report.finish()
+    _report_apps(report, node, (listing.get("apps") if isinstance(listing, dict) else None) or [])
+    return report.finish()
+
+
+def _report_handoff(report, env):
+    directory = state_dir(env)
+    handoff, ignored = read_handoff(directory)
+    if handoff:
+        report.line("Handoff", "%s (node %s)" % (handoff.path, handoff.node_url or "not named"))
+    elif ignored:
+        report.line("Handoff", "ignored: " + ignored)
+        report.problem(ignored, "Reconnect the agent from the Calimero desktop app, or delete the file.", False)
+    else:
+        report.line("Handoff", "none in %s" % directory)
+    return handoff
+
+
+def _report_apps(report, node, apps):
+    report.line("Apps", "%d installed" % len(apps) if apps else "none installed (install one with "
+                                                                 "install_application)")
+    try:
+        import abi
+    except Exception as error:           # abi.py missing or broken: the apps are still listed
+        report.problem("abi.py cannot be imported (%s), so tool counts are unknown" % error,
+                       "Reinstall mero-mcp.", False)
+        abi = None
+    for app in apps:
+        label = " ".join(str(part) for part in (app.get("package") or app.get("id"), app.get("version")) if part)
+        services = _services_of(node, app)
+        counts = [_tool_count(report, node, abi, app, label, service) for service in services or [None]]
+        shown = ", ".join("%s: %s" % (service, count) for service, count in zip(services, counts)) \
+            if len(services) > 1 else counts[0]
+        report.out.write("  - %s: %s\n" % (label, shown))
+
+
+def _services_of(node, app) -> List[str]:
+    """Service names of a multi-service app; the list carries them in newer releases, else the app record."""
+    services = app.get("services")
+    if services is None and app.get("id"):
+        try:
+            record = node.get("/admin-api/applications/%s" % app["id"]) or {}
+            services = (record.get("application") or record).get("services")
+        except NodeError:
+            services = None
+    return sorted(services) if isinstance(services, dict) and len(services) > 1 else []
+
+
+def _tool_count(report, node, abi, app, label, service) -> str:
+    """How many tools the app's ABI generates: every method but `init` and those taking `app_handle`."""
+    if abi is None:
+        return "tools unknown"
+    params = {"service_name": service} if service else None
+    where = label + ("/" + service if service else "")
+    try:
+        manifest = abi.parse_manifest(node.get("/admin-api/applications/%s/abi" % app.get("id"), params), where)
+    except NodeError as error:
+        report.problem("%s: %s" % (where, error), error.fix or "Rebuild the application with `cargo mero build` "
+                                                               "so it embeds its ABI, then reinstall it.", False)
+        return "no tools (ABI unavailable)"
+    except ValueError as error:           # abi.AbiError: a manifest we refuse
+        report.problem("%s: %s" % (where, error), "Rebuild the application with a current `cargo mero build`.",
+                       False)
+        return "no tools (ABI refused)"
+    count = sum(1 for m in manifest.methods
+                if m.name != "init" and not any(p.name == "app_handle" for p in m.params))
+    return "%d tool%s" % (count, "" if count == 1 else "s")

@@ -1,0 +1,1015 @@
+"""node.py against the node double: discovery, the shared token files, refresh and revocation, error texts, check.
+
+Every test builds its own environment mapping (discover(env) and Node(env) take it explicitly) with its own
+state dir and node home under tmp_path; the probe rung is given the double's port, never the real ones.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import logging
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import node
+from node import Location, Node, NodeError
+from node_double import COUNTER_MANIFEST, NodeDouble, sample_double
+
+ROOT = Path(__file__).resolve().parents[1]
+PASSWORD = "pw-Sekrit-4711"
+ADMIN = {"users": {"admin": PASSWORD}, "access_ttl": 3600}
+GOOD_TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+# ── Helpers ───────────────────────────────────────────────────────────────────────────────────────
+
+def make_env(tmp_path, **extra):
+    env = {"HOME": str(tmp_path / "home"), "CALIMERO_MCP_STATE_DIR": str(tmp_path / "state"),
+           "CALIMERO_NODE_HOME": str(tmp_path / "nodes")}
+    env.update({key: str(value) for key, value in extra.items()})
+    return env
+
+
+def add_node(env, name, config):
+    """A node home directory with the given config.toml text (or a port for the usual merod layout)."""
+    directory = Path(env["CALIMERO_NODE_HOME"]) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    if isinstance(config, int):
+        config = ('[swarm]\nlisten = ["/ip4/0.0.0.0/tcp/%d"]\n\n[server]\nlisten = [\n  "/ip4/127.0.0.1/tcp/%d",\n'
+                  '  "/ip6/::1/tcp/%d",\n]\n\n[server.admin]\nenabled = true\n' % (config + 100, config, config))
+    (directory / "config.toml").write_text(config)
+    return directory
+
+
+def write_handoff(env, data):
+    state = Path(env["CALIMERO_MCP_STATE_DIR"])
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "agent.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def jwt(**claims):
+    """An unsigned JWT-shaped token carrying `claims` (None values left out): enough for the iat rule."""
+    def part(value):
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+    return "%s.%s.sig" % (part({"alg": "HS256"}), part({k: v for k, v in claims.items() if v is not None}))
+
+
+def cache_file(env, url, username=""):
+    digest = hashlib.sha256(("%s\0%s" % (url, username)).encode()).hexdigest()[:16]
+    return Path(env["CALIMERO_MCP_STATE_DIR"]) / ("tokens-%s.json" % digest)
+
+
+def closed_port():
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def requests_to(double, path):
+    return [entry for entry in double.log if entry["path"] == path]
+
+
+def mode_of(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def plain():
+    double = sample_double().start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def authed():
+    double = sample_double(auth=ADMIN).start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def node_log():
+    """Records of the "mero-mcp" logger (attached directly: it holds whatever propagation the server sets)."""
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logger = logging.getLogger("mero-mcp")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+def messages(records):
+    return [record.getMessage() for record in records]
+
+
+def credentials_env(tmp_path, double, **extra):
+    return make_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_USERNAME="admin", CALIMERO_PASSWORD=PASSWORD,
+                    **extra)
+
+
+# ── Discovery (§1.3) ──────────────────────────────────────────────────────────────────────────────
+
+def test_node_url_wins_over_handoff_and_node_home(tmp_path):
+    env = make_env(tmp_path, CALIMERO_NODE_URL="  http://localhost:9999//  ")
+    add_node(env, "default", 2428)
+    write_handoff(env, {"nodeUrl": "http://localhost:2528", "accessToken": jwt(iat=1)})
+    assert node.discover(env) == Location("http://localhost:9999", None, "env")
+    env["CALIMERO_NODE_NAME"] = "work"
+    assert node.discover(env) == Location("http://localhost:9999", "work", "env")
+
+
+def test_node_url_that_is_not_http_is_refused(tmp_path):
+    with pytest.raises(NodeError) as caught:
+        node.discover(make_env(tmp_path, CALIMERO_NODE_URL="localhost:2528"))
+    assert "CALIMERO_NODE_URL" in str(caught.value) and "http" in caught.value.fix
+
+
+@pytest.mark.parametrize("url", ["http://localhost:2528", "http://127.0.0.1:2528/", "http://[::1]:2528",
+                                 "https://localhost", "HTTP://LOCALHOST:2528"])
+def test_handoff_with_a_loopback_url_is_used(tmp_path, url):
+    env = make_env(tmp_path)
+    add_node(env, "default", 2428)
+    write_handoff(env, {"nodeUrl": url, "accessToken": jwt(iat=1)})
+    assert node.discover(env) == Location(url.rstrip("/"), None, "handoff")
+
+
+@pytest.mark.parametrize("url, origin", [
+    ("http://evil.example.com:2528", "http://evil.example.com:2528"),
+    ("https://10.0.0.5", "https://10.0.0.5"),
+    ("http://localhost.evil.example.com", "http://localhost.evil.example.com"),
+    ("http://127.0.0.1.evil.example.com", "http://127.0.0.1.evil.example.com"),
+    ("http://user:hunter2@evil.example.com/private?key=v", "http://evil.example.com"),
+    ("file:///etc/passwd", "file:"),
+    ("ftp://files.example.com/x", "ftp://files.example.com"),
+    ("not a url", "an unparseable url"),
+    ("", "an unparseable url"),
+    (42, "an unparseable url"),
+])
+def test_handoff_pointing_elsewhere_is_ignored_whole(tmp_path, node_log, url, origin):
+    env = make_env(tmp_path)
+    add_node(env, "solo", 2428)
+    token = jwt(iat=1, sub="handoff-secret")
+    path = write_handoff(env, {"nodeUrl": url, "accessToken": token})
+    before = path.read_bytes()
+    assert node.discover(env) == Location("http://localhost:2428", "solo", "config-scan")
+    connected = Node(env).connect()               # mode none: nothing goes to the node
+    assert connected.auth_mode == "none"
+    assert messages(node_log) == ["%s points at %s, which is not a local node; ignoring the file." % (path, origin)]
+    assert token not in " ".join(messages(node_log)) and "hunter2" not in " ".join(messages(node_log))
+    assert sorted(os.listdir(path.parent)) == ["agent.json"] and path.read_bytes() == before
+
+
+@pytest.mark.parametrize("content, said", [
+    ("{not json", "is not valid JSON; ignoring it."),
+    (json.dumps({"nodeUrl": "http://localhost:2528"}), "has no accessToken; ignoring it."),
+    (json.dumps({"nodeUrl": "http://localhost:2528", "accessToken": "  "}), "has no accessToken; ignoring it."),
+    (json.dumps(["accessToken"]), "has no accessToken; ignoring it."),
+])
+def test_malformed_or_tokenless_handoff_is_ignored(tmp_path, node_log, content, said):
+    env = make_env(tmp_path)
+    add_node(env, "solo", 2428)
+    path = write_handoff(env, content)
+    assert node.discover(env).source == "config-scan"
+    assert messages(node_log) == ["%s %s" % (path, said)]
+    assert path.read_text() == content
+
+
+def test_handoff_without_node_url_authenticates_the_discovered_node(tmp_path):
+    env = make_env(tmp_path)
+    add_node(env, "solo", 2428)
+    token = jwt(iat=10, exp=4_000_000_000)
+    write_handoff(env, {"accessToken": token, "refreshToken": "r1"})
+    connected = Node(env).connect()
+    assert (connected.source, connected.name, connected.auth_mode) == ("config-scan", "solo", "handoff")
+    cached = json.loads(cache_file(env, "http://localhost:2428").read_text())
+    assert cached == {"access_token": token, "refresh_token": "r1", "expires_at": 4_000_000_000_000}
+
+
+def test_named_node(tmp_path):
+    env = make_env(tmp_path, CALIMERO_NODE_NAME="b")
+    add_node(env, "a", 2428)
+    add_node(env, "b", 2429)
+    assert node.discover(env) == Location("http://localhost:2429", "b", "named")
+
+
+def test_named_node_that_does_not_exist_lists_the_names(tmp_path):
+    env = make_env(tmp_path, CALIMERO_NODE_NAME="zz")
+    add_node(env, "b", 2429)
+    add_node(env, "a", 2428)
+    with pytest.raises(NodeError) as caught:
+        node.discover(env, ports=[closed_port()])
+    assert str(caught.value) == 'Node "zz" not found in %s. Available: a, b' % env["CALIMERO_NODE_HOME"]
+
+
+def test_named_node_in_an_empty_home(tmp_path):
+    env = make_env(tmp_path, CALIMERO_NODE_NAME="zz")
+    with pytest.raises(NodeError) as caught:
+        node.discover(env, ports=[closed_port()])
+    assert str(caught.value) == 'Node "zz" not found in %s. Available: (none)' % env["CALIMERO_NODE_HOME"]
+
+
+def test_the_single_configured_node_is_used(tmp_path):
+    env = make_env(tmp_path)
+    add_node(env, "mine", 2601)
+    assert node.discover(env) == Location("http://localhost:2601", "mine", "config-scan")
+
+
+def test_the_default_node_wins_among_several(tmp_path):
+    env = make_env(tmp_path)
+    add_node(env, "alpha", 2601)
+    add_node(env, "default", 2602)
+    assert node.discover(env) == Location("http://localhost:2602", "default", "config-scan")
+
+
+def test_several_nodes_without_default_is_an_error(tmp_path):
+    env = make_env(tmp_path)
+    add_node(env, "beta", 2602)
+    add_node(env, "alpha", 2601)
+    with pytest.raises(NodeError) as caught:
+        node.discover(env, ports=[closed_port()])
+    assert str(caught.value) == ("Several nodes found in %s: alpha (http://localhost:2601), beta "
+                                 "(http://localhost:2602). Set CALIMERO_NODE_NAME or CALIMERO_NODE_URL."
+                                 % env["CALIMERO_NODE_HOME"])
+
+
+@pytest.mark.parametrize("listen, port", [("/ip4/127.0.0.1/tcp/2601", 2601), ("/ip4/0.0.0.0/tcp/2602", 2602),
+                                          ("/ip6/::1/tcp/2603", 2603)])
+def test_listen_address_forms(tmp_path, listen, port):
+    env = make_env(tmp_path)
+    add_node(env, "n", '[server]\nlisten = ["%s"]\n' % listen)
+    assert node.configured_nodes(env) == [("n", "http://localhost:%d" % port)]
+
+
+def test_config_reading_rules(tmp_path):
+    env = make_env(tmp_path)
+    add_node(env, "swarm-only", '[swarm]\nlisten = ["/ip4/127.0.0.1/tcp/2701"]\n[server]\nenabled = true\n')
+    add_node(env, "sub-table", '[server.admin]\nlisten = ["/ip4/127.0.0.1/tcp/2702"]\n')
+    add_node(env, "commented", '[server]\n# listen = ["/ip4/127.0.0.1/tcp/2703"]\n')
+    add_node(env, "remote-only", '[server]\nlisten = ["/ip4/10.1.2.3/tcp/2704"]\n')
+    add_node(env, "real", 2705)
+    (Path(env["CALIMERO_NODE_HOME"]) / "no-config").mkdir()
+    (Path(env["CALIMERO_NODE_HOME"]) / "a-file.toml").write_text('[server]\nlisten = ["/ip4/127.0.0.1/tcp/2706"]\n')
+    assert node.configured_nodes(env) == [("real", "http://localhost:2705")]
+    assert node.configured_nodes(make_env(tmp_path / "nowhere")) == []
+
+
+def test_probe_rung_finds_the_live_node(tmp_path, plain):
+    env = make_env(tmp_path)
+    assert node.probe([closed_port(), plain.port]) == ["http://localhost:%d" % plain.port]
+    found = node.discover(env, ports=[closed_port(), plain.port])
+    assert found == Location("http://localhost:%d" % plain.port, None, "probe")
+    assert requests_to(plain, "/admin-api/health")[0]["headers"].get("authorization") is None
+
+
+def test_probe_keeps_the_preference_order(plain):
+    other = NodeDouble().start()
+    try:
+        assert node.probe([other.port, plain.port]) == ["http://localhost:%d" % p for p in (other.port, plain.port)]
+        assert node.probe([plain.port, other.port]) == ["http://localhost:%d" % p for p in (plain.port, other.port)]
+    finally:
+        other.stop()
+
+
+def test_no_node_anywhere(tmp_path):
+    env = make_env(tmp_path)
+    with pytest.raises(NodeError) as caught:
+        node.discover(env, ports=[closed_port()])
+    assert str(caught.value) == ("No Calimero node found. Start one in the Calimero desktop app, or set "
+                                 "CALIMERO_NODE_URL. (Looked in %s and probed local ports.)" % env["CALIMERO_NODE_HOME"])
+    assert caught.value.status is None and caught.value.fix
+
+
+def test_list_nodes_configured_first_then_probe_only(tmp_path, plain):
+    other = NodeDouble().start()
+    try:
+        env = make_env(tmp_path)
+        add_node(env, "work", plain.port)
+        add_node(env, "stopped", closed_port())
+        ports = [other.port, plain.port]
+        active = "http://localhost:%d" % plain.port
+        entries = node.list_nodes(env, active, ports=ports)
+        assert entries == [                         # configured (in name order), then probe-only
+            {"url": entries[0]["url"], "name": "stopped", "active": False},
+            {"url": "http://localhost:%d" % plain.port, "name": "work", "active": True},
+            {"url": "http://localhost:%d" % other.port, "name": None, "active": False},
+        ]
+        remote = node.list_nodes(env, "http://node.example.com:2528", ports=ports)
+        assert remote[-1] == {"url": "http://node.example.com:2528", "name": None, "active": True}
+        assert [e["active"] for e in remote[:-1]] == [False, False, False]
+    finally:
+        other.stop()
+
+
+# ── The token cache and injection (§1.2, §1.4) ───────────────────────────────────────────────────
+
+def test_credentials_login_writes_the_shared_cache_file(tmp_path, authed):
+    env = credentials_env(tmp_path, authed)
+    client = Node(env)
+    assert client.get("/admin-api/applications")["apps"]
+    login = requests_to(authed, "/auth/token")
+    assert len(login) == 1
+    body = login[0]["json"]
+    assert isinstance(body.pop("timestamp"), int)
+    assert body == {"auth_method": "user_password", "public_key": "admin", "client_name": "mero-mcp",
+                    "permissions": ["admin"], "provider_data": {"username": "admin", "password": PASSWORD}}
+    path = cache_file(env, authed.url, "admin")
+    assert os.listdir(path.parent) == [path.name]
+    assert mode_of(path) == 0o600 and mode_of(path.parent) == 0o700
+    cached = json.loads(path.read_text())
+    assert set(cached) == {"access_token", "refresh_token", "expires_at"}
+    assert cached["expires_at"] == node.jwt_claim(cached["access_token"], "exp") * 1000
+    sent = requests_to(authed, "/admin-api/applications")[0]["headers"]["authorization"]
+    assert sent == "Bearer " + cached["access_token"]
+    assert (client.auth_mode, client.source, client.name) == ("credentials", "env", None)
+
+
+def test_a_second_process_reuses_the_cached_tokens(tmp_path, authed):
+    env = credentials_env(tmp_path, authed)
+    Node(env).health()
+    again = Node(env)
+    again.get("/admin-api/contexts")
+    assert len(requests_to(authed, "/auth/token")) == 1
+
+
+def test_token_mode_cache_key_uses_an_empty_username(tmp_path):
+    token = jwt(iat=5, exp=4_000_000_000)
+    env = make_env(tmp_path, CALIMERO_NODE_URL="http://localhost:9", CALIMERO_AUTH_TOKEN=token)
+    assert Node(env).connect().auth_mode == "token"
+    cached = json.loads(cache_file(env, "http://localhost:9").read_text())
+    assert cached == {"access_token": token, "refresh_token": "", "expires_at": 4_000_000_000_000}
+
+
+def test_injected_token_without_exp_expires_in_an_hour(tmp_path):
+    env = make_env(tmp_path, CALIMERO_NODE_URL="http://localhost:9", CALIMERO_AUTH_TOKEN="opaque",
+                   CALIMERO_REFRESH_TOKEN="r")
+    Node(env).connect()
+    cached = json.loads(cache_file(env, "http://localhost:9").read_text())
+    assert abs(cached["expires_at"] - (time.time() + 3600) * 1000) < 60_000
+
+
+@pytest.mark.parametrize("cached_iat, injected_iat, injected_wins", [
+    (100, 200, True), (200, 100, False), (200, 200, False), (None, 200, False), (100, None, False)])
+def test_injected_token_replaces_the_cache_only_when_newer(tmp_path, cached_iat, injected_iat, injected_wins):
+    injected = jwt(iat=injected_iat, sub="injected")
+    env = make_env(tmp_path, CALIMERO_NODE_URL="http://localhost:9", CALIMERO_AUTH_TOKEN=injected,
+                   CALIMERO_USERNAME="ops")
+    path = cache_file(env, "http://localhost:9", "ops")
+    path.parent.mkdir(parents=True)
+    cached = {"access_token": jwt(iat=cached_iat, sub="cached"), "refresh_token": "rc", "expires_at": 1}
+    path.write_text(json.dumps(cached))
+    Node(env).connect()
+    now = json.loads(path.read_text())
+    assert now["access_token"] == (injected if injected_wins else cached["access_token"])
+
+
+def test_handoff_token_is_never_sent_to_another_node(tmp_path, plain):
+    env = make_env(tmp_path, CALIMERO_NODE_URL=plain.url)
+    token = jwt(iat=1)
+    write_handoff(env, {"nodeUrl": "http://localhost:2528", "accessToken": token})
+    client = Node(env)
+    client.health()
+    assert client.auth_mode == "none"
+    assert "authorization" not in requests_to(plain, "/admin-api/health")[0]["headers"]
+
+
+def test_handoff_end_to_end(tmp_path, authed):
+    """The desktop app's cycle: mint a client key, write agent.json; the server finds and uses it alone."""
+    env = make_env(tmp_path)
+    access, refresh = authed.issue_tokens()
+    path = write_handoff(env, {"nodeUrl": authed.url, "accessToken": access, "refreshToken": refresh})
+    before = path.read_bytes()
+    client = Node(env, ports=[closed_port()])
+    assert client.get("/admin-api/contexts")["contexts"]
+    assert (client.source, client.auth_mode, client.url, client.name) == ("handoff", "handoff", authed.url, None)
+    assert sorted(os.listdir(path.parent)) == sorted(["agent.json", cache_file(env, authed.url).name])
+    assert path.read_bytes() == before
+
+
+# ── Refresh (§1.4) and the refresh lock (§1.2) ────────────────────────────────────────────────────
+
+def test_expired_token_is_refreshed_once_and_rotated(tmp_path, authed):
+    access, refresh = authed.issue_tokens()
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
+                   CALIMERO_REFRESH_TOKEN=refresh)
+    client = Node(env)
+    client.get("/admin-api/contexts")
+    authed.expire_access_tokens()
+    assert client.get("/admin-api/contexts")["contexts"]
+    assert authed.refresh_count == 1
+    assert requests_to(authed, "/auth/refresh")[0]["json"] == {"access_token": access, "refresh_token": refresh}
+    cached = json.loads(cache_file(env, authed.url).read_text())
+    assert cached["access_token"] != access and cached["refresh_token"] != refresh
+    last = requests_to(authed, "/admin-api/contexts")[-1]
+    assert last["headers"]["authorization"] == "Bearer " + cached["access_token"]
+    client.get("/admin-api/contexts")
+    assert authed.refresh_count == 1
+
+
+def test_thirty_two_threads_share_one_refresh(tmp_path, monkeypatch):
+    # The double listens with socketserver's backlog of 5: 32 simultaneous connects overflow it and some are
+    # reset. A real merod listens with a deep backlog; give the double one too (test-only workaround).
+    import node_double
+    monkeypatch.setattr(node_double._Server, "request_queue_size", 128)
+    authed = sample_double(auth=ADMIN).start()
+    try:
+        run_thirty_two_threads(tmp_path, authed)
+    finally:
+        authed.stop()
+
+
+def run_thirty_two_threads(tmp_path, authed):
+    client = Node(credentials_env(tmp_path, authed))
+    client.health()
+    client.get("/admin-api/contexts")
+    authed.expire_access_tokens()
+    barrier, results, failures = threading.Barrier(32), [], []
+
+    def call():
+        barrier.wait()
+        try:
+            results.append(client.get("/admin-api/contexts"))
+        except NodeError as error:
+            failures.append(str(error))
+    threads = [threading.Thread(target=call) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert failures == [] and len(results) == 32
+    assert authed.refresh_count == 1
+    assert len(requests_to(authed, "/auth/token")) == 1
+
+
+CHILD = """
+import sys, time
+import node
+client = node.Node()
+time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
+print(client.get('/admin-api/applications')['apps'][0]['package'])
+"""
+
+
+def test_two_processes_never_spend_the_same_refresh_token(tmp_path, authed):
+    access, refresh = authed.issue_tokens()
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
+                   CALIMERO_REFRESH_TOKEN=refresh, PYTHONPATH=ROOT, PATH=os.environ.get("PATH", ""))
+    Node(env).connect()                           # both children start from this shared cache file
+    authed.expire_access_tokens()
+    authed.faults.update({"delay": 0.5, "paths": ["/auth/refresh"]})   # hold the lock while the other waits
+    start_at = time.time() + 1.5
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, str(start_at)], env=env, cwd=str(tmp_path),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [child.communicate(timeout=60) for child in children]
+    assert [child.returncode for child in children] == [0, 0], outputs
+    assert [out.strip() for out, _ in outputs] == ["com.calimero.kv-store"] * 2
+    assert authed.refresh_count == 1
+    assert not any(entry["headers"].get("x-auth-error") for entry in authed.log)
+    assert not os.path.exists(str(cache_file(env, authed.url)) + ".lock")
+
+
+def test_file_lock_breaks_stale_locks_and_waits_for_live_ones(tmp_path):
+    path = str(tmp_path / "tokens-x.json.lock")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    Path(path).write_text(str(dead.pid))
+    with node.file_lock(path):                    # owner is gone: broken at once
+        assert Path(path).read_text() == str(os.getpid()) and mode_of(path) == 0o600
+    assert not os.path.exists(path)
+    Path(path).write_text(str(os.getpid()))       # a live owner: wait until it lets go
+    acquired = threading.Event()
+
+    def take():
+        with node.file_lock(path):
+            acquired.set()
+    waiter = threading.Thread(target=take)
+    waiter.start()
+    assert not acquired.wait(0.3)
+    os.unlink(path)
+    assert acquired.wait(5)
+    waiter.join(5)
+    Path(path).write_text(str(os.getpid()))       # a live owner that has held it too long
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    with node.file_lock(path):
+        assert Path(path).read_text() == str(os.getpid())
+
+
+def test_adopts_a_token_another_process_rotated(tmp_path, authed):
+    access, refresh = authed.issue_tokens()
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
+                   CALIMERO_REFRESH_TOKEN=refresh)
+    client = Node(env)
+    client.health()
+    authed.expire_access_tokens()
+    rotated = authed.issue_tokens()               # what the other process stored after its refresh
+    cache_file(env, authed.url).write_text(json.dumps(node.token_bundle(*rotated)))
+    assert client.get("/admin-api/contexts")["contexts"]
+    assert authed.refresh_count == 0
+    assert requests_to(authed, "/admin-api/contexts")[-1]["headers"]["authorization"] == "Bearer " + rotated[0]
+
+
+def test_a_failed_refresh_is_tried_again_by_the_next_call(tmp_path, authed):
+    access, refresh = authed.issue_tokens()
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
+                           CALIMERO_REFRESH_TOKEN=refresh))
+    client.health()
+    authed.expire_access_tokens()
+    authed.faults.update({"reset": True, "paths": ["/auth/refresh"], "times": 1})
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts")
+    assert str(caught.value) == ("The access token expired and could not be refreshed: Cannot reach the node at "
+                                 "%s/auth/refresh: the connection was reset. Set a fresh CALIMERO_AUTH_TOKEN (and "
+                                 "CALIMERO_REFRESH_TOKEN)." % authed.url)
+    assert client.get("/admin-api/contexts")["contexts"]
+    assert authed.refresh_count == 1
+
+
+def test_expired_token_without_refresh_token(tmp_path, authed):
+    access, _ = authed.issue_tokens()
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access))
+    client.get("/admin-api/contexts")
+    authed.expire_access_tokens()
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts")
+    assert str(caught.value) == ("The access token expired and could not be refreshed: no refresh token is "
+                                 "available. Set a fresh CALIMERO_AUTH_TOKEN (and CALIMERO_REFRESH_TOKEN).")
+    assert caught.value.status == 401 and authed.refresh_count == 0
+
+
+# ── Revocation and re-login ───────────────────────────────────────────────────────────────────────
+
+def test_revocation_clears_the_cache_and_says_so(tmp_path, authed):
+    access, refresh = authed.issue_tokens()
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
+                   CALIMERO_REFRESH_TOKEN=refresh)
+    client = Node(env)
+    client.get("/admin-api/contexts")
+    assert cache_file(env, authed.url).exists()
+    authed.revoke_all()
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts")
+    assert str(caught.value) == ("Authentication revoked (token_revoked): HTTP 403 Forbidden from %s/admin-api/"
+                                 "contexts. The cached tokens were cleared. Set a fresh CALIMERO_AUTH_TOKEN (and "
+                                 "CALIMERO_REFRESH_TOKEN)." % authed.url)
+    assert not cache_file(env, authed.url).exists()
+    with pytest.raises(NodeError) as again:         # it stays revoked, and says so, until a new token comes
+        client.get("/admin-api/contexts")
+    assert str(again.value) == str(caught.value)
+
+
+def test_replayed_refresh_token_is_reported_as_reuse(tmp_path, authed):
+    access, refresh = authed.issue_tokens()
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
+                   CALIMERO_REFRESH_TOKEN=refresh)
+    client = Node(env)
+    client.health()
+    authed.expire_access_tokens()
+    import requests                              # someone else spends our refresh token first
+    spent = requests.post(authed.url + "/auth/refresh", json={"access_token": access, "refresh_token": refresh})
+    assert spent.status_code == 200
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts")
+    assert str(caught.value) == ("Authentication revoked (token_reuse): HTTP 401 Unauthorized from %s/auth/refresh. "
+                                 "The cached tokens were cleared. Set a fresh CALIMERO_AUTH_TOKEN (and "
+                                 "CALIMERO_REFRESH_TOKEN)." % authed.url)
+    assert not cache_file(env, authed.url).exists()
+
+
+def test_credentials_log_in_again_after_revocation(tmp_path, authed):
+    env = credentials_env(tmp_path, authed)
+    client = Node(env)
+    client.get("/admin-api/contexts")
+    first = json.loads(cache_file(env, authed.url, "admin").read_text())["access_token"]
+    authed.revoke_all()
+    assert client.get("/admin-api/contexts")["contexts"]
+    assert len(requests_to(authed, "/auth/token")) == 2
+    assert json.loads(cache_file(env, authed.url, "admin").read_text())["access_token"] != first
+
+
+def test_credentials_log_in_again_over_a_cache_the_node_does_not_know(tmp_path, authed):
+    """A cache left by a node that was re-initialised on the same port: its tokens are plain 401s now."""
+    env = credentials_env(tmp_path, authed)
+    path = cache_file(env, authed.url, "admin")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(node.token_bundle(jwt(iat=1, sub="old-node"), "old-refresh")))
+    client = Node(env)
+    assert client.get("/admin-api/contexts")["contexts"]
+    assert len(requests_to(authed, "/auth/token")) == 1 and authed.refresh_count == 0
+    assert json.loads(path.read_text())["refresh_token"] != "old-refresh"
+
+
+def test_credentials_log_in_again_when_the_refresh_fails(tmp_path, authed):
+    client = Node(credentials_env(tmp_path, authed))
+    client.get("/admin-api/contexts")
+    authed.expire_access_tokens()
+    authed.faults.update({"status": 500, "paths": ["/auth/refresh"]})
+    assert client.get("/admin-api/contexts")["contexts"]
+    assert authed.refresh_count == 0 and len(requests_to(authed, "/auth/refresh")) == 1
+    assert len(requests_to(authed, "/auth/token")) == 2
+
+
+def test_handoff_reconnect_after_revocation_is_adopted(tmp_path, authed):
+    """The desktop app re-connects: new key in agent.json, old one revoked. The live process follows."""
+    env = make_env(tmp_path)
+    path = write_handoff(env, dict(zip(("accessToken", "refreshToken"), authed.issue_tokens()), nodeUrl=authed.url))
+    client = Node(env, ports=[closed_port()])
+    client.get("/admin-api/contexts")
+    time.sleep(1.1)                               # the new key's iat must be a later second
+    authed.revoke_all()
+    access, refresh = authed.issue_tokens()
+    write_handoff(env, {"nodeUrl": authed.url, "accessToken": access, "refreshToken": refresh})
+    before = path.read_bytes()
+    assert client.get("/admin-api/contexts")["contexts"]
+    assert json.loads(cache_file(env, authed.url).read_text())["access_token"] == access
+    assert path.read_bytes() == before
+
+
+# ── Passwords ─────────────────────────────────────────────────────────────────────────────────────
+
+def test_password_file_is_read_and_trimmed(tmp_path, authed):
+    secret = tmp_path / "password"
+    secret.write_text("  %s\n" % PASSWORD)
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_USERNAME="admin", CALIMERO_PASSWORD_FILE=secret)
+    client = Node(env)
+    assert client.get("/admin-api/contexts")["contexts"] and client.auth_mode == "credentials"
+
+
+def test_missing_password_file_is_a_clear_error_until_fixed(tmp_path, authed):
+    secret = tmp_path / "password"
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_USERNAME="admin", CALIMERO_PASSWORD_FILE=secret)
+    client = Node(env)
+    with pytest.raises(NodeError) as caught:
+        client.health()
+    assert str(caught.value) == "Cannot read CALIMERO_PASSWORD_FILE %s: No such file or directory" % secret
+    assert "CALIMERO_PASSWORD" in caught.value.fix
+    secret.write_text(PASSWORD)
+    assert client.health() == {"status": "alive"}
+
+
+def test_wrong_password(tmp_path, authed):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_USERNAME="admin",
+                           CALIMERO_PASSWORD="wrong-guess-99"))
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts")
+    assert str(caught.value) == "Authentication failed: invalid username or password"
+    assert caught.value.status == 401
+
+
+def test_login_against_a_node_without_auth(tmp_path, plain):
+    client = Node(credentials_env(tmp_path, plain))
+    with pytest.raises(NodeError) as caught:
+        client.health()
+    assert "has no login service" in str(caught.value) and "Unset CALIMERO_USERNAME" in caught.value.fix
+
+
+def test_secrets_never_reach_logs_or_messages(tmp_path, authed, capsys):
+    """Run the auth paths with every logger at DEBUG; no token or password may show up anywhere."""
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    root = logging.getLogger()
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.DEBUG)
+    texts, seen_tokens = [], set()
+    try:
+        env = credentials_env(tmp_path, authed)
+        client = Node(env)
+        client.get("/admin-api/contexts", params={"token": "query-sekrit"})
+        for step in (authed.expire_access_tokens, authed.revoke_all):
+            seen_tokens.update(json.loads(cache_file(env, authed.url, "admin").read_text()).values())
+            step()
+            client.get("/admin-api/contexts")
+        authed.faults.update({"status": 500, "body": ""})
+        for call in (lambda: client.get("/admin-api/contexts", params={"token": "query-sekrit"}),
+                     lambda: Node(dict(env, CALIMERO_PASSWORD="not-" + PASSWORD,
+                                       CALIMERO_USERNAME="root")).health()):
+            with pytest.raises(NodeError) as caught:
+                call()
+            texts.append(str(caught.value))
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    seen_tokens.update(json.loads(cache_file(env, authed.url, "admin").read_text()).values())
+    captured = capsys.readouterr()
+    everything = "\n".join(texts + [r.getMessage() for r in records] + [captured.out, captured.err])
+    ours = "\n".join(texts + [r.getMessage() for r in records if r.name == "mero-mcp"])
+    assert "logging in again as admin" in ours
+    assert "query-sekrit" not in ours             # urllib3's own DEBUG lines show the caller's query; ours never
+    for secret in [PASSWORD, "Bearer"] + [t for t in seen_tokens if isinstance(t, str)]:
+        assert secret not in everything
+    assert captured.out == ""
+
+
+# ── HTTP: traceparent, timeouts, error texts (§6) ────────────────────────────────────────────────
+
+@pytest.mark.parametrize("traceparent, forwarded", [
+    (GOOD_TRACE, True),
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", False),
+    ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", False),
+    ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", False),
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", False),
+    ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01", False),
+    (None, False),
+])
+def test_traceparent_is_forwarded_only_when_well_formed(tmp_path, plain, traceparent, forwarded):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    with client.traced(traceparent):
+        client.health()
+    client.get("/admin-api/contexts")
+    inside, after = requests_to(plain, "/admin-api/health")[0], requests_to(plain, "/admin-api/contexts")[0]
+    assert inside["headers"].get("traceparent") == (traceparent if forwarded else None)
+    assert "traceparent" not in after["headers"]
+
+
+def test_concurrent_calls_keep_their_own_traceparent(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    other = "00-11111111111111111111111111111111-2222222222222222-01"
+    plain.faults.update({"delay": 0.05})
+
+    def run(traceparent, path):
+        with client.traced(traceparent):
+            for _ in range(5):
+                client.get(path)
+    threads = [threading.Thread(target=run, args=(GOOD_TRACE, "/admin-api/health")),
+               threading.Thread(target=run, args=(other, "/admin-api/contexts"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [e["headers"].get("traceparent") for e in requests_to(plain, "/admin-api/health")] == [GOOD_TRACE] * 5
+    assert [e["headers"].get("traceparent") for e in requests_to(plain, "/admin-api/contexts")] == [other] * 5
+
+
+def test_unreachable_node(tmp_path):
+    port = closed_port()
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL="http://127.0.0.1:%d" % port))
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts", params={"token": "sekrit"})
+    assert str(caught.value) == "Cannot reach the node at http://127.0.0.1:%d/admin-api/contexts: connection refused" % port
+    assert (caught.value.status, caught.value.retryable) == (None, False)
+
+
+def test_timeout_says_how_long_it_waited(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    plain.faults.update({"delay": 1.0})
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts", timeout=0.25)
+    assert str(caught.value) == "Cannot reach the node at %s/admin-api/contexts: timed out after 0.25 s" % plain.url
+
+
+@pytest.mark.parametrize("fault, path, text, status, retryable", [
+    ({"status": 500, "body": ""}, "/admin-api/contexts",
+     "HTTP 500 Internal Server Error from {url}/admin-api/contexts - the node returned no message", 500, False),
+    ({"status": 500}, "/admin-api/contexts", "Internal server error", 500, False),
+    ({"status": 500, "body": "Registry returned HTTP 404 Not Found for https://r.example/x.mpk"},
+     "/admin-api/install-application", "HTTP 500 Internal Server Error from {url}/admin-api/install-application - "
+     "the node said: Registry returned HTTP 404 Not Found for https://r.example/x.mpk", 500, False),
+    ({"status": 400, "json": {"error": {"message": "nested reason"}}}, "/admin-api/contexts", "nested reason", 400,
+     False),
+    ({"status": 503, "json": {"data": {"status": "store_unavailable"}}}, "/admin-api/health",
+     'HTTP 503 Service Unavailable from {url}/admin-api/health - the node said: '
+     '{"data":{"status":"store_unavailable"}}', 503, True),
+    ({"status": 404, "body": ""}, "/admin-api/applications/%s/abi" % ("ab" * 32), node.OLD_NODE_ABI, 404, False),
+    ({"status": 404, "body": ""}, "/admin-api/nowhere",
+     "HTTP 404 Not Found from {url}/admin-api/nowhere - the node returned no message", 404, False),
+    ({"garbage": True}, "/admin-api/health", "Unreadable response from {url}/admin-api/health: HTTP 200 with a body "
+     "that is not valid JSON (35 bytes; garbled or cut off)", None, False),
+    ({"truncated": True}, "/admin-api/health",
+     "Unreadable response from {url}/admin-api/health: the connection closed mid-response", None, False),
+    ({"reset": True}, "/admin-api/health", "Cannot reach the node at {url}/admin-api/health: the connection was reset",
+     None, False),
+    ({"down": True}, "/admin-api/health", "Cannot reach the node at {url}/admin-api/health: the node closed the "
+     "connection without answering", None, False),
+])
+def test_error_texts(tmp_path, plain, fault, path, text, status, retryable):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    plain.faults.update(fault)
+    with pytest.raises(NodeError) as caught:
+        client.get(path, params={"context_id": "sekrit"})
+    assert str(caught.value) == text.replace("{url}", plain.url)
+    assert (caught.value.status, caught.value.retryable) == (status, retryable)
+
+
+def test_503_from_the_node_is_retryable(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    plain.faults.update({"status": 503})
+    with pytest.raises(NodeError) as caught:
+        client.post("/admin-api/contexts", {"applicationId": "x"})
+    assert caught.value.retryable and caught.value.status == 503
+    assert str(caught.value).startswith("authority for ")
+
+
+def test_the_nodes_own_error_text(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/applications/" + "0" * 64)
+    assert (str(caught.value), caught.value.status) == ("Application not found", 404)
+
+
+def test_unauthenticated_call_to_an_auth_node_says_what_to_set(tmp_path, authed):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=authed.url))
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts")
+    assert str(caught.value) == ("HTTP 401 Unauthorized from %s/admin-api/contexts - the node returned no message. "
+                                 "%s" % (authed.url, node.auth_advice("none")))
+
+
+def test_a_failure_is_not_memoised(tmp_path):
+    port = closed_port()
+    client = Node(credentials_env(tmp_path, type("D", (), {"url": "http://127.0.0.1:%d" % port})))
+    with pytest.raises(NodeError) as caught:
+        client.health()
+    assert str(caught.value).startswith("Cannot reach the node at http://127.0.0.1:%d/auth/token" % port)
+    assert client.url is None
+    late = sample_double(auth=ADMIN, port=port).start()
+    try:
+        assert client.get("/admin-api/contexts")["contexts"] and client.url == late.url
+    finally:
+        late.stop()
+
+
+def test_discovery_runs_again_until_a_node_appears(tmp_path):
+    port = closed_port()
+    client = Node(make_env(tmp_path), ports=[port])
+    with pytest.raises(NodeError) as caught:
+        client.health()
+    assert str(caught.value).startswith("No Calimero node found.")
+    late = NodeDouble(port=port).start()
+    try:
+        assert client.health() == {"status": "alive"}
+        assert (client.source, client.name, client.url) == ("probe", None, "http://localhost:%d" % port)
+    finally:
+        late.stop()
+
+
+def test_status_describes_a_node_that_is_down(tmp_path, plain):
+    status = Node(make_env(tmp_path), ports=[closed_port()]).status()
+    assert status["health"]["status"] == "unreachable"
+    assert status["health"]["error"].startswith("No Calimero node found.")
+    assert (status["url"], status["nodeName"], status["discoverySource"], status["authMode"]) == (
+        None, None, None, "none")
+    env = make_env(tmp_path, CALIMERO_NODE_URL=plain.url, CALIMERO_NODE_NAME="desk")
+    client = Node(env)
+    assert client.status() == {"health": {"status": "alive"}, "url": plain.url, "nodeName": "desk",
+                               "discoverySource": "env", "authMode": "none"}
+    plain.stop()
+    down = client.status()["health"]
+    assert down == {"status": "unreachable",
+                    "error": "Cannot reach the node at %s/admin-api/health: connection refused" % plain.url}
+
+
+# ── Requests and JSON-RPC ─────────────────────────────────────────────────────────────────────────
+
+def test_bodies_envelopes_and_put_bytes(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    assert client.health() == {"status": "alive"}
+    uploaded = client.put_bytes("/admin-api/blobs", b"hello")
+    entry = requests_to(plain, "/admin-api/blobs")[0]
+    assert entry["body"] == b"hello" and entry["headers"]["content-type"] == "application/octet-stream"
+    deleted = client.delete("/admin-api/blobs/%s" % (uploaded.get("blob_id") or uploaded.get("blobId")))
+    assert deleted.get("deleted") is True                  # a flat answer stays as it is
+    namespace = client.get("/admin-api/namespaces")[0]["namespaceId"]
+    client.delete("/admin-api/namespaces/%s" % namespace, {})
+    sent = [e for e in plain.log if e["method"] == "DELETE" and "namespaces" in e["path"]][0]
+    assert sent["json"] == {} and sent["headers"]["content-type"] == "application/json"
+
+
+def test_execute_sends_the_envelope_and_returns_the_output(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    context = client.get("/admin-api/contexts")["contexts"][0]["id"]
+    assert client.execute(context, "set", {"key": "k", "value": "v"}) is None
+    assert client.execute(context, "get", {"key": "k"}) == "v"
+    body = requests_to(plain, "/jsonrpc")[0]["json"]
+    assert isinstance(body.pop("id"), int)
+    assert body == {"jsonrpc": "2.0", "method": "execute",
+                    "params": {"contextId": context, "method": "set", "argsJson": {"key": "k", "value": "v"}}}
+    with pytest.raises(NodeError) as caught:
+        client.execute(context, "get_result", {"key": "missing"})
+    assert str(caught.value) == "key not found: missing"
+    with pytest.raises(NodeError) as caught:
+        client.execute("f" * 64, "get", {"key": "k"})
+    assert str(caught.value) == "Context %s not found on this node (ContextNotFound)" % ("f" * 64)
+
+
+def byte_list(text):
+    return "the method call returned an error: [%s]" % ", ".join(str(b) for b in text.encode("utf-8"))
+
+
+@pytest.mark.parametrize("error, text, retryable", [
+    ({"type": "FunctionCallError", "data": byte_list('"boom"')}, "boom", False),
+    ({"type": "FunctionCallError", "data": byte_list('{"kind": "NotFound", "data": "k"}')},
+     '{"kind":"NotFound","data":"k"}', False),
+    ({"type": "FunctionCallError", "data": byte_list("plain words é")}, "plain words é", False),
+    ({"type": "FunctionCallError", "data": "guest panicked: key not found at src/lib.rs:1:2 "},
+     "guest panicked: key not found at src/lib.rs:1:2", False),
+    ({"type": "FunctionCallError", "data": 'method "nope" not found'}, 'method "nope" not found', False),
+    ({"type": "FunctionCallError", "data": "returned an error: [300, 1]"},
+     'FunctionCallError: "returned an error: [300, 1]"', False),
+    ({"type": "ContextNotFound"}, "Context ctx-1 not found on this node (ContextNotFound)", False),
+    ({"type": "UpgradeInProgress", "data": {"group_id": [1, 2]}},
+     'Context ctx-1 is being upgraded: writes fail until it finishes, reads still work (UpgradeInProgress): '
+     '{"group_id":[1,2]}', True),
+    ({"type": "SerdeError", "data": {"message": "trailing characters"}},
+     "Method get returned a value that is not JSON (SerdeError): trailing characters", False),
+    ({"type": "InternalError", "data": {}}, "The node failed internally while running get (InternalError)", False),
+    ({"type": "Mystery", "data": "odd"}, "Mystery: odd", False),
+    ({"code": -32601, "message": "Method not found"}, "JSON-RPC error -32601: Method not found", False),
+])
+def test_json_rpc_errors_read_like_sentences(error, text, retryable):
+    rendered = node.rpc_error(error, "ctx-1", "get")
+    assert (str(rendered), rendered.retryable, rendered.status) == (text, retryable, None)
+
+
+def test_unwrap_only_unwraps_a_data_object():
+    assert node.unwrap({"data": {"apps": []}}) == {"apps": []}
+    assert node.unwrap({"data": None, "error": None}) is None
+    assert node.unwrap({"members": [], "selfIdentity": "x"}) == {"members": [], "selfIdentity": "x"}
+    assert node.unwrap([{"data": 1}]) == [{"data": 1}]
+
+
+def test_importing_node_does_not_import_requests(tmp_path):
+    script = ("import sys, node\nn = node.Node({'CALIMERO_NODE_URL': 'http://localhost:9'})\n"
+              "with n.traced('x'):\n    pass\nprint('requests' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], cwd=str(ROOT), capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+# ── check (`mero-mcp --check`) ───────────────────────────────────────────────────────────────────
+
+def multi_service_spec():
+    handle_taker = dict(COUNTER_MANIFEST, methods=COUNTER_MANIFEST["methods"] + [
+        {"name": "adopt", "params": [{"name": "app_handle", "type": {"kind": "string"}}],
+         "returns": {"kind": "unit"}}])
+    return {"package": "com.example.duo", "version": "2.0.0", "signer_id": "did:key:z6Mkduo",
+            "metadata": {"name": "Duo"}, "services": {"api": handle_taker, "worker": COUNTER_MANIFEST}}
+
+
+def test_check_against_a_healthy_node(tmp_path, authed, capsys):
+    pytest.importorskip("abi")
+    authed.add_app(multi_service_spec())
+    out = io.StringIO()
+    assert node.check(credentials_env(tmp_path, authed), out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "mero-mcp --check"
+    assert "Node:      %s, found by CALIMERO_NODE_URL (name: none)" % authed.url in lines
+    assert "Auth:      credentials (CALIMERO_USERNAME + password)" in lines
+    assert "Health:    alive" in lines
+    assert "Apps:      3 installed" in lines
+    assert "  - com.calimero.kv-store 1.0.0: 9 tools" in lines
+    assert "  - com.example.counter 0.1.0: 2 tools" in lines
+    assert "  - com.example.duo 2.0.0: api: 2 tools, worker: 2 tools" in lines
+    assert lines[-1] == "Result:    OK, the server can work with this node."
+    abi_calls = [e["query"] for e in authed.log if e["path"].endswith("/abi")]
+    assert {"service_name": "api"} in abi_calls and {"service_name": "worker"} in abi_calls
+    assert capsys.readouterr().out == ""
+
+
+def test_check_without_a_node(tmp_path):
+    out = io.StringIO()
+    env = make_env(tmp_path)
+    assert node.check(env, out, ports=[closed_port()]) == 1
+    text = out.getvalue()
+    assert "Node:      none: No Calimero node found." in text
+    assert "Auth:      none (no credentials set; fine for a node that runs without auth)" in text
+    assert "    Fix: Start a node (Calimero desktop app, or `merod --node <name> run`)" in text
+    assert text.rstrip().endswith("until the problems above are fixed.")
+
+
+def test_check_when_the_node_refuses_us(tmp_path, authed):
+    out = io.StringIO()
+    assert node.check(make_env(tmp_path, CALIMERO_NODE_URL=authed.url), out) == 1
+    text = out.getvalue()
+    assert "Health:    alive" in text
+    assert "Apps:      failed: HTTP 401 Unauthorized from %s/admin-api/applications" % authed.url in text
+    assert "    Fix: %s" % node.auth_advice("none") in text
+
+
+def test_check_reports_an_ignored_handoff_and_a_missing_abi_route(tmp_path, plain):
+    pytest.importorskip("abi")
+    env = make_env(tmp_path, CALIMERO_NODE_URL=plain.url)
+    path = write_handoff(env, {"nodeUrl": "https://10.0.0.5", "accessToken": "t"})
+    plain.faults.update({"status": 404, "body": "", "paths": ["/admin-api/applications/"]})
+    out = io.StringIO()
+    assert node.check(env, out) == 0                 # the server still works, with fewer tools
+    text = out.getvalue()
+    assert "Handoff:   ignored: %s points at https://10.0.0.5, which is not a local node" % path in text
+    assert "  - com.calimero.kv-store 1.0.0: no tools (ABI unavailable)" in text
+    assert "    Fix: Upgrade merod to a release with the ABI endpoint." in text
