@@ -478,11 +478,18 @@ def input_schema(manifest: Manifest, method) -> dict:
     return _object(properties, params.get("required", []))
 
 
-def output_schema(manifest: Manifest, method, wrap: bool) -> Optional[dict]:
-    """The outputSchema in output mode, or None for a unit return; `wrap` is the handshake era (reference §3.14)."""
+def output_schema(manifest: Manifest, method, wrap: bool, admit_null: bool = False) -> Optional[dict]:
+    """The outputSchema in output mode, or None for a unit return; `wrap` is the handshake era (reference §3.14).
+
+    `admit_null`: what the server advertises. The node answers `output: null` for every None (node-api.md
+    §4.2), and real ABIs drop Option from a return without setting returns_nullable (kv-store `get`, §5.5); a
+    schema refusing that null would make clients reject a successful call. So a non-object root admits null;
+    an object root stays an object (handshake-era clients need one) unless the ABI says nullable."""
     method = _method_of(manifest, method)
     builder = _SchemaBuilder(manifest.types, OUTPUT)
     schema = _return_schema(manifest, method, builder)
+    if schema is not None and admit_null and _admits_null_at_root(schema):
+        schema = _nullable(schema)
     if schema is not None and wrap and schema.get("type") != "object":
         schema = {"type": "object", "properties": {"result": schema}, "required": ["result"]}
     return schema
@@ -494,6 +501,11 @@ def _return_schema(manifest: Manifest, method: Method, builder: _SchemaBuilder) 
     builder.where = f"{method.name} -> result"
     schema = _with_doc(builder.build(method.returns), method.returns_doc)
     return _nullable(schema) if method.returns_nullable else schema
+
+
+def _admits_null_at_root(schema: dict) -> bool:
+    """A root that does not already take null, is not an object, and is not unknown (`{}` takes anything)."""
+    return bool(schema) and schema.get("type") not in ("object", "null") and "anyOf" not in schema
 
 
 def _returns_unit(types: Mapping, returns: Optional[dict]) -> bool:

@@ -562,11 +562,13 @@ def render_result(value):
 
 
 _fixed_validators = {}
+SELF_VALIDATING = frozenset({"call", "call_many"})
 
 
 def check_fixed_arguments(t, arguments):
-    """Validate a fixed tool's arguments against its declared schema (generated tools validate themselves)."""
-    if t.toolset is None:
+    """Validate a fixed tool's arguments against its declared schema. Generated tools, `call` and `call_many`
+    validate themselves: after the handle check, and per item (reference §3.12, §3.13)."""
+    if t.toolset is None or t.name in SELF_VALIDATING:
         return []
     validator = _fixed_validators.get(t.name)
     if validator is None:
@@ -1350,7 +1352,7 @@ def unit_key(unit):
 def generated_tool(name, unit, method):
     import abi
     manifest, app = unit.manifest, unit.app
-    outputs = {wrap: abi.output_schema(manifest, method, wrap) for wrap in (True, False)}
+    outputs = {wrap: abi.output_schema(manifest, method, wrap, admit_null=True) for wrap in (True, False)}
     return Tool(name, abi.tool_title(method.name, app.label), abi.tool_description(manifest, method),
                 abi.input_schema(manifest, method), outputs.get, abi.tool_annotations(method),
                 abi.tool_meta(app.key, app.version, app.signer_id, method), None, partial(invoke_generated, name))
@@ -1820,7 +1822,10 @@ def run_call(apps, args):
     admitted = admit_call(apps, args)
     apps.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
-    return execute(apps, admitted, method, args.get("args") or {})
+    method_args = args.get("args")
+    if method_args is not None and not isinstance(method_args, dict):
+        raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
+    return execute(apps, admitted, method, method_args or {})
 
 
 def admit_call(apps, args):
@@ -1858,7 +1863,10 @@ def admit_call(apps, args):
       required=["calls"], toolset="app",
       annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
 def call_many(args, call):
-    items = args["calls"]
+    items = args.get("calls")
+    if not isinstance(items, list) or not 1 <= len(items) <= CALL_MANY_LIMIT:
+        raise ToolError("calls must be an array of 1 to %d calls, each taking what `call` takes; got %s."
+                        % (CALL_MANY_LIMIT, describe_count(items)))
     results = [None] * len(items)
     done = [0]
     done_lock = threading.Lock()
@@ -1877,8 +1885,17 @@ def call_many(args, call):
     return json.dumps(results, indent=2, ensure_ascii=False)
 
 
+def describe_count(items):
+    if items is None:
+        return "no calls"
+    return "%d calls" % len(items) if isinstance(items, list) else "a %s" % type(items).__name__
+
+
 def call_many_item(server, item, traceparent):
     import node as node_module
+    if not isinstance(item, dict):
+        return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
+                                      "or app with context."}
     try:
         with server.node.traced(traceparent):
             return {"ok": True, "result": run_call(server.apps, item)}

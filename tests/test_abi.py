@@ -1212,3 +1212,18 @@ def test_shared_conformance_status_and_ids():
     status = abi.output_schema(manifest, "get_status", wrap=False)
     assert status["oneOf"][0] == {"type": "string", "enum": ["Pending"]}
     assert status["oneOf"][1]["properties"]["Active"]["properties"]["timestamp"] == {"type": "number", "minimum": 0}
+
+
+def test_advertised_output_admits_the_null_a_none_return_rides_as():
+    """kv-store `get` returns Option<String> but its ABI omits returns_nullable (node-api.md §5.5)."""
+    manifest = abi.parse_manifest({"schema_version": "wasm-abi/1", "types": {"P": {"kind": "record", "fields": []}},
+                                   "methods": [{"name": "get", "params": [], "returns": {"kind": "string"}},
+                                               {"name": "rec", "params": [], "returns": {"$ref": "P"}},
+                                               {"name": "opt", "params": [], "returns": {"kind": "u32"},
+                                                "returns_nullable": True}]}, "t")
+    assert abi.output_schema(manifest, "get", False, admit_null=True) == {
+        "anyOf": [{"type": "string"}, {"type": "null"}]}
+    assert abi.output_schema(manifest, "get", True, admit_null=True)["properties"]["result"]["anyOf"][1] == {
+        "type": "null"}
+    assert abi.output_schema(manifest, "rec", True, admit_null=True)["type"] == "object"
+    assert abi.output_schema(manifest, "opt", False, admit_null=True) == abi.output_schema(manifest, "opt", False)
