@@ -21,7 +21,8 @@ import threading
 import time
 import traceback
 from collections import namedtuple
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from urllib.parse import quote
 
@@ -611,7 +612,7 @@ def node_error_class():
 
 def context_id_of(server, value):
     """A context id as given, or the id an alias names; tools.md lets every context argument be either."""
-    context_id = value if HEX_ID.match(value) else server.apps.lookup_alias(value)
+    context_id = value if is_hex_id(value) else server.apps.lookup_alias(value)
     if context_id is None:
         raise ToolError('Context "%s" is neither a context id nor an alias on this node.' % value)
     return context_id
@@ -1127,7 +1128,11 @@ FIXED_TOOLS = TOOL_REGISTRY
 
 # ── Apps: installed applications, the catalog, handles, admission ────────────────────────────────
 
-HEX_ID = re.compile(r"^[0-9a-f]{64}$")       # core hex-encodes every 32-byte id (node-api.md §0)
+HEX_ID = re.compile(r"[0-9a-f]{64}")          # core hex-encodes every 32-byte id (node-api.md §0)
+
+
+def is_hex_id(value):
+    return isinstance(value, str) and HEX_ID.fullmatch(value) is not None
 RETRY_TEXT = "Call select_app for %s and retry with the returned app_handle."
 GENERIC_RETRY = "Call select_app for the application and retry with the returned app_handle."
 NO_CONTEXT_HANDLE = ("This app_handle names no context. Call select_app for %s with a context and retry "
@@ -1358,6 +1363,30 @@ def generated_tool(name, unit, method):
                 abi.tool_meta(app.key, app.version, app.signer_id, method), None, partial(invoke_generated, name))
 
 
+class Reads:
+    """Node reads shared by one call or one call_many batch: the first asker fetches, the others wait for it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.futures = {}
+
+    def get(self, key, fetch):
+        with self.lock:
+            future, owner = self.futures.get(key), False
+            if future is None:
+                future = self.futures[key] = Future()
+                owner = True
+        if owner:
+            try:
+                future.set_result(fetch())
+            except BaseException as error:
+                future.set_exception(error)
+        return future.result()
+
+    def prefetch(self, key, fetch):
+        CALL_POOL.submit(self.get, key, fetch)
+
+
 class Refusal(ToolError):
     """A refused call: guide blocks, then the retry text, and nothing ran (reference §3.0)."""
 
@@ -1374,6 +1403,8 @@ class Apps:
         self.polling = False
         self.manifests = {}                       # (blob id, service) -> abi.Manifest
         self.validators = {}                      # (blob id, service, method) -> abi.Validator
+        self.services = {}                        # (app id, blob id) -> service names, for lists without them
+        self.reads = None                         # a Reads while a call runs: each node read made once
         self.shown_guides = set()                 # guide uris this session has already shown in full
         self._handle_key = None
         self.budget = app_budget(server.env)
@@ -1389,19 +1420,47 @@ class Apps:
         return self._handle_key
 
     # ---- the live application list ----
+    def memo(self, key, fetch):
+        reads = self.reads
+        return fetch() if reads is None else reads.get(key, fetch)
+
+    @contextmanager
+    def reading(self):
+        """Within a call (or a whole call_many batch) the same node read is made once, and may be prefetched."""
+        outer = self.reads
+        if outer is None:
+            self.reads = Reads()
+        try:
+            yield self.reads
+        finally:
+            self.reads = outer
+
     def installed(self):
+        return self.memo(("installed",), self.read_installed)
+
+    def read_installed(self):
         listed = self.node.get("/admin-api/applications")
         records = [app_record(raw) for raw in (listed or {}).get("apps", []) if isinstance(raw, dict)]
         return [self.with_services(app) for app in records]
 
     def with_services(self, app):
-        """Older nodes list apps without `services`; only the single-app record carries them (node-api.md)."""
+        """Some releases list apps without `services`; only the single-app record carries them (node-api.md).
+        They cannot change without a new blob, so each app version is asked once."""
         if "services" in app.raw:
             return app
+        known = self.services.get((app.id, app.blob))
+        if known is not None:
+            return app._replace(services=known)
         full = self.app_by_id(app.id)
-        return full if full is not None else app
+        if full is None:
+            return app
+        self.services[(full.id, full.blob)] = full.services
+        return full
 
     def app_by_id(self, app_id):
+        return self.memo(("app", app_id), lambda: self.read_app(app_id))
+
+    def read_app(self, app_id):
         import node as node_module
         try:
             found = self.node.get("/admin-api/applications/%s" % quote(app_id, safe=""))
@@ -1482,6 +1541,7 @@ class Apps:
 
     def read_units(self, apps):
         """One unit per service (or one for the app); ABIs fetched concurrently; a bad one is skipped."""
+        self.budget.warn_unknown(apps)
         wanted = [(app, service) for app in apps if self.budget.admits(app)
                   for service in (app.services or (None,))]
         with ThreadPoolExecutor(max_workers=ABI_FETCH_WORKERS) as pool:
@@ -1535,6 +1595,9 @@ class Apps:
         return [c for c in (found or {}).get("contexts", []) if isinstance(c, dict)]
 
     def context_by_id(self, context_id):
+        return self.memo(("context", context_id), lambda: self.read_context(context_id))
+
+    def read_context(self, context_id):
         import node as node_module
         try:
             found = self.node.get("/admin-api/contexts/%s" % quote(context_id, safe=""))
@@ -1545,6 +1608,9 @@ class Apps:
         return found if isinstance(found, dict) and found.get("id") else None
 
     def lookup_alias(self, name):
+        return self.memo(("alias", name), lambda: self.read_alias(name))
+
+    def read_alias(self, name):
         import node as node_module
         try:
             found = self.node.post("/admin-api/alias/lookup/context/%s" % quote(name, safe=""), {})
@@ -1560,7 +1626,7 @@ class Apps:
         if not isinstance(value, str) or not value.strip():
             raise ToolError("context must be a context id or alias (a non-empty string).")
         value = value.strip()
-        context_id = value if HEX_ID.match(value) else self.lookup_alias(value)
+        context_id = value if is_hex_id(value) else self.lookup_alias(value)
         context = self.context_by_id(context_id) if context_id else None
         if context is None:
             raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
@@ -1612,11 +1678,20 @@ class AppBudget:
 
     def __init__(self, names):
         self.names = names
+        self.warned = set()
 
     def admits(self, app):
         if not self.names:
             return True
         return any(match_apps([app], name) for name in self.names)
+
+    def warn_unknown(self, apps):
+        """Say once per name when a name matches no installed application (a typo would hide its tools)."""
+        for name in self.names:
+            if name not in self.warned and not match_apps(apps, name):
+                self.warned.add(name)
+                log.warning('CALIMERO_MCP_APPS names "%s", which matches no installed application; installed: %s',
+                            name, ", ".join(a.key for a in apps) or "(none)")
 
 
 def app_budget(env):
@@ -1815,7 +1890,8 @@ CALL_PROPERTIES = {
       CALL_PROPERTIES, required=["method"], toolset="app",
       annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
 def call_tool(args, call):
-    return plain_text(run_call(call.server.apps, args))
+    with call.server.apps.reading():
+        return plain_text(run_call(call.server.apps, args))
 
 
 def run_call(apps, args):
@@ -1881,7 +1957,8 @@ def call_many(args, call):
             if call.progress_token is not None and not call.cancelled.is_set():
                 call.server.notify("notifications/progress", {"progressToken": call.progress_token,
                                                               "progress": done[0], "total": len(items)})
-    list(CALL_POOL.map(run, range(len(items))))
+    with call.server.apps.reading():          # one app list, app record and context read for the batch
+        list(CALL_POOL.map(run, range(len(items))))
     return json.dumps(results, indent=2, ensure_ascii=False)
 
 
@@ -1920,10 +1997,20 @@ def invoke_generated(name, args, call):
     binding = apps.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
-    binding = current_binding(apps, binding)
-    admitted = admit_generated(apps, binding.unit, binding.method, args)
-    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args))
+    with apps.reading() as reads:
+        prefetch_context(apps, reads, binding.method, args)     # overlaps the live app read below
+        binding = current_binding(apps, binding)
+        admitted = admit_generated(apps, binding.unit, binding.method, args)
+        value = execute(apps, admitted, binding.method, strip_injected(binding.method, args))
     return generated_result(binding, value, call)
+
+
+def prefetch_context(apps, reads, method, args):
+    """Admission reads the app and the context live; the context id is often known up front, so read both at once."""
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    value = handle.context if handle is not None else context_argument(method, args)
+    if isinstance(value, str) and is_hex_id(value):
+        reads.prefetch(("context", value), lambda: apps.read_context(value))
 
 
 def current_binding(apps, binding):
