@@ -5,26 +5,18 @@ Sections: constants · framing · protocol · tool table · fixed tools · apps 
 The node is reached through node.py and ABIs are mapped by abi.py; both are imported lazily so that
 the `initialize` answer costs little more than starting the interpreter.
 """
-from __future__ import annotations
-
-import base64
-import hashlib
-import hmac
+# Only what answering `initialize` needs is imported here; the rest (hashing, base64, regular expressions,
+# thread pools, tracebacks, and node.py's requests and abi.py's jsonschema) loads where it is first used,
+# because agents start this server for every session (README: start-up cost).
 import json
-import logging
 import os
 import queue
-import re
 import signal
 import sys
 import threading
 import time
-import traceback
 from collections import namedtuple
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from functools import partial
-from urllib.parse import quote
 
 # ── Constants ─────────────────────────────────────────────────────────────────────────────────────
 
@@ -54,7 +46,17 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR =
 RESOURCE_NOT_FOUND = -32002            # handshake era; the modern era uses INVALID_PARAMS
 UNSUPPORTED_VERSION = -32022
 
-log = logging.getLogger("mero-mcp")
+class StderrLog:
+    """`[mero-mcp]` lines on stderr. node.py logs through `logging` with the same prefix, set up when it loads."""
+
+    def info(self, message, *args):
+        sys.stderr.write("[mero-mcp] %s\n" % (message % args if args else message))
+        sys.stderr.flush()
+
+    warning = error = info
+
+
+log = StderrLog()
 
 
 class RpcError(Exception):
@@ -233,6 +235,7 @@ class Server:
         except RpcError as error:
             return error_response(request_id, error)
         except Exception:                # a bug of ours: the client gets a short message, stderr the traceback
+            import traceback
             log.error("internal error in %s:\n%s", message.get("method"), traceback.format_exc())
             return error_response(request_id, RpcError(INTERNAL_ERROR, "Internal error"))
         finally:
@@ -620,7 +623,7 @@ def context_id_of(server, value):
 
 def path_segment(value):
     # Ids are hex, but a typo must not be able to reach another route.
-    return quote(value, safe="")
+    return quoted(value)
 
 
 def as_object(answer):
@@ -809,6 +812,7 @@ def init_problem_summary(init, init_args, problems, undeclared):
 
 
 def top_level_key(path):
+    import re
     return re.split(r"[.\[]", path, maxsplit=1)[0]
 
 
@@ -903,6 +907,7 @@ def upload_blob(args, call):
 def decoded_base64(text):
     # Strict, unlike the reference: silently dropping bad characters would store different bytes than meant.
     try:
+        import base64
         return base64.b64decode("".join(text.split()), validate=True)
     except ValueError as error:              # binascii.Error is a ValueError
         raise ToolError("data is not valid base64 (%s). Encode the blob bytes with standard base64." % error)
@@ -1128,11 +1133,15 @@ FIXED_TOOLS = TOOL_REGISTRY
 
 # ── Apps: installed applications, the catalog, handles, admission ────────────────────────────────
 
-HEX_ID = re.compile(r"[0-9a-f]{64}")          # core hex-encodes every 32-byte id (node-api.md §0)
-
-
 def is_hex_id(value):
-    return isinstance(value, str) and HEX_ID.fullmatch(value) is not None
+    """Core hex-encodes every 32-byte id (node-api.md §0): 64 lowercase hex characters."""
+    return isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef")
+
+
+def quoted(value):
+    """One path segment: ids are hex, but a typo must not be able to reach another route."""
+    from urllib.parse import quote
+    return quote(value, safe="")
 RETRY_TEXT = "Call select_app for %s and retry with the returned app_handle."
 GENERIC_RETRY = "Call select_app for the application and retry with the returned app_handle."
 NO_CONTEXT_HANDLE = ("This app_handle names no context. Call select_app for %s with a context and retry "
@@ -1170,10 +1179,11 @@ class AppRecord(namedtuple("AppRecord", "id package version signer_id name descr
     def guide_uri(self):
         if not self.guide or not self.version:
             return None
-        return "calimero://apps/%s/%s/guide" % (quote(self.id, safe=""), quote(self.version, safe=""))
+        return "calimero://apps/%s/%s/guide" % (quoted(self.id), quoted(self.version))
 
     @property
     def guide_hash(self):
+        import hashlib
         return hashlib.sha256((self.guide or "").encode("utf-8")).hexdigest()[:16]
 
 
@@ -1244,10 +1254,12 @@ class AppNotFound(ToolError):
 # ---- handles: HMAC-signed, so an agent cannot forge or edit one (reference §3.7) ----
 
 def b64url(data):
+    import base64
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
 def unb64url(text):
+    import base64
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
@@ -1285,6 +1297,8 @@ Handle = namedtuple("Handle", "app package version guide context service")
 
 
 def sign_handle(key, handle):
+    import hashlib
+    import hmac
     payload = json.dumps({"a": handle.app, "p": handle.package, "v": handle.version, "g": handle.guide,
                           "c": handle.context, "s": handle.service}, separators=(",", ":")).encode("utf-8")
     return b64url(payload) + "." + b64url(hmac.new(key, payload, hashlib.sha256).digest())
@@ -1292,6 +1306,8 @@ def sign_handle(key, handle):
 
 def read_handle(key, text):
     """The handle's payload, or None for anything we did not sign unchanged."""
+    import hashlib
+    import hmac
     if not isinstance(text, str) or text.count(".") != 1:
         return None
     body, mac = text.split(".")
@@ -1374,6 +1390,7 @@ class Reads:
         with self.lock:
             future, owner = self.futures.get(key), False
             if future is None:
+                from concurrent.futures import Future
                 future = self.futures[key] = Future()
                 owner = True
         if owner:
@@ -1384,7 +1401,23 @@ class Reads:
         return future.result()
 
     def prefetch(self, key, fetch):
-        CALL_POOL.submit(self.get, key, fetch)
+        call_pool().submit(self.get, key, fetch)
+
+
+class Reading:
+    """The scope of one Reads: entered by a call or a batch; a nested scope shares the outer one."""
+
+    def __init__(self, apps):
+        self.apps, self.outer = apps, None
+
+    def __enter__(self):
+        self.outer = self.apps.reads
+        if self.outer is None:
+            self.apps.reads = Reads()
+        return self.apps.reads
+
+    def __exit__(self, *exc_info):
+        self.apps.reads = self.outer
 
 
 class Refusal(ToolError):
@@ -1424,16 +1457,9 @@ class Apps:
         reads = self.reads
         return fetch() if reads is None else reads.get(key, fetch)
 
-    @contextmanager
     def reading(self):
         """Within a call (or a whole call_many batch) the same node read is made once, and may be prefetched."""
-        outer = self.reads
-        if outer is None:
-            self.reads = Reads()
-        try:
-            yield self.reads
-        finally:
-            self.reads = outer
+        return Reading(self)
 
     def installed(self):
         return self.memo(("installed",), self.read_installed)
@@ -1463,7 +1489,7 @@ class Apps:
     def read_app(self, app_id):
         import node as node_module
         try:
-            found = self.node.get("/admin-api/applications/%s" % quote(app_id, safe=""))
+            found = self.node.get("/admin-api/applications/%s" % quoted(app_id))
         except node_module.NodeError as error:
             if error.status == 404:
                 return None
@@ -1483,7 +1509,7 @@ class Apps:
         if cached is not None:
             return cached
         params = {"service_name": service} if service else None
-        raw = self.node.get("/admin-api/applications/%s/abi" % quote(app.id, safe=""), params=params)
+        raw = self.node.get("/admin-api/applications/%s/abi" % quoted(app.id), params=params)
         try:
             manifest = abi.parse_manifest(raw, app.key + ("/" + service if service else ""))
         except abi.AbiError as error:
@@ -1544,6 +1570,7 @@ class Apps:
         self.budget.warn_unknown(apps)
         wanted = [(app, service) for app in apps if self.budget.admits(app)
                   for service in (app.services or (None,))]
+        from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=ABI_FETCH_WORKERS) as pool:
             futures = [pool.submit(self.manifest, app, service) for app, service in wanted]
         units = []
@@ -1591,7 +1618,7 @@ class Apps:
 
     # ---- contexts ----
     def contexts_of(self, app):
-        found = self.node.get("/admin-api/contexts/for-application/%s" % quote(app.id, safe=""))
+        found = self.node.get("/admin-api/contexts/for-application/%s" % quoted(app.id))
         return [c for c in (found or {}).get("contexts", []) if isinstance(c, dict)]
 
     def context_by_id(self, context_id):
@@ -1600,7 +1627,7 @@ class Apps:
     def read_context(self, context_id):
         import node as node_module
         try:
-            found = self.node.get("/admin-api/contexts/%s" % quote(context_id, safe=""))
+            found = self.node.get("/admin-api/contexts/%s" % quoted(context_id))
         except node_module.NodeError as error:
             if error.status in (400, 404):
                 return None
@@ -1613,7 +1640,7 @@ class Apps:
     def read_alias(self, name):
         import node as node_module
         try:
-            found = self.node.post("/admin-api/alias/lookup/context/%s" % quote(name, safe=""), {})
+            found = self.node.post("/admin-api/alias/lookup/context/%s" % quoted(name), {})
         except node_module.NodeError as error:
             if error.status in (400, 404, 422):   # a string no alias could be
                 return None
@@ -1958,7 +1985,7 @@ def call_many(args, call):
                 call.server.notify("notifications/progress", {"progressToken": call.progress_token,
                                                               "progress": done[0], "total": len(items)})
     with call.server.apps.reading():          # one app list, app record and context read for the batch
-        list(CALL_POOL.map(run, range(len(items))))
+        list(call_pool().map(run, range(len(items))))
     return json.dumps(results, indent=2, ensure_ascii=False)
 
 
@@ -1983,11 +2010,20 @@ def call_many_item(server, item, traceparent):
     except node_module.NodeError as error:
         return {"ok": False, "error": "Error: %s" % error}
     except Exception:
+        import traceback
         log.error("call_many item failed:\n%s", traceback.format_exc())
         return {"ok": False, "error": "Error: internal error (see the server's stderr)"}
 
 
-CALL_POOL = ThreadPoolExecutor(max_workers=CALL_MANY_LIMIT, thread_name_prefix="call")
+_call_pool = []
+
+
+def call_pool():
+    """The bounded pool call_many fans out on (and admission prefetches use), made on first use."""
+    if not _call_pool:
+        from concurrent.futures import ThreadPoolExecutor
+        _call_pool.append(ThreadPoolExecutor(max_workers=CALL_MANY_LIMIT, thread_name_prefix="call"))
+    return _call_pool[0]
 
 
 # ---- generated method tools ----
@@ -2090,14 +2126,6 @@ Configuration is by environment variable; see README.md.
 """
 
 
-def setup_logging():
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[mero-mcp] %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
 def quiet_exit(code=0):
     """Leave at once: no traceback, no waiting on worker threads (the client is gone or asked us to stop)."""
     try:
@@ -2161,7 +2189,6 @@ def main(argv=None):
     if "--version" in argv:
         sys.stdout.write("mero-mcp %s\n" % __version__)
         return 0
-    setup_logging()
     if "--check" in argv:
         import node as node_module
         return node_module.check(os.environ, sys.stdout)

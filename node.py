@@ -26,6 +26,11 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import urlsplit
 
 log = logging.getLogger("mero-mcp")
+if not log.handlers:      # the server's own stderr lines and these share one format
+    _stderr = logging.StreamHandler()
+    _stderr.setFormatter(logging.Formatter("[mero-mcp] %(message)s"))
+    log.addHandler(_stderr)
+    log.setLevel(logging.INFO)
 
 # ── Constants ─────────────────────────────────────────────────────────────────────────────────────
 
