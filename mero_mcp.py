@@ -106,8 +106,9 @@ def encode_message(message):
         text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         return text.encode("utf-8") + b"\n"
-    except UnicodeEncodeError:   # a lone surrogate echoed back from input: escape everything instead
-        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+    except UnicodeEncodeError:   # a lone surrogate echoed back from input: only its \u escape is JSON
+        # (backslashreplace would write \xe9 for é, which JSON does not have)
+        return "".join("\\u%04x" % ord(c) if "\ud800" <= c <= "\udfff" else c for c in text).encode("utf-8") + b"\n"
 
 
 def finite(value):
@@ -311,10 +312,7 @@ class Server:
     # ---- tools ----
     def tool_definitions(self, call):
         wrap = self.wraps_output(call)
-        return [tool_definition(t, wrap) for t in self.all_tools()]
-
-    def all_tools(self):
-        return self.fixed_tools + self.apps.generated_tools()
+        return [tool_definition(t, wrap) for t in self.fixed_tools + self.apps.generated_tools()]
 
     def find_tool(self, name):
         for t in self.fixed_tools:
@@ -1337,7 +1335,7 @@ def unit_fingerprint(unit):
     return "%s:%s:%s:%s:%s" % (unit.app.id, unit.app.blob, unit.app.version, unit.service or "", unit.app.guide_hash)
 
 
-def build_snapshot(units, reserved, wraps=None):
+def build_snapshot(units, reserved):
     """Every generated tool of every unit, named and described once per catalog change."""
     import abi
     units = sorted(units, key=lambda u: (u.app.key, u.app.id, u.service or ""))
