@@ -1535,6 +1535,7 @@ class Apps:
             self.load()
         except Exception as error:          # the node may be down: the fixed tools still work
             log.warning("app list unavailable at connect: %s", error)
+            self.start_polling()            # and its apps appear (list_changed) once it is up
         finally:
             self.first_load.set()
 
@@ -1919,13 +1920,19 @@ def call_tool(args, call):
         return plain_text(run_call(call.server.apps, args))
 
 
-def run_call(apps, args):
+class Cancelled(Exception):
+    """The client cancelled the request: what has not reached the node yet does not go."""
+
+
+def run_call(apps, args, cancelled=None):
     admitted = admit_call(apps, args)
     apps.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
     method_args = args.get("args")
     if method_args is not None and not isinstance(method_args, dict):
         raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
+    if cancelled is not None and cancelled.is_set():
+        raise Cancelled()
     return execute(apps, admitted, method, method_args or {})
 
 
@@ -1976,7 +1983,7 @@ def call_many(args, call):
         if call.cancelled.is_set():
             results[index] = {"ok": False, "error": "Cancelled before it started."}
             return
-        results[index] = call_many_item(call.server, items[index], traceparent_of(call.meta))
+        results[index] = call_many_item(call.server, items[index], traceparent_of(call.meta), call.cancelled)
         with done_lock:
             done[0] += 1
             if call.progress_token is not None and not call.cancelled.is_set():
@@ -1993,20 +2000,22 @@ def describe_count(items):
     return "%d calls" % len(items) if isinstance(items, list) else "a %s" % type(items).__name__
 
 
-def call_many_item(server, item, traceparent):
+def call_many_item(server, item, traceparent, cancelled):
     import node as node_module
     if not isinstance(item, dict):
         return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
                                       "or app with context."}
     try:
         with server.node.traced(traceparent):
-            return {"ok": True, "result": run_call(server.apps, item)}
+            return {"ok": True, "result": run_call(server.apps, item, cancelled)}
+    except Cancelled:
+        return {"ok": False, "error": "Cancelled before it ran."}
     except Refusal as refused:
         return {"ok": False, "error": refused.text}
     except ToolError as error:
         return {"ok": False, "error": "Error: " + error.text}
     except node_module.NodeError as error:
-        return {"ok": False, "error": "Error: %s" % error}
+        return {"ok": False, "error": "Error: " + node_error_text(error)}
     except Exception:
         import traceback
         log.error("call_many item failed:\n%s", traceback.format_exc())

@@ -96,6 +96,21 @@ def setting(env: Mapping[str, str], name: str) -> Optional[str]:
     return str(value).strip() or None
 
 
+def request_timeout(env) -> float:
+    """CALIMERO_MCP_TIMEOUT: seconds a node request may take (default 10); for slow links and for tests."""
+    value = setting(env, "CALIMERO_MCP_TIMEOUT")
+    if value is None:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+        if 0 < seconds < float("inf"):
+            return seconds
+    except ValueError:
+        pass
+    _warn_once("CALIMERO_MCP_TIMEOUT=%r is not a number of seconds; using %g" % (value, DEFAULT_TIMEOUT))
+    return DEFAULT_TIMEOUT
+
+
 def _home(env):
     return setting(env, "HOME") or os.path.expanduser("~")
 
@@ -837,6 +852,7 @@ class Node:
 
     def __init__(self, env: Optional[Mapping[str, str]] = None, ports=None):
         self._env = os.environ if env is None else env
+        self._timeout = request_timeout(self._env)
         self._ports = ports               # probe ports; injectable so tests need not bind the real ones
         self._connect_lock = threading.Lock()
         self._renew_lock = threading.Lock()
@@ -938,7 +954,7 @@ class Node:
     def _request(self, method, path, body=None, params=None, data=None, content_type=None, timeout=None):
         self.connect()
         url = self._base + path
-        timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        timeout = self._timeout if timeout is None else timeout
         if body is not None:
             data, content_type = json.dumps(body).encode("utf-8"), "application/json"
 
@@ -1103,7 +1119,7 @@ class Node:
         """POST to the node's auth service (no Authorization header); the new (access, refresh) pair."""
         url = self._base + path
         response = self._send("POST", url, None, json.dumps(body).encode("utf-8"), "application/json",
-                              None, DEFAULT_TIMEOUT)
+                              None, self._timeout)
         if not 200 <= response.status_code < 300:
             raise http_error(response.status_code, response.reason, response.content, url, _auth_error(response))
         data = decode_json(response, url)

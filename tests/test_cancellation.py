@@ -1,0 +1,173 @@
+"""notifications/cancelled and ping while a call runs (mcp-protocol.md §5; cancellation.mdx, ping.mdx).
+
+stdin is read on its own thread: a cancellation reaches the running call, and a ping is answered at once,
+while every other request still waits its turn (one request handled at a time).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from mcp_client import ROOT, McpServer
+from node_double import sample_double
+
+ITEMS = 32
+WORKERS = 4
+LONG = 60.0                      # "did not hang" bound
+
+
+@pytest.fixture
+def slow_double():
+    node = sample_double(exec_delay=0.3).start()
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def slow_env(server_env, slow_double):
+    return dict(server_env, CALIMERO_NODE_URL=slow_double.url)
+
+
+def few_workers(env):
+    """The real server with a small call_many pool, so most of 32 items are still waiting when the cancel
+    arrives (with the default pool every item of one call_many starts at once)."""
+    script = ("import sys; sys.path.insert(0, %r); import mero_mcp\n"
+              "from concurrent.futures import ThreadPoolExecutor\n"
+              "pool = ThreadPoolExecutor(max_workers=%d, thread_name_prefix='call')\n"
+              "if hasattr(mero_mcp, '_call_pool'):\n"
+              "    mero_mcp._call_pool[:] = [pool]\n"
+              "elif hasattr(mero_mcp, 'CALL_POOL'):\n"
+              "    mero_mcp.CALL_POOL = pool\n"
+              "else:\n"
+              "    raise SystemExit('the call_many pool moved: update tests/test_cancellation.py')\n"
+              "sys.exit(mero_mcp.main())" % (str(ROOT), WORKERS))
+    return McpServer(env, command=[sys.executable, "-c", script])
+
+
+@pytest.fixture
+def handle_of():
+    def select(server):
+        deadline = time.monotonic() + 20
+        while "kv_store_len" not in server.tool_names():
+            assert time.monotonic() < deadline, server.stderr
+            time.sleep(0.1)
+        selected = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})
+        return selected["structuredContent"]["app_handle"]
+    return select
+
+
+def wait_until(predicate, what, timeout=LONG):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.01)
+
+
+def frames_with_id(server, request_id):
+    found = []
+    for line in server.raw_lines:
+        frame = json.loads(line)
+        for item in frame if isinstance(frame, list) else [frame]:
+            if item.get("id") == request_id and ("result" in item or "error" in item):
+                found.append(item)
+    return found
+
+
+def test_cancelled_call_many_stops_what_has_not_started(slow_env, slow_double, handle_of):
+    server = few_workers(slow_env)
+    try:
+        server.initialize()
+        handle = handle_of(server)
+        before = len(slow_double.executions)
+        server.send({"jsonrpc": "2.0", "id": "many", "method": "tools/call",
+                     "params": {"name": "call_many", "_meta": {"progressToken": "p"},
+                                "arguments": {"calls": [{"app_handle": handle, "method": "len"}] * ITEMS}}})
+        wait_until(lambda: len(slow_double.executions) > before, "the first item to reach the node")
+        server.notify("notifications/cancelled", {"requestId": "many", "reason": "user pressed stop"})
+        # A request sent after the cancel is answered once call_many has returned: nothing is left running.
+        after = server.request("tools/list", timeout=LONG)
+        assert "result" in after
+        ran = len(slow_double.executions) - before
+        assert 0 < ran < ITEMS, "cancel stopped nothing: %d of %d items ran" % (ran, ITEMS)
+        assert ran <= ITEMS // 2, "%d items ran although the cancel came while %d were running" % (ran, WORKERS)
+        assert frames_with_id(server, "many") == [], "a cancelled request must get no response"
+        progress = [n for n in server.notifications if n.get("method") == "notifications/progress"]
+        assert len(progress) <= ran and all(n["params"]["progressToken"] == "p" for n in progress)
+        assert server.result("ping") == {}
+        time.sleep(0.5)                          # a late response would show up now
+        assert frames_with_id(server, "many") == []
+    finally:
+        server.close()
+    server.assert_stdout_pure()
+
+
+def test_cancelled_call_gets_no_response(start_server, slow_env, slow_double, handle_of):
+    server = start_server(slow_env)
+    handle = handle_of(server)
+    slow_double.exec_delay = 1.0
+    before = len(slow_double.executions)
+    server.send({"jsonrpc": "2.0", "id": 41, "method": "tools/call",
+                 "params": {"name": "kv_store_len", "arguments": {"app_handle": handle}}})
+    wait_until(lambda: len(slow_double.executions) > before, "the call to reach the node")
+    server.notify("notifications/cancelled", {"requestId": 41})
+    assert server.request("tools/list", request_id=42, timeout=LONG)["id"] == 42
+    assert frames_with_id(server, 41) == []
+    # The same id type, a different value, is not affected; and the id may be reused for a new request.
+    assert server.request("ping", request_id=41)["result"] == {}
+
+
+def test_ping_is_answered_while_a_slow_call_runs(start_server, slow_env, slow_double, handle_of):
+    server = start_server(slow_env)
+    handle = handle_of(server)
+    slow_double.exec_delay = 4.0
+    before = len(slow_double.executions)
+    server.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                 "params": {"name": "call", "arguments": {"app_handle": handle, "method": "len"}}})
+    wait_until(lambda: len(slow_double.executions) > before, "the slow call to reach the node")
+    server.send({"jsonrpc": "2.0", "id": "queued", "method": "tools/list"})
+    server.send({"jsonrpc": "2.0", "id": 0, "method": "ping"})
+    server.send({"jsonrpc": "2.0", "id": "modern-ping", "method": "ping",
+                 "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}})
+    order = []
+    while len(order) < 4:
+        frame = server.read(LONG)
+        assert frame is not None, server.stderr
+        if "id" in frame:
+            order.append(frame)
+    ids = [frame["id"] for frame in order]
+    # Pings overtake the running call; everything else keeps its turn.
+    assert ids[:2] == [0, "modern-ping"] and ids[2:] == ["slow", "queued"], ids
+    assert order[0]["result"] == {}
+    assert order[1]["error"]["code"] == -32601          # ping is gone in the modern era, answered as such
+    assert order[2]["result"]["content"][0]["text"] == "0"
+
+
+@pytest.mark.parametrize("request_id", ["never-sent", 12345, 0, -1, None, 1.5, True, [1], {"id": 1}])
+def test_cancelling_an_unknown_id_is_ignored(start_server, server_env, request_id):
+    server = start_server(server_env)
+    server.notify("notifications/cancelled", {"requestId": request_id})
+    server.notify("notifications/cancelled", {"requestId": request_id, "reason": 5})
+    server.notify("notifications/cancelled", {})
+    server.notify("notifications/cancelled", [request_id])
+    assert server.request("ping", request_id="after") == {"jsonrpc": "2.0", "id": "after", "result": {}}
+    assert server.tool_json("node_status")["health"] == {"status": "alive"}
+
+
+def test_cancelling_a_finished_request_is_ignored(start_server, server_env):
+    server = start_server(server_env)
+    first = server.request("tools/call", {"name": "node_status", "arguments": {}}, request_id=7)
+    assert "result" in first
+    server.notify("notifications/cancelled", {"requestId": 7})
+    again = server.request("tools/call", {"name": "list_applications", "arguments": {}}, request_id=8)
+    assert not again["result"].get("isError")
+    assert len(frames_with_id(server, 7)) == 1 and len(frames_with_id(server, 8)) == 1
+
+
+def test_cancel_sent_as_a_request_is_answered(start_server, server_env):
+    """With an id it is a request, not the notification: method not found, and nothing is cancelled."""
+    server = start_server(server_env)
+    reply = server.request("notifications/cancelled", {"requestId": 1})
+    assert reply["error"]["code"] == -32601

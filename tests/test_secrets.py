@@ -1,0 +1,183 @@
+"""No secret ever leaves where it belongs (reference-behaviour.md §1.2, §1.4, §6).
+
+Whole sessions against a node double in embedded-auth mode, once with CALIMERO_AUTH_TOKEN +
+CALIMERO_REFRESH_TOKEN and once with CALIMERO_USERNAME + CALIMERO_PASSWORD, through a token refresh and a
+revocation, then `--check`: no access token, refresh token or password may appear on stdout, on stderr, in any
+error text, or in any file under HOME or the state dir other than the `tokens-*.json` cache, which is 0600 in
+a 0700 directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mcp_client import SERVER, McpServer, minimal_env
+from node_double import sample_double
+
+PASSWORD = 'pw-%s-"quoted"\\slash-é' % secrets.token_hex(8)
+
+
+@pytest.fixture
+def authed():
+    node = sample_double(auth={"users": {"admin": PASSWORD}}).start()
+    minted = []
+    mint = node._auth.mint_pair
+
+    def recording(*args, **kwargs):            # every token the node ever hands out is a secret to look for
+        pair = mint(*args, **kwargs)
+        minted.extend(pair)
+        return pair
+    node._auth.mint_pair = recording
+    node.minted = minted
+    yield node
+    node.stop()
+
+
+def secret_forms(secret):
+    """The secret as written, and as it looks inside a JSON string; a JWT's payload and signature on their own."""
+    forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    parts = secret.split(".")
+    if len(parts) == 3:
+        forms.update(part for part in parts[1:] if len(part) >= 16)
+    return forms
+
+
+def assert_nowhere(secrets_, places):
+    for secret in secrets_:
+        for form in secret_forms(secret):
+            for where, text in places.items():
+                assert form not in text, "a secret (%s...) leaked into %s" % (form[:6], where)
+
+
+def files_under(*roots):
+    found = []
+    for root in roots:
+        for folder, _, names in os.walk(root):
+            found.extend(os.path.join(folder, name) for name in names)
+    return found
+
+
+def check_store(home):
+    """The token cache: 0600 files in a 0700 directory; every other file checked for secrets separately."""
+    caches = [path for path in files_under(home) if os.path.basename(path).startswith("tokens-")
+              and path.endswith(".json")]
+    for path in caches:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700, os.path.dirname(path)
+    return caches
+
+
+def other_files(home):
+    contents = {}
+    for path in files_under(home):
+        name = os.path.basename(path)
+        if name.startswith("tokens-") and name.endswith(".json"):
+            continue
+        with open(path, "rb") as handle:
+            contents[path] = handle.read().decode("utf-8", "replace")
+    return contents
+
+
+def run_check(env):
+    out = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    return out.stdout + out.stderr
+
+
+def session(env, double, mode):
+    """select_app, generated calls, a failing call, node_status, a forced refresh, a revocation."""
+    server = McpServer(env)
+    outputs = {}
+    try:
+        server.initialize()
+        deadline = time.monotonic() + 20
+        while "kv_store_set" not in server.tool_names():
+            assert time.monotonic() < deadline, server.stderr
+            time.sleep(0.1)
+        handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
+        assert server.call_tool("kv_store_set", {"app_handle": handle, "key": "k", "value": "v"}) \
+            == {"content": [{"type": "text", "text": "null"}]}
+        failing = server.call_tool("kv_store_get_result", {"app_handle": handle, "key": "missing"})
+        assert failing.get("isError") is True and "key not found: missing" in failing["content"][-1]["text"]
+        refused = server.call_tool("call", {"app": "kv-store", "context": "nope", "method": "len"})
+        assert refused.get("isError") is True
+        status = server.tool_json("node_status")
+        assert status["authMode"] == mode and status["health"] == {"status": "alive"}
+        outputs["--check (valid tokens)"] = run_check(env)
+
+        refreshes = double.refresh_count
+        double.expire_access_tokens()
+        got = server.call_tool("kv_store_get", {"app_handle": handle, "key": "k"})
+        assert got.get("structuredContent") == {"result": "v"}, got
+        assert double.refresh_count == refreshes + 1, "the expired token was not refreshed"
+        assert check_store(env["HOME"]), "no token cache was written"
+
+        double.revoke_all()
+        after = server.call_tool("kv_store_len", {"app_handle": handle})
+        if mode == "token":           # nothing to recover with: a clear error that says what to set
+            assert after.get("isError") is True, after
+            text = after["content"][-1]["text"]
+            assert "Authentication revoked (token_revoked)" in text and "CALIMERO_AUTH_TOKEN" in text, text
+            assert server.call_tool("list_applications").get("isError") is True
+        else:                         # credentials log in again
+            assert after.get("structuredContent") == {"result": 1}, after
+            assert not server.call_tool("list_applications").get("isError")
+        outputs["--check (after revocation)"] = run_check(env)
+    finally:
+        server.close()
+    server.assert_stdout_pure()
+    outputs["stdout"] = b"".join(server.raw_lines).decode("utf-8")
+    outputs["stderr"] = server.stderr
+    return outputs
+
+
+def assert_no_leak(env, double, outputs, injected):
+    secrets_ = set(double.minted) | set(injected) | {PASSWORD}
+    assert len(double.minted) >= 2, "the double minted no tokens: nothing was tested"
+    places = dict(outputs)
+    places.update(other_files(env["HOME"]))
+    assert_nowhere(secrets_, places)
+    check_store(env["HOME"])
+    assert not [p for p in files_under(env["HOME"]) if p.endswith(".tmp")], "a half-written file was left"
+
+
+def test_token_mode_session_leaks_nothing(tmp_path, authed):
+    access, refresh = authed.issue_tokens()
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_AUTH_TOKEN": access, "CALIMERO_REFRESH_TOKEN": refresh})
+    outputs = session(env, authed, "token")
+    assert_no_leak(env, authed, outputs, [access, refresh])
+
+
+def test_credentials_session_leaks_nothing(tmp_path, authed):
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": PASSWORD})
+    outputs = session(env, authed, "credentials")
+    assert_no_leak(env, authed, outputs, [])
+    assert "logging in again as admin" in outputs["stderr"]
+
+
+def test_wrong_password_error_leaks_nothing(tmp_path, authed):
+    wrong = PASSWORD + "-wrong"
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": wrong})
+    server = McpServer(env)
+    try:
+        server.initialize()
+        result = server.call_tool("list_applications")
+        assert result.get("isError") is True and "Authentication failed" in result["content"][-1]["text"], result
+        status = server.tool_json("node_status")
+        assert status["health"]["status"] == "error" or "Authentication failed" in json.dumps(status)
+    finally:
+        server.close()
+    places = {"stdout": b"".join(server.raw_lines).decode("utf-8"), "stderr": server.stderr,
+              "--check": run_check(env)}
+    places.update(other_files(env["HOME"]))
+    assert_nowhere({wrong, PASSWORD}, places)
