@@ -701,8 +701,23 @@ def list_contexts(args, call):
     if args.get("application") is not None:
         contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
     else:
-        contexts = as_object(server.node.get("/admin-api/contexts")).get("contexts") or []
+        contexts = every_context(server.node)
     return {"contexts": [context_row(c, args.get("verbose")) for c in contexts]}
+
+
+CONTEXT_PAGE = 1000            # the node's largest page; its default is 100 (node-api.md §3.3)
+MAX_CONTEXT_OFFSET = 100000    # the node clamps larger offsets, which would repeat the last page forever
+
+
+def every_context(node):
+    contexts = []
+    while len(contexts) <= MAX_CONTEXT_OFFSET:
+        page = as_object(node.get("/admin-api/contexts", params={"offset": len(contexts), "limit": CONTEXT_PAGE}))
+        rows = page.get("contexts") or []
+        contexts.extend(rows)
+        if len(rows) < CONTEXT_PAGE:
+            break
+    return contexts
 
 
 def context_row(context, verbose):

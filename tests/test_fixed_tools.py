@@ -206,6 +206,18 @@ def test_list_contexts_leaves_out_state_unless_verbose(server, double):
     assert len(verbose["contextStateHash"]) == 64
 
 
+def test_list_contexts_reads_every_page(server, double):
+    """The node pages contexts (default 100, at most 1000): a node with 1,205 contexts lists them all."""
+    kv_id = double._app_key(KV)
+    for index in range(1204):
+        double.add_context(kv_id, context_id=hex_id("page-%d" % index))
+    listed = server.tool_json("list_contexts")["contexts"]
+    assert len(listed) == 1205 and len({c["id"] for c in listed}) == 1205
+    pages = [(r["query"].get("offset"), r["query"].get("limit"))
+             for r in double.requests_to("GET", "/admin-api/contexts") if r["path"] == "/admin-api/contexts"]
+    assert pages == [("0", "1000"), ("1000", "1000")]
+
+
 def test_list_contexts_filters_by_any_app_name(server, double):
     kv_id = double._app_key(KV)
     contexts = server.tool_json("list_contexts", {"application": "kv store"})["contexts"]
