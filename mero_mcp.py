@@ -106,9 +106,8 @@ def encode_message(message):
         text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         return text.encode("utf-8") + b"\n"
-    except UnicodeEncodeError:   # a lone surrogate echoed back from input: only its \u escape is JSON
-        # (backslashreplace would write \xe9 for é, which JSON does not have)
-        return "".join("\\u%04x" % ord(c) if "\ud800" <= c <= "\udfff" else c for c in text).encode("utf-8") + b"\n"
+    except UnicodeEncodeError:   # a lone surrogate echoed back from input: ASCII JSON escapes it as \udXXX
+        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
 
 
 def finite(value):

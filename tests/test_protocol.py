@@ -325,3 +325,11 @@ def test_node_status_reports_an_unreachable_node(bare):
     assert not result.get("isError")
     status = json.loads(result["content"][0]["text"])
     assert "127.0.0.1:9" in json.dumps(status)
+
+
+def test_lone_surrogate_in_an_id_is_echoed_as_valid_json(bare):
+    """JSON may carry a lone surrogate escape; UTF-8 cannot, so the answer escapes it instead of crashing."""
+    bare.send_raw(b'{"jsonrpc":"2.0","id":"a\\ud800b","method":"ping"}')
+    reply = bare.read()
+    assert reply == {"jsonrpc": "2.0", "id": "a\ud800b", "result": {}}
+    assert b"\\ud800" in bare.raw_lines[-1]
