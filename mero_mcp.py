@@ -1561,7 +1561,8 @@ class Apps:
         """Read the installed apps and their ABIs; swap the snapshot and announce a change."""
         with self.load_lock:
             units = self.read_units(self.installed())
-            reserved = {t.name for t in self.server.fixed_tools}
+            # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
+            reserved = {t.name for t in FIXED_TOOLS}
             fresh = build_snapshot(units, reserved)
             changed = fresh.fingerprint != self.snapshot.fingerprint
             self.snapshot = fresh

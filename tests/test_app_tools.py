@@ -1192,3 +1192,23 @@ def free_port():
 def listed_contexts(server, package):
     """The app's context ids in the node's order (the order candidate lists use)."""
     return [c["id"] for c in server.tool_json("list_contexts", {"application": package})["contexts"]]
+
+
+def test_generated_names_do_not_depend_on_enabled_toolsets(start_server, tmp_path):
+    """`com.x.list` + `group_members` would be `list_group_members`, a governance tool's name: it keeps its
+    id suffix even when governance is trimmed, so one app always names its tools the same way."""
+    app = {"package": "com.x.list", "version": "1.0.0", "signer_id": "did:key:list", "metadata": {},
+           "abi": manifest(method("group_members", returns={"kind": "u32"}, intent="read_only"))}
+    double = NodeDouble(apps=[app])
+    app_id = double._app_key("com.x.list")
+    double.start()
+    try:
+        names = []
+        for toolsets in ("all", "core"):
+            env = dict(env_for(double.url, tmp_path / toolsets), CALIMERO_MCP_TOOLSETS=toolsets)
+            names.append([n for n in start_server(env).tool_names() if n.endswith("group_members") and not n.startswith("add_")])
+        tail = "".join(c for c in app_id.lower() if c.isalnum())[:6]
+        expected = "list_%s_group_members" % tail
+        assert names[0] == ["list_group_members", expected] and names[1] == [expected]
+    finally:
+        double.stop()
