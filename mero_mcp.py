@@ -686,7 +686,7 @@ def verbose_app_row(app):
 @tool("list_namespaces", "Namespaces on this node: each with its namespaceId, target application, name and "
       "member, context and subgroup counts.", annotations=READ_ONLY)
 def list_namespaces(args, call):
-    return call.server.node.get("/admin-api/namespaces")
+    return every_page(call.server.node, "/admin-api/namespaces", lambda page: page if isinstance(page, list) else [])
 
 
 @tool("list_contexts", "Contexts on this node, optionally filtered to one application. Pass verbose to also get "
@@ -700,23 +700,23 @@ def list_contexts(args, call):
     if args.get("application") is not None:
         contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
     else:
-        contexts = every_context(server.node)
+        contexts = every_page(server.node, "/admin-api/contexts", lambda page: as_object(page).get("contexts") or [])
     return {"contexts": [context_row(c, args.get("verbose")) for c in contexts]}
 
 
-CONTEXT_PAGE = 1000            # the node's largest page; its default is 100 (node-api.md §3.3)
-MAX_CONTEXT_OFFSET = 100000    # the node clamps larger offsets, which would repeat the last page forever
+PAGE_LIMIT = 1000              # the node's largest page; its default is 100 (node-api.md §3.3, §3.6)
+MAX_OFFSET = 100000            # the node clamps larger offsets, which would repeat the last page forever
 
 
-def every_context(node):
-    contexts = []
-    while len(contexts) <= MAX_CONTEXT_OFFSET:
-        page = as_object(node.get("/admin-api/contexts", params={"offset": len(contexts), "limit": CONTEXT_PAGE}))
-        rows = page.get("contexts") or []
-        contexts.extend(rows)
-        if len(rows) < CONTEXT_PAGE:
+def every_page(node, path, rows_of):
+    """Every row of a paginated node list (contexts, namespaces), read a full page at a time."""
+    rows = []
+    while len(rows) <= MAX_OFFSET:
+        page = rows_of(node.get(path, params={"offset": len(rows), "limit": PAGE_LIMIT}))
+        rows.extend(page)
+        if len(page) < PAGE_LIMIT:
             break
-    return contexts
+    return rows
 
 
 def context_row(context, verbose):

@@ -193,6 +193,8 @@ def test_list_namespaces_is_the_node_list(server, double):
     namespaces = server.tool_json("list_namespaces")
     assert [n["namespaceId"] for n in namespaces] == [namespace_of(double)]
     assert namespaces[0]["name"] == "demo-team"
+    asked = [r["query"] for r in double.requests_to("GET", "/admin-api/namespaces") if r["path"] == "/admin-api/namespaces"]
+    assert asked == [{"offset": "0", "limit": "1000"}]      # a full page at a time: the node's default is 100
 
 
 def test_list_contexts_leaves_out_state_unless_verbose(server, double):
