@@ -162,7 +162,6 @@ class Server:
         self.channel = channel
         self.env = os.environ if env is None else env
         self.version = None                  # negotiated handshake version, None until initialize
-        self.initialized = False
         self.cancelled = {}                  # request id -> threading.Event, for in-flight requests
         self.cancel_lock = threading.Lock()
         self.toolsets = enabled_toolsets(self.env)
@@ -244,11 +243,10 @@ class Server:
 
     def handle_notification(self, message):
         method, params = message.get("method"), message.get("params")
-        if method == "notifications/initialized":
-            self.initialized = True
-        elif method == "notifications/cancelled" and isinstance(params, dict):
+        if method == "notifications/cancelled" and isinstance(params, dict):
             self.cancel(params.get("requestId"))
-        # Anything else (unknown notifications, bad params) is ignored: notifications are never answered.
+        # Anything else (notifications/initialized, unknown ones, bad params) needs nothing from us, and
+        # notifications are never answered.
 
     def cancel(self, request_id):
         if not is_valid_id(request_id):
@@ -484,7 +482,6 @@ MODERN_METHODS = dict(COMMON_METHODS)       # 2026-07-28 removed initialize and 
 # ── The tool table ────────────────────────────────────────────────────────────────────────────────
 
 Tool = namedtuple("Tool", "name title description input_schema output_schema annotations meta toolset handler")
-ToolResult = namedtuple("ToolResult", "content structured is_error")
 
 TOOLSETS = ("core", "blobs", "governance")
 NO_ARGS = {"type": "object", "properties": {}, "additionalProperties": False}
