@@ -505,11 +505,13 @@ def enabled_toolsets(env):
 
 
 def tool(name, description, properties=None, required=(), annotations=None, toolset="core", title=None):
-    """Declare a fixed tool; the decorated function is its handler."""
+    """Declare a fixed tool; the decorated function is its handler. Its title is its name in words (hosts show
+    titles in their tool pickers), as the generated tools' titles are."""
     schema = NO_ARGS if not properties else {"type": "object", "properties": properties,
                                               "required": list(required)}
     if not required and properties:
         del schema["required"]
+    title = title or name.replace("_", " ").capitalize()
 
     def register(handler):
         TOOL_REGISTRY.append(Tool(name, title, description, schema, None, annotations, None, toolset, handler))

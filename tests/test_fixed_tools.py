@@ -612,3 +612,11 @@ def test_node_failures_are_error_results(server, double):
     double.faults = {"status": 500, "json": {"error": "store exploded"}, "paths": ["/admin-api/namespaces"]}
     result = server.call_tool("list_namespaces")
     assert result == {"content": [{"type": "text", "text": "Error: store exploded"}], "isError": True}
+
+
+def test_every_fixed_tool_has_a_title_and_a_description(server):
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"] if "_meta" not in t}
+    assert len(tools) == 30
+    assert tools["node_status"]["title"] == "Node status"
+    assert tools["list_group_members"]["title"] == "List group members"
+    assert all(t["title"] and len(t["description"]) > 20 for t in tools.values())
