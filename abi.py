@@ -216,7 +216,10 @@ class _SchemaBuilder:
             return self.unknown(f"$ref {json.dumps(name)} is not in the type table")
         if at.depth >= MAX_REF_DEPTH:
             return self.unknown(f'$ref "{name}" is nested more than {MAX_REF_DEPTH} deep')
-        return _with_doc(self.build(target, at.deeper()), target.get("doc"))
+        built, doc = self.build(target, at.deeper()), _text(target.get("doc"))
+        if doc and target.get("kind") == "variant" and built.get("description"):
+            doc = "%s %s" % (doc, built["description"])     # keep what each variant means after the type's doc
+        return _with_doc(built, doc)
 
     def scalar(self, typ: dict, at: _At) -> dict:
         table = _OUTPUT_SCALARS if self.mode == OUTPUT else _INPUT_SCALARS
@@ -285,12 +288,13 @@ class _SchemaBuilder:
 
     def _external_members(self, variants: List[dict], at: _At) -> List[dict]:
         # abi-mapping.md "Variants": unit variants ride as bare names, payload variants as a single-key object.
+        # Unit variants are one plain string enum, documented or not (abi-mapping.md); their docs describe it.
         units = [entry for entry in variants if _is_unit_variant(entry)]
         members = []
-        if units and any(_text(entry.get("doc")) for entry in units):
-            members += [_with_doc({"type": "string", "const": entry["name"]}, entry.get("doc")) for entry in units]
-        elif units:
-            members.append({"type": "string", "enum": [entry["name"] for entry in units]})
+        if units:
+            enum = {"type": "string", "enum": [entry["name"] for entry in units]}
+            docs = ["%s: %s" % (entry["name"], _text(entry.get("doc"))) for entry in units if _text(entry.get("doc"))]
+            members.append(_with_doc(enum, " ".join(docs)) if docs else enum)
         for entry in variants:
             if not _is_unit_variant(entry):
                 payload = self.build(entry["payload"], at)

@@ -29,6 +29,7 @@ BATCH_VERSION = "2025-03-26"
 # Modern era: stateless, the version rides in every request's _meta (mcp-protocol.md §10).
 MODERN_VERSIONS = ("2026-07-28",)
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 
 INSTRUCTIONS = (
@@ -36,10 +37,13 @@ INSTRUCTIONS = (
     "then describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call."
 )
 CAPABILITIES = {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
+# 2026-07-28 delivers list changes only through subscriptions/listen, which we do not serve: promise none.
+MODERN_CAPABILITIES = {"tools": {}, "resources": {}}
 LIST_TTL_MS = 30000          # tools/resources lists: matches the catalog poll
 GUIDE_TTL_MS = 86400000      # a guide uri names one app version, so it may be cached for a day
 CALL_MANY_LIMIT = 32
 MAX_LINE_BYTES = 16 * 1024 * 1024
+EOF_GRACE_SECONDS = 0.8      # "exit within a second when stdin closes", even with a call in flight
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700, -32600, -32601, -32602, -32603)
@@ -169,7 +173,6 @@ class Server:
         self._node = None
         self._node_lock = threading.Lock()
         self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
-        self.after_answer = []               # work to run once an answer is on the wire
 
     # ---- the node, created lazily (node.py imports requests) ----
     @property
@@ -194,7 +197,7 @@ class Server:
         reply = self.handle_message(message)
         if reply is not None:
             self.channel.send(reply)
-        self.run_after_answer()
+        self.apps.start()                    # after the first answer of either era: off the answer path
 
     def handle_batch(self, batch):
         if self.version != BATCH_VERSION or not batch:
@@ -206,7 +209,7 @@ class Server:
         replies = [r for r in replies if r is not None]
         if replies:
             self.channel.send(replies)
-        self.run_after_answer()
+        self.apps.start()                    # after the first answer of either era: off the answer path
 
     def handle_message(self, message, in_batch=False):
         """The response for one message, or None (notifications and stray responses get none)."""
@@ -292,6 +295,9 @@ class Server:
         if version is None:
             return method == "server/discover"
         if version in MODERN_VERSIONS:
+            if META_CAPABILITIES not in meta:       # a rule of the version: checked once it is one we serve
+                raise RpcError(INVALID_PARAMS, "params._meta is missing %s, which every %s request carries"
+                               % (META_CAPABILITIES, version))
             return True
         # Echo a string (or number) as sent; a nested value could be too deep to encode again.
         requested = version if isinstance(version, (str, int)) else None
@@ -301,10 +307,6 @@ class Server:
     def wraps_output(self, call):
         """Handshake-era clients need object output schemas, so non-object returns ride as {result}."""
         return not call.modern
-
-    def run_after_answer(self):
-        while self.after_answer:
-            self.after_answer.pop(0)()
 
     # ---- tools ----
     def tool_definitions(self, call):
@@ -316,9 +318,6 @@ class Server:
             if t.name == name:
                 return t
         return self.apps.generated_tool(name)
-
-    def start_catalog(self):
-        self.apps.start()
 
     def resource_list(self):
         return self.apps.guide_resources()
@@ -406,14 +405,12 @@ def on_initialize(server, params, call):
     requested = params.get("protocolVersion")
     version = requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
     server.version = version
-    server.after_answer.append(server.start_catalog)
     return {"protocolVersion": version, "capabilities": CAPABILITIES,
             "serverInfo": SERVER_INFO, "instructions": INSTRUCTIONS}
 
 
 def on_discover(server, params, call):
-    server.after_answer.append(server.start_catalog)
-    return {"supportedVersions": list(MODERN_VERSIONS + HANDSHAKE_VERSIONS), "capabilities": CAPABILITIES,
+    return {"supportedVersions": list(MODERN_VERSIONS + HANDSHAKE_VERSIONS), "capabilities": MODERN_CAPABILITIES,
             "instructions": INSTRUCTIONS, "ttlMs": LIST_TTL_MS, "cacheScope": "private"}
 
 
@@ -486,6 +483,9 @@ Tool = namedtuple("Tool", "name title description input_schema output_schema ann
 TOOLSETS = ("core", "blobs", "governance")
 NO_ARGS = {"type": "object", "properties": {}, "additionalProperties": False}
 READ_ONLY = {"readOnlyHint": True}
+# A write that destroys nothing: said explicitly, since MCP's default for a tool that is not read-only is
+# destructiveHint true, which would blur the line tools.md draws.
+WRITES = {"readOnlyHint": False, "destructiveHint": False}
 DESTRUCTIVE = {"readOnlyHint": False, "destructiveHint": True}
 
 
@@ -512,6 +512,7 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
     if not required and properties:
         del schema["required"]
     title = title or name.replace("_", " ").capitalize()
+    annotations = annotations or WRITES
 
     def register(handler):
         TOOL_REGISTRY.append(Tool(name, title, description, schema, None, annotations, None, toolset, handler))
@@ -1553,8 +1554,9 @@ class Apps:
             self.first_load.set()
 
     def wait_first_load(self):
-        if self.started:
-            self.first_load.wait(FIRST_LOAD_WAIT)
+        """A reader of the catalog starts it (a modern client may never send discover) and waits a little."""
+        self.start()
+        self.first_load.wait(FIRST_LOAD_WAIT)
 
     def load(self):
         """Read the installed apps and their ABIs; swap the snapshot and announce a change."""
@@ -2065,8 +2067,9 @@ def invoke_generated(name, args, call):
 def prefetch_context(apps, reads, method, args):
     """Admission reads the app and the context live; the context id is often known up front, so read both at once."""
     handle = read_handle(apps.handle_key, args.get("app_handle"))
-    value = handle.context if handle is not None else context_argument(method, args)
-    if isinstance(value, str) and is_hex_id(value):
+    values = [handle.context] if handle is not None else context_arguments(method, args)
+    value = values[0] if values else None
+    if is_hex_id(value):
         reads.prefetch(("context", value), lambda: apps.read_context(value))
 
 
@@ -2091,16 +2094,26 @@ def declared(method, name):
     return any(p.name == name for p in method.params)
 
 
-def context_argument(method, args):
-    for key in ("_context", "context"):
-        if not declared(method, key) and args.get(key) is not None:
-            return args[key]
-    return None
+def context_arguments(method, args):
+    """The values of `_context` and its synonym `context`, where the method does not declare them."""
+    return [args[key] for key in ("_context", "context") if not declared(method, key) and args.get(key) is not None]
+
+
+def context_argument(apps, unit, method, args):
+    """The context a generated call names without a handle; `context` and `_context` must agree (an alias and
+    the id it names do)."""
+    values = context_arguments(method, args)
+    if len({v for v in values if isinstance(v, str)}) > 1:
+        ids = {apps.resolve_context(v, unit.app, unit.app.key)["id"] for v in values}
+        if len(ids) > 1:
+            raise ToolError("context and _context name different contexts (%s); pass one of them."
+                            % ", ".join(sorted(ids)))
+    return values[0] if values else None
 
 
 def admit_generated(apps, unit, method, args):
     handle = read_handle(apps.handle_key, args.get("app_handle"))
-    context_value = context_argument(method, args)
+    context_value = context_argument(apps, unit, method, args)
     if handle is not None:
         if handle.app != unit.app.id:
             raise refusal_for(apps, unit.app)
@@ -2165,6 +2178,13 @@ def reader(stream, inbox, server):
             inbox.put(raw)
     finally:
         inbox.put(EOF)                   # even if this thread fails: the main loop must not wait forever
+        # The client is gone: answers still queued get a moment to drain, a call waiting on the node does not.
+        threading.Timer(EOF_GRACE_SECONDS, exit_after_eof, (server,)).start()
+
+
+def exit_after_eof(server):
+    server.channel.lock.acquire(timeout=1.0)     # never cut a frame in half
+    quiet_exit(0)
 
 
 def handled_at_once(server, raw):

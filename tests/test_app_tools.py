@@ -1212,3 +1212,30 @@ def test_generated_names_do_not_depend_on_enabled_toolsets(start_server, tmp_pat
         assert names[0] == ["list_group_members", expected] and names[1] == [expected]
     finally:
         double.stop()
+
+
+def test_context_and_underscore_context_must_name_one_context(start_server, tmp_path):
+    """Without a handle, `context` and `_context` may both be given only when they name the same context."""
+    double = NodeDouble(apps=[kv_store_spec()])
+    first, second = double.add_context(KV), double.add_context(KV)
+    double.add_alias("first", first)
+    double.start()
+    try:
+        server = start_server(env_for(double.url, tmp_path))
+        same = server.call_tool("kv_store_len", {"context": "first", "_context": first})
+        assert not same.get("isError") and same["structuredContent"] == {"result": 0}
+        clash = server.call_tool("kv_store_len", {"context": first, "_context": second})
+        assert clash["isError"] and "different contexts" in clash["content"][-1]["text"]
+        assert [e["contextId"] for e in double.executions] == [first]
+    finally:
+        double.stop()
+
+
+def test_a_modern_client_that_never_discovers_still_gets_app_tools(start_server, server_env):
+    """ts-sdk v2 probes server/discover on a throwaway process: the real one may first see tools/list."""
+    server = start_server(server_env, initialize=None)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    names = [t["name"] for t in server.result("tools/list", {"_meta": meta})["tools"]]
+    assert "kv_store_len" in names
+    called = server.result("tools/call", {"name": "kv_store_len", "arguments": {"context": "demo"}, "_meta": meta})
+    assert called["structuredContent"] == 0 and called["resultType"] == "complete"

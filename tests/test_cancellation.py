@@ -130,7 +130,8 @@ def test_ping_is_answered_while_a_slow_call_runs(start_server, slow_env, slow_do
     server.send({"jsonrpc": "2.0", "id": "queued", "method": "tools/list"})
     server.send({"jsonrpc": "2.0", "id": 0, "method": "ping"})
     server.send({"jsonrpc": "2.0", "id": "modern-ping", "method": "ping",
-                 "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}})
+                 "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                      "io.modelcontextprotocol/clientCapabilities": {}}}})
     order = []
     while len(order) < 4:
         frame = server.read(LONG)

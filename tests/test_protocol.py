@@ -184,7 +184,7 @@ def test_server_discover(bare):
     result = bare.result("server/discover", {"_meta": MODERN})
     assert result["resultType"] == "complete"
     assert result["supportedVersions"][0] == "2026-07-28" and "2025-11-25" in result["supportedVersions"]
-    assert result["capabilities"]["tools"] == {"listChanged": True}
+    assert result["capabilities"] == {"tools": {}, "resources": {}}
     assert result["instructions"] == INSTRUCTIONS
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mero-mcp"
     assert isinstance(result["ttlMs"], int) and result["cacheScope"] in ("public", "private")
@@ -200,7 +200,8 @@ def test_modern_requests_are_stateless_with_cache_hints(bare):
 
 
 def test_unsupported_modern_version(bare):
-    reply = bare.request("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2030-01-01"}})
+    reply = bare.request("tools/list", {"_meta": dict(MODERN, **{"io.modelcontextprotocol/protocolVersion":
+                                                                 "2030-01-01"})})
     assert reply["error"]["code"] == -32022
     assert reply["error"]["data"]["requested"] == "2030-01-01"
     assert "2026-07-28" in reply["error"]["data"]["supported"]
@@ -333,3 +334,29 @@ def test_lone_surrogate_in_an_id_is_echoed_as_valid_json(bare):
     reply = bare.read()
     assert reply == {"jsonrpc": "2.0", "id": "a\ud800b", "result": {}}
     assert b"\\ud800" in bare.raw_lines[-1]
+
+
+def test_modern_request_without_client_capabilities_is_invalid(bare):
+    reply = bare.request("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})
+    assert reply["error"]["code"] == -32602 and "clientCapabilities" in reply["error"]["message"]
+
+
+def test_modern_era_promises_no_list_changed(bare):
+    """2026-07-28 sends list changes only on subscriptions/listen, which this server does not serve."""
+    capabilities = bare.result("server/discover", {"_meta": MODERN})["capabilities"]
+    assert capabilities == {"tools": {}, "resources": {}}
+    assert bare.request("subscriptions/listen", {"_meta": MODERN})["error"]["code"] == -32601
+
+
+def test_exits_within_a_second_of_eof_while_a_call_waits_on_the_node(offline_env, double):
+    """The client is gone: a call still waiting on a slow node must not keep the process alive."""
+    double.faults.update({"delay": 8})
+    server = McpServer(dict(offline_env, CALIMERO_NODE_URL=double.url))
+    server.initialize()
+    server.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                 "params": {"name": "list_namespaces", "arguments": {}}})
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert server.close(timeout=5) == 0
+    assert time.monotonic() - started < 1.5
+    server.assert_stdout_pure()
