@@ -594,7 +594,6 @@ def node_status(args, call):
 # Shared by the fixed tools: argument schemas, context naming, answer shapes. The tools follow in tools.md order.
 
 DESCRIPTION_LIMIT = 200
-JOIN_TIMEOUT = 65                           # a namespace join waits on peer discovery (node-api §3.6)
 
 
 def text_property(description):
@@ -616,11 +615,6 @@ def context_id_of(server, value):
     if context_id is None:
         raise ToolError('Context "%s" is neither a context id nor an alias on this node.' % value)
     return context_id
-
-
-def path_segment(value):
-    # Ids are hex, but a typo must not be able to reach another route.
-    return quoted(value)
 
 
 def as_object(answer):
@@ -833,7 +827,7 @@ def top_level_key(path):
       {"context": text_property("Context id (or an alias of it on this node).")}, required=("context",))
 def join_context(args, call):
     context_id = context_id_of(call.server, args["context"])
-    return call.server.node.post("/admin-api/contexts/%s/join" % path_segment(context_id), {})
+    return call.server.node.post("/admin-api/contexts/%s/join" % quoted(context_id), {})
 
 
 @tool("delete_context", "Delete a context from this node, including its data. Also the way to clear a context "
@@ -841,7 +835,7 @@ def join_context(args, call):
       {"context": text_property("Context id or alias.")}, required=("context",), annotations=DESTRUCTIVE)
 def delete_context(args, call):
     context_id = context_id_of(call.server, args["context"])
-    return call.server.node.delete("/admin-api/contexts/" + path_segment(context_id))
+    return call.server.node.delete("/admin-api/contexts/" + quoted(context_id))
 
 
 @tool("create_alias", "Create a human-friendly alias for a context id; every tool that takes a context then "
@@ -896,7 +890,7 @@ def package_and_version(coords):
       required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
 def uninstall_application(args, call):
     app = call.server.apps.resolve(args["application"])
-    answer = call.server.node.delete("/admin-api/applications/" + path_segment(app.id))
+    answer = call.server.node.delete("/admin-api/applications/" + quoted(app.id))
     call.server.apps.refresh()
     return answer
 
@@ -945,7 +939,7 @@ def list_blobs(args, call):
       "Returns {blobId, deleted}.",
       {"blob": text_property("Blob id.")}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
 def delete_blob(args, call):
-    return blob_record(call.server.node.delete("/admin-api/blobs/" + path_segment(args["blob"])))
+    return blob_record(call.server.node.delete("/admin-api/blobs/" + quoted(args["blob"])))
 
 
 # ── Fixed tools: governance ───────────────────────────────────────────────────────────────────────
@@ -976,14 +970,14 @@ def create_namespace(args, call):
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def delete_namespace(args, call):
     # Core refuses this DELETE without a JSON body (node-api §1.2).
-    return call.server.node.delete("/admin-api/namespaces/" + path_segment(args["namespace"]), {})
+    return call.server.node.delete("/admin-api/namespaces/" + quoted(args["namespace"]), {})
 
 
 @tool("invite_to_namespace", "Create an invitation to join a namespace. Returns the invitation object: hand it, "
       "unchanged, to join_namespace on the joining node.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
-    return call.server.node.post("/admin-api/namespaces/%s/invite" % path_segment(args["namespace"]), {})
+    return call.server.node.post("/admin-api/namespaces/%s/invite" % quoted(args["namespace"]), {})
 
 
 @tool("join_namespace", "Join a namespace using an invitation minted by invite_to_namespace. Pass that invitation "
@@ -1001,8 +995,9 @@ def join_namespace(args, call):
     group_name = args["groupName"] if args.get("groupName") is not None else group_name
     if group_name is not None:
         body["groupName"] = group_name
-    path = "/admin-api/namespaces/%s/join" % path_segment(args["namespace"])
-    return call.server.node.post(path, body, timeout=JOIN_TIMEOUT)
+    path = "/admin-api/namespaces/%s/join" % quoted(args["namespace"])
+    import node as node_module                   # a join waits on peer discovery (node-api §3.6)
+    return call.server.node.post(path, body, timeout=node_module.JOIN_TIMEOUT)
 
 
 def signed_invitation(given):
@@ -1021,14 +1016,14 @@ def signed_invitation(given):
 @tool("leave_namespace", "Leave a namespace: this node stops being a member.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
-    call.server.node.post("/admin-api/namespaces/%s/leave" % path_segment(args["namespace"]), {})
+    call.server.node.post("/admin-api/namespaces/%s/leave" % quoted(args["namespace"]), {})
     return "Left namespace %s." % args["namespace"]
 
 
 @tool("list_group_members", "Members of a group: {members: [{identity, role, name?}], selfIdentity?}.",
       {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
-    answer = as_object(call.server.node.get("/admin-api/groups/%s/members" % path_segment(args["group"])))
+    answer = as_object(call.server.node.get("/admin-api/groups/%s/members" % quoted(args["group"])))
     members = {"members": answer.get("members") or []}
     if answer.get("selfIdentity") is not None:
         members["selfIdentity"] = answer["selfIdentity"]
@@ -1044,7 +1039,7 @@ def list_group_members(args, call):
       required=("group", "members"), toolset="governance")
 def add_group_members(args, call):
     members = [{"identity": m["identity"], "role": m["role"]} for m in args["members"]]
-    call.server.node.post("/admin-api/groups/%s/members" % path_segment(args["group"]), {"members": members})
+    call.server.node.post("/admin-api/groups/%s/members" % quoted(args["group"]), {"members": members})
     added = ", ".join("%s (%s)" % (m["identity"], m["role"]) for m in members)
     return "Added %s to group %s." % (added, args["group"])
 
@@ -1070,14 +1065,14 @@ def create_group_in_namespace(node, args):
     if args.get("name") is not None:
         body["groupName"] = args["name"]
     body["visibility"] = args.get("visibility") or "open"
-    answer = as_object(node.post("/admin-api/namespaces/%s/groups" % path_segment(args["namespace"]), body))
+    answer = as_object(node.post("/admin-api/namespaces/%s/groups" % quoted(args["namespace"]), body))
     return {"groupId": answer.get("groupId")}
 
 
 def create_nested_group(node, args):
     """Core's nested create takes the parent's application and no visibility: the group is born restricted."""
     parent = args["parent"]
-    info = as_object(node.get("/admin-api/groups/" + path_segment(parent)))
+    info = as_object(node.get("/admin-api/groups/" + quoted(parent)))
     body = dict(UPGRADE_POLICY, applicationId=info.get("targetApplicationId"))
     if args.get("name") is not None:
         body["name"] = args["name"]
@@ -1095,7 +1090,7 @@ def create_nested_group(node, args):
 
 
 def set_visibility(node, group, visibility):
-    node.put("/admin-api/groups/%s/settings/subgroup-visibility" % path_segment(group),
+    node.put("/admin-api/groups/%s/settings/subgroup-visibility" % quoted(group),
              {"subgroupVisibility": visibility})
 
 
@@ -1119,7 +1114,7 @@ def set_group_visibility(args, call):
       required=("group",), toolset="governance")
 def set_group_metadata(args, call):
     node, group = call.server.node, args["group"]
-    path = "/admin-api/groups/%s/metadata" % path_segment(group)
+    path = "/admin-api/groups/%s/metadata" % quoted(group)
     # The node replaces the whole record, name included, so an omitted name is read back first.
     name = args["name"] if args.get("name") is not None else current_group_name(node, path)
     body = {"name": name} if name is not None else {}
@@ -1137,7 +1132,7 @@ def current_group_name(node, path):
       "it.",
       {"group": GROUP_ID}, required=("group",), toolset="governance")
 def join_open_group(args, call):
-    return call.server.node.post("/admin-api/groups/%s/join-via-inheritance" % path_segment(args["group"]), {})
+    return call.server.node.post("/admin-api/groups/%s/join-via-inheritance" % quoted(args["group"]), {})
 
 
 FIXED_TOOLS = TOOL_REGISTRY

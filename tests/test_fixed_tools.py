@@ -620,3 +620,15 @@ def test_every_fixed_tool_has_a_title_and_a_description(server):
     assert tools["node_status"]["title"] == "Node status"
     assert tools["list_group_members"]["title"] == "List group members"
     assert all(t["title"] and len(t["description"]) > 20 for t in tools.values())
+
+
+def test_join_namespace_waits_longer_than_other_calls(start_server, server_env, double):
+    """A join waits on peer discovery: it keeps 65 s where every other request has CALIMERO_MCP_TIMEOUT."""
+    server = start_server(dict(server_env, CALIMERO_MCP_TIMEOUT="1"))
+    namespace = namespace_of(double)
+    signed = server.tool_json("invite_to_namespace", {"namespace": namespace})["invitation"]
+    double.faults.update({"delay": 1.6, "paths": ["/admin-api/namespaces/"]})
+    joined = server.call_tool("join_namespace", {"namespace": namespace, "invitation": signed})
+    assert not joined.get("isError"), joined
+    left = error_text(server.call_tool("leave_namespace", {"namespace": namespace}))
+    assert "timed out after 1 s" in left
