@@ -951,6 +951,17 @@ VISIBILITIES = ("open", "restricted")
 UPGRADE_POLICY = {"upgradePolicy": "LazyOnAccess"}
 
 
+def create_with_policy(node, path, body):
+    """Current core reads creation bodies as closed sets and knows no upgradePolicy; some older releases
+    required it (mero-js still sends it). Send without it, and again with it only when the node asks."""
+    try:
+        return node.post(path, body)
+    except node_error_class() as error:
+        if error.status in (400, 422) and "upgradePolicy" in str(error):
+            return node.post(path, dict(UPGRADE_POLICY, **body))
+        raise
+
+
 @tool("create_namespace", "Create a namespace for an application. Returns {namespaceId}; create_context then "
       "creates contexts in it, and invite_to_namespace lets other nodes join.",
       {"application": text_property("Application id, package name, trailing segment of the package, or display "
@@ -959,10 +970,10 @@ UPGRADE_POLICY = {"upgradePolicy": "LazyOnAccess"}
       required=("application",), toolset="governance")
 def create_namespace(args, call):
     app = call.server.apps.resolve(args["application"])
-    body = dict(UPGRADE_POLICY, applicationId=app.id)
+    body = {"applicationId": app.id}
     if args.get("name") is not None:
         body["name"] = args["name"]
-    return call.server.node.post("/admin-api/namespaces", body)
+    return create_with_policy(call.server.node, "/admin-api/namespaces", body)
 
 
 @tool("delete_namespace", "Delete a namespace. Its contexts outlive it and stay uncallable until delete_context "
@@ -1073,11 +1084,11 @@ def create_nested_group(node, args):
     """Core's nested create takes the parent's application and no visibility: the group is born restricted."""
     parent = args["parent"]
     info = as_object(node.get("/admin-api/groups/" + quoted(parent)))
-    body = dict(UPGRADE_POLICY, applicationId=info.get("targetApplicationId"))
+    body = {"applicationId": info.get("targetApplicationId")}
     if args.get("name") is not None:
         body["name"] = args["name"]
     body["parentGroupId"] = parent
-    group_id = as_object(node.post("/admin-api/groups", body)).get("groupId")
+    group_id = as_object(create_with_policy(node, "/admin-api/groups", body)).get("groupId")
     visibility = args.get("visibility")
     if visibility is not None and visibility != "restricted":
         try:

@@ -44,7 +44,7 @@ LOCK_STALE_SECONDS = 30.0                # refresh lock protocol (§1.2)
 LOCK_POLL_SECONDS = 0.05
 CLIENT_NAME = "mero-mcp"
 USER_AGENT = "mero-mcp"
-BODY_EXCERPT = 500                       # characters of a plain-text error body we show
+BODY_EXCERPT = 300                       # characters of a plain-text error body we show (§6)
 
 REVOKED = ("token_reuse", "token_revoked")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -126,8 +126,14 @@ def state_dir(env) -> str:
 def ensure_dir(path: str) -> str:
     """Create the state directory 0700 when first needed; an existing directory is left as its owner made it."""
     if not os.path.isdir(path):
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)            # makedirs' mode is filtered by the umask
+        parent = os.path.dirname(os.path.abspath(path))
+        if parent != path:
+            ensure_dir(parent)           # every folder it creates is 0700 (§1.2 "recursive"), not the umask's
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        os.chmod(path, 0o700)            # mkdir's mode is filtered by the umask
     return path
 
 
@@ -153,12 +159,22 @@ def display_url(url: str) -> str:
         host = parts.hostname or ""
         port = parts.port
     except ValueError:
-        return url.split("?", 1)[0].split("#", 1)[0]
+        return _without_secrets(url)
     if not parts.scheme or not host:
-        return url.split("?", 1)[0].split("#", 1)[0]
+        return _without_secrets(url)
     host = "[%s]" % host if ":" in host else host
     netloc = host if port is None else "%s:%d" % (host, port)
     return "%s://%s%s" % (parts.scheme, netloc, parts.path)
+
+
+def _without_secrets(url: str) -> str:
+    """For a URL urlsplit cannot read: cut the query, the fragment and any `user:password@`."""
+    url = url.split("?", 1)[0].split("#", 1)[0]
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url.rsplit("@", 1)[-1]
+    authority, slash, path = rest.partition("/")
+    return scheme + separator + authority.rsplit("@", 1)[-1] + slash + path
 
 
 def _origin(value) -> str:
@@ -411,6 +427,12 @@ def jwt_claim(token: Optional[str], claim: str) -> Optional[float]:
     return value
 
 
+def has_expired(bundle: Dict[str, Any]) -> bool:
+    """A cached bundle whose access token is past its `expires_at` (ms); unknown counts as still valid."""
+    expires_at = bundle.get("expires_at")
+    return isinstance(expires_at, (int, float)) and expires_at <= time.time() * 1000
+
+
 def token_bundle(access: str, refresh: Optional[str]) -> Dict[str, Any]:
     """The cache's record: expiry from the JWT's `exp`, else an hour from now (§1.4)."""
     exp = jwt_claim(access, "exp")
@@ -456,8 +478,9 @@ class TokenStore:
         return data
 
     def write(self, bundle: Dict[str, Any]) -> None:
-        """Write via `<path>.tmp` + rename, so a reader never sees half a file. A failure is logged, not raised:
-        the tokens still work in this process."""
+        """Write via `<path>.tmp` + rename, so a reader never sees half a file. A failure is raised (§1.2): a
+        rotated refresh token that only this process knows would be replayed by the next one, and a replay
+        revokes the whole family."""
         tmp = self.path + ".tmp"
         try:
             ensure_dir(os.path.dirname(self.path))
@@ -471,7 +494,8 @@ class TokenStore:
             os.replace(tmp, self.path)
         except OSError as error:
             _unlink_quietly(tmp)
-            log.warning("cannot save tokens to %s: %s", self.path, error.strerror or error)
+            raise NodeError("Cannot save tokens to %s: %s" % (self.path, error.strerror or error),
+                            fix="Make the state directory (CALIMERO_MCP_STATE_DIR) writable by this user.") from None
 
     def clear(self) -> None:
         _unlink_quietly(self.path)
@@ -576,11 +600,12 @@ def read_password(env) -> str:
         with open(path, encoding="utf-8") as handle:
             password = handle.read().strip()
     except OSError as error:
-        raise NodeError("Cannot read CALIMERO_PASSWORD_FILE %s: %s" % (path, error.strerror or error), fix=fix)
+        # The value is not echoed: a password pasted into the variable by mistake must not reach a log.
+        raise NodeError("Cannot read the file CALIMERO_PASSWORD_FILE names: %s" % (error.strerror or error), fix=fix)
     except UnicodeDecodeError:
-        raise NodeError("Cannot read CALIMERO_PASSWORD_FILE %s: it is not UTF-8 text" % path, fix=fix)
+        raise NodeError("The file CALIMERO_PASSWORD_FILE names is not UTF-8 text", fix=fix)
     if not password:
-        raise NodeError("CALIMERO_PASSWORD_FILE %s is empty" % path, fix=fix)
+        raise NodeError("The file CALIMERO_PASSWORD_FILE names is empty", fix=fix)
     return password
 
 
@@ -1041,8 +1066,9 @@ class Node:
     def _renewed(self, failed_token, reason, response) -> Dict[str, Any]:
         """Inside the file lock: adopt what another process rotated, else refresh or recover (§1.2)."""
         stored = self._store.read()
-        if stored and stored.get("access_token") != failed_token:
-            return stored
+        if stored and stored.get("access_token") != failed_token and not has_expired(stored):
+            return stored                 # another process rotated it: adopt it, spend nothing
+        # Else refresh the newest family there is: a process that logged in beside us may have replaced ours.
         if reason == "token_expired":
             try:
                 return self._refreshed(stored or self._tokens)

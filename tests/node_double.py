@@ -61,6 +61,11 @@ CORS_HEADERS = {
 }
 
 
+# Request bodies current core reads as closed sets (crates/server/primitives: deny_unknown_fields).
+NAMESPACE_CREATE_FIELDS = ("applicationId", "name", "appKey", "bytecodeId")
+GROUP_CREATE_FIELDS = ("applicationId", "parentGroupId", "name", "groupId", "appKey", "bytecodeId")
+
+
 def hex_id(label: str) -> str:
     """A deterministic 64-hex id for tests: sha256 of the label."""
     return hashlib.sha256(label.encode("utf-8")).hexdigest()
@@ -960,7 +965,7 @@ class NodeDouble:
     """
 
     def __init__(self, apps=(), contexts=(), aliases=None, namespaces=(), groups=(), registry=None,
-                 auth=None, list_services=True, exec_delay=0.0, port=0):
+                 auth=None, list_services=True, exec_delay=0.0, port=0, legacy_upgrade_policy=False):
         self._lock = threading.RLock()
         self.port = int(port)
         self.url = ""
@@ -972,6 +977,7 @@ class NodeDouble:
         self.refresh_count = 0
         self.handler_errors: List[str] = []   # tracebacks of handler crashes (answered 500)
         self.list_services = list_services
+        self.legacy_upgrade_policy = legacy_upgrade_policy
         self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
         self._auth = AuthService(auth) if auth is not None else None
         self._inflight = 0
@@ -1722,7 +1728,8 @@ class NodeDouble:
             return {"data": self._namespace_view(self._namespace_or_404(request.params["namespace_id"]))}
 
     def _h_create_namespace(self, request):
-        body = request.json   # extra keys such as upgradePolicy are ignored (§3.6)
+        body = request.json
+        self._closed_set(body, NAMESPACE_CREATE_FIELDS)
         app_id = normalise_hex64(body.get("applicationId"))
         if "appKey" in body and normalise_hex64(body["appKey"]) is None:
             raise error_reply(400, "Invalid appKey: expected hex-encoded 32 bytes")
@@ -1731,6 +1738,20 @@ class NodeDouble:
                 raise internal_error()
             namespace_id = self.add_namespace(app_id, name=body.get("name"))
         return {"data": {"namespaceId": namespace_id}}
+
+    def _closed_set(self, body, fields):
+        """Current core refuses a field it does not know (deny_unknown_fields: 'a client sending a field the
+        node no longer knows gets a 400, never a silent drop'); some older releases instead *required*
+        `upgradePolicy` on namespace and group creation — `legacy_upgrade_policy` plays one of those."""
+        known = fields + (("upgradePolicy",) if self.legacy_upgrade_policy else ())
+        for key in body:
+            if key not in known:
+                raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target "
+                                       "type: unknown field `%s`, expected one of %s at line 1 column 1"
+                                       % (key, ", ".join("`%s`" % name for name in known)))
+        if self.legacy_upgrade_policy and "upgradePolicy" not in body:
+            raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+                                   "missing field `upgradePolicy` at line 1 column 1")
 
     def _h_delete_group(self, request):
         """DELETE /namespaces/:id and /groups/:id; contexts outlive their namespace (§3.6)."""
@@ -1846,6 +1867,7 @@ class NodeDouble:
 
     def _h_create_group(self, request):
         body = request.json
+        self._closed_set(body, GROUP_CREATE_FIELDS)
         parent_id = body.get("parentGroupId")
         with self._lock:
             if parent_id is not None and normalise_hex64(parent_id) not in self._groups:

@@ -462,7 +462,7 @@ def test_create_and_delete_a_namespace(server, double):
     created = server.tool_json("create_namespace", {"application": "counter", "name": "team"})
     assert created["namespaceId"] in double._groups
     assert bodies(double, "POST", "/admin-api/namespaces") == [
-        {"upgradePolicy": "LazyOnAccess", "applicationId": double._app_key("com.example.counter"), "name": "team"}]
+        {"applicationId": double._app_key("com.example.counter"), "name": "team"}]
     deleted = server.tool_json("delete_namespace", {"namespace": created["namespaceId"]})
     assert deleted == {"isDeleted": True}
     request = double.requests_to("DELETE", "/admin-api/namespaces/")[-1]
@@ -543,8 +543,7 @@ def test_create_nested_group_takes_the_parents_application(server, double):
                                                  "visibility": "open"})["groupId"]
     assert double.requests_to("GET", "/admin-api/groups/" + parent)
     assert bodies(double, "POST", "/admin-api/groups") == [
-        {"upgradePolicy": "LazyOnAccess", "applicationId": double._app_key(KV), "name": "kid",
-         "parentGroupId": parent}]
+        {"applicationId": double._app_key(KV), "name": "kid", "parentGroupId": parent}]
     assert bodies(double, "PUT", "/admin-api/groups/%s/settings" % group_id) == [{"subgroupVisibility": "open"}]
     assert double._groups[group_id]["parent"] == parent and double._groups[group_id]["visibility"] == "open"
     restricted = server.tool_json("create_group", {"namespace": namespace, "parent": parent})["groupId"]
@@ -632,3 +631,18 @@ def test_join_namespace_waits_longer_than_other_calls(start_server, server_env, 
     assert not joined.get("isError"), joined
     left = error_text(server.call_tool("leave_namespace", {"namespace": namespace}))
     assert "timed out after 1 s" in left
+
+
+def test_an_older_node_that_requires_an_upgrade_policy_gets_one(start_server, server_env):
+    """Current core refuses unknown fields; some older releases required upgradePolicy: ask, then add it."""
+    from node_double import sample_double
+    old = sample_double(legacy_upgrade_policy=True).start()
+    try:
+        server = start_server(dict(server_env, CALIMERO_NODE_URL=old.url))
+        created = server.tool_json("create_namespace", {"application": "counter"})
+        assert created["namespaceId"] in old._groups
+        assert bodies(old, "POST", "/admin-api/namespaces") == [
+            {"applicationId": old._app_key("com.example.counter")},
+            {"upgradePolicy": "LazyOnAccess", "applicationId": old._app_key("com.example.counter")}]
+    finally:
+        old.stop()

@@ -657,7 +657,8 @@ def test_missing_password_file_is_a_clear_error_until_fixed(tmp_path, authed):
     client = Node(env)
     with pytest.raises(NodeError) as caught:
         client.health()
-    assert str(caught.value) == "Cannot read CALIMERO_PASSWORD_FILE %s: No such file or directory" % secret
+    # The variable's value is not echoed: a password pasted into it by mistake must not reach a log.
+    assert str(caught.value) == "Cannot read the file CALIMERO_PASSWORD_FILE names: No such file or directory"
     assert "CALIMERO_PASSWORD" in caught.value.fix
     secret.write_text(PASSWORD)
     assert client.health() == {"status": "alive"}
@@ -1013,3 +1014,22 @@ def test_check_reports_an_ignored_handoff_and_a_missing_abi_route(tmp_path, plai
     assert "Handoff:   ignored: %s points at https://10.0.0.5, which is not a local node" % path in text
     assert "  - com.calimero.kv-store 1.0.0: no tools (ABI unavailable)" in text
     assert "    Fix: Upgrade merod to a release with the ABI endpoint." in text
+
+
+def test_userinfo_never_shows_even_in_a_url_that_cannot_be_parsed(tmp_path):
+    env = make_env(tmp_path, CALIMERO_NODE_URL="http://admin:s3cret@localhost:99999/x?token=abc")
+    with pytest.raises(NodeError) as caught:
+        Node(env).health()
+    assert "s3cret" not in str(caught.value) and "abc" not in str(caught.value) and "admin" not in str(caught.value)
+
+
+def test_a_token_cache_that_cannot_be_written_is_an_error(tmp_path, authed):
+    """A rotated refresh token only this process knew would be replayed by the next one (§1.2)."""
+    state = tmp_path / "state"
+    state.write_text("a file where the state directory should be")       # unwritable even for root
+    access, refresh = authed.issue_tokens()
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
+                   CALIMERO_REFRESH_TOKEN=refresh, CALIMERO_MCP_STATE_DIR=state)
+    with pytest.raises(NodeError) as caught:
+        Node(env).health()
+    assert str(caught.value).startswith("Cannot save tokens to ")

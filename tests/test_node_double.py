@@ -389,8 +389,9 @@ def test_blob_lifecycle(node):
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_namespace_list_and_create(node):
-    created = call(node, "POST", "/admin-api/namespaces", {"applicationId": kv_id(), "name": "team-b",
-                                                           "upgradePolicy": "LazyOnAccess"}).json()
+    refused = call(node, "POST", "/admin-api/namespaces", {"applicationId": kv_id(), "upgradePolicy": "LazyOnAccess"})
+    assert refused.status == 400 and "unknown field `upgradePolicy`" in refused.json()["error"]
+    created = call(node, "POST", "/admin-api/namespaces", {"applicationId": kv_id(), "name": "team-b"}).json()
     listed = call(node, "GET", "/admin-api/namespaces").json()["data"]
     entry = next(n for n in listed if n["namespaceId"] == created["data"]["namespaceId"])
     assert entry["targetApplicationId"] == kv_id() and entry["name"] == "team-b"
