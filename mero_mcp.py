@@ -1034,10 +1034,15 @@ def leave_namespace(args, call):
 @tool("list_group_members", "Members of a group: {members: [{identity, role, name?}], selfIdentity?}.",
       {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
-    answer = as_object(call.server.node.get("/admin-api/groups/%s/members" % quoted(args["group"])))
-    members = {"members": answer.get("members") or []}
-    if answer.get("selfIdentity") is not None:
-        members["selfIdentity"] = answer["selfIdentity"]
+    pages = []                      # the node pages members like contexts (default 100); keep each page whole
+
+    def members_of(page):
+        pages.append(as_object(page))
+        return pages[-1].get("members") or []
+    members = {"members": every_page(call.server.node, "/admin-api/groups/%s/members" % quoted(args["group"]),
+                                     members_of)}
+    if pages and pages[0].get("selfIdentity") is not None:
+        members["selfIdentity"] = pages[0]["selfIdentity"]
     return members
 
 

@@ -646,3 +646,13 @@ def test_an_older_node_that_requires_an_upgrade_policy_gets_one(start_server, se
             {"upgradePolicy": "LazyOnAccess", "applicationId": old._app_key("com.example.counter")}]
     finally:
         old.stop()
+
+
+def test_list_group_members_reads_every_page(server, double):
+    namespace = namespace_of(double)
+    for index in range(1100):
+        double._groups[namespace]["members"][hex_id("member-%d" % index)] = "Member"
+    listed = server.tool_json("list_group_members", {"group": namespace})["members"]
+    assert len(listed) == 1101 and len({m["identity"] for m in listed}) == 1101
+    asked = [r["query"] for r in double.requests_to("GET", "/admin-api/groups/%s/members" % namespace)]
+    assert asked == [{"offset": "0", "limit": "1000"}, {"offset": "1000", "limit": "1000"}]
