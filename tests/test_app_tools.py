@@ -1239,3 +1239,26 @@ def test_a_modern_client_that_never_discovers_still_gets_app_tools(start_server,
     assert "kv_store_len" in names
     called = server.result("tools/call", {"name": "kv_store_len", "arguments": {"context": "demo"}, "_meta": meta})
     assert called["structuredContent"] == 0 and called["resultType"] == "complete"
+
+
+def test_a_node_whose_app_list_omits_services_serves_the_same_tools(start_server, tmp_path):
+    """rc.25 lists apps without `services` (node-api.md §0): the app records fill them in, once per version."""
+    older = World(list_services=False)
+    older.double.start()
+    try:
+        server = start_server(env_for(older.double.url, tmp_path))
+        names = server.tool_names()
+        assert names[names.index("call_many") + 1:] == older.expected_tools()
+        assert "mero_drive_docs_create_doc" in names and "solo_ping" in names
+        created = server.call_tool("mero_drive_docs_create_doc", {"context": older.docs_ctx, "title": "t"})
+        assert not created.get("isError"), created
+        records = lambda: len([r for r in older.double.requests_to("GET", "/admin-api/applications/")
+                               if r["path"].count("/") == 3])
+        before = records()
+        for _ in range(3):
+            server.call_tool("call", {"app": "mero-drive", "context": older.registry_ctx, "method": "get_folder",
+                                      "args": {"id": 1}})
+        # each call reads the live list; services of an app version already seen are not asked for again
+        assert records() - before <= 3
+    finally:
+        older.double.stop()
