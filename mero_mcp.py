@@ -1423,9 +1423,6 @@ class Reads:
                 future.set_exception(error)
         return future.result()
 
-    def prefetch(self, key, fetch):
-        call_pool().submit(self.get, key, fetch)
-
 
 class Reading:
     """The scope of one Reads: entered by a call or a batch; a nested scope shares the outer one."""
@@ -1481,7 +1478,7 @@ class Apps:
         return fetch() if reads is None else reads.get(key, fetch)
 
     def reading(self):
-        """Within a call (or a whole call_many batch) the same node read is made once, and may be prefetched."""
+        """Within a call (or a whole call_many batch) the same node read is made once."""
         return Reading(self)
 
     def installed(self):
@@ -2067,21 +2064,11 @@ def invoke_generated(name, args, call):
     binding = apps.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
-    with apps.reading() as reads:
-        prefetch_context(apps, reads, binding.method, args)     # overlaps the live app read below
+    with apps.reading():
         binding = current_binding(apps, binding)
         admitted = admit_generated(apps, binding.unit, binding.method, args)
         value = execute(apps, admitted, binding.method, strip_injected(binding.method, args))
     return generated_result(binding, value, call)
-
-
-def prefetch_context(apps, reads, method, args):
-    """Admission reads the app and the context live; the context id is often known up front, so read both at once."""
-    handle = read_handle(apps.handle_key, args.get("app_handle"))
-    values = [handle.context] if handle is not None else context_arguments(method, args)
-    value = values[0] if values else None
-    if is_hex_id(value):
-        reads.prefetch(("context", value), lambda: apps.read_context(value))
 
 
 def current_binding(apps, binding):
