@@ -572,7 +572,6 @@ class Validator:
     """One method's argument check, compiled once: `check(args) -> (wire_args, problems)`."""
 
     def __init__(self, manifest: Manifest, method):
-        self.manifest = manifest
         self.method = _method_of(manifest, method)
         self.schema = params_schema(manifest, self.method)
         self._validator = _compile(self.schema)

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import namedtuple
-from functools import partial
+from functools import cached_property, partial
 
 # ── Constants ─────────────────────────────────────────────────────────────────────────────────────
 
@@ -28,6 +28,7 @@ HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 BATCH_VERSION = "2025-03-26"
 # Modern era: stateless, the version rides in every request's _meta (mcp-protocol.md §10).
 MODERN_VERSIONS = ("2026-07-28",)
+SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
@@ -83,6 +84,12 @@ class ToolError(Exception):
     def __init__(self, text, blocks=()):
         super().__init__(text)
         self.text, self.blocks = text, tuple(blocks)
+
+
+def node_module():
+    """node.py, imported on first use: it imports requests, which answering `initialize` must not pay for."""
+    import node
+    return node
 
 
 # ── Framing: one JSON message per line on stdout, under one lock ─────────────────────────────────
@@ -169,7 +176,10 @@ class Server:
         self.cancelled = {}                  # request id -> threading.Event, for in-flight requests
         self.cancel_lock = threading.Lock()
         self.toolsets = enabled_toolsets(self.env)
-        self.fixed_tools = [t for t in FIXED_TOOLS if t.toolset in self.toolsets or t.toolset == "app"]
+        enabled = [t for t in FIXED_TOOLS if t.toolset in self.toolsets or t.toolset == "app"]
+        self.fixed_tools = {t.name: t for t in enabled}
+        # Rendered once: fixed tools declare no output schema, so one rendering serves both eras.
+        self.fixed_definitions = [tool_definition(t, wrap=False) for t in enabled]
         self._node = None
         self._node_lock = threading.Lock()
         self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
@@ -179,8 +189,7 @@ class Server:
     def node(self):
         with self._node_lock:
             if self._node is None:
-                import node as node_module
-                self._node = node_module.Node(self.env)
+                self._node = node_module().Node(self.env)
             return self._node
 
     # ---- entry point for one stdin line ----
@@ -302,7 +311,7 @@ class Server:
         # Echo a string (or number) as sent; a nested value could be too deep to encode again.
         requested = version if isinstance(version, (str, int)) else None
         raise RpcError(UNSUPPORTED_VERSION, "Unsupported protocol version",
-                       {"supported": list(MODERN_VERSIONS + HANDSHAKE_VERSIONS), "requested": requested})
+                       {"supported": list(SUPPORTED_VERSIONS), "requested": requested})
 
     def wraps_output(self, call):
         """Handshake-era clients need object output schemas, so non-object returns ride as {result}."""
@@ -310,24 +319,13 @@ class Server:
 
     # ---- tools ----
     def tool_definitions(self, call):
-        wrap = self.wraps_output(call)
-        return [tool_definition(t, wrap) for t in self.fixed_tools + self.apps.generated_tools()]
+        return self.fixed_definitions + self.apps.generated_definitions(self.wraps_output(call))
 
     def find_tool(self, name):
-        for t in self.fixed_tools:
-            if t.name == name:
-                return t
-        return self.apps.generated_tool(name)
-
-    def resource_list(self):
-        return self.apps.guide_resources()
-
-    def read_resource(self, uri):
-        return self.apps.read_guide(uri)
+        return self.fixed_tools.get(name) or self.apps.generated_tool(name)
 
     def run_tool(self, t, arguments, call):
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
-        import node as node_module
         try:
             problems = check_fixed_arguments(t, arguments)
             if problems:
@@ -338,7 +336,7 @@ class Server:
             return error_result(refused.text, refused.blocks, prefix="")
         except ToolError as error:
             return error_result(error.text, error.blocks)
-        except node_module.NodeError as error:
+        except node_module().NodeError as error:
             return error_result(node_error_text(error))
         return render_result(value)
 
@@ -410,7 +408,7 @@ def on_initialize(server, params, call):
 
 
 def on_discover(server, params, call):
-    return {"supportedVersions": list(MODERN_VERSIONS + HANDSHAKE_VERSIONS), "capabilities": MODERN_CAPABILITIES,
+    return {"supportedVersions": list(SUPPORTED_VERSIONS), "capabilities": MODERN_CAPABILITIES,
             "instructions": INSTRUCTIONS, "ttlMs": LIST_TTL_MS, "cacheScope": "private"}
 
 
@@ -439,7 +437,7 @@ def on_tools_call(server, params, call):
 
 def on_resources_list(server, params, call):
     check_cursor(params)
-    return {"resources": server.resource_list()}
+    return {"resources": server.apps.guide_resources()}
 
 
 def on_resource_templates(server, params, call):
@@ -451,7 +449,7 @@ def on_resources_read(server, params, call):
     uri = params.get("uri")
     if not isinstance(uri, str):
         raise RpcError(INVALID_PARAMS, "resources/read needs a uri (string)")
-    contents = server.read_resource(uri)
+    contents = server.apps.read_guide(uri)
     if contents is None:
         code = INVALID_PARAMS if call.modern else RESOURCE_NOT_FOUND
         raise RpcError(code, "Resource not found: %s" % uri, {"uri": uri})
@@ -504,23 +502,24 @@ def enabled_toolsets(env):
     return (names & set(TOOLSETS)) | {"core"}
 
 
-def tool(name, description, properties=None, required=(), annotations=None, toolset="core", title=None):
+def tool(name, description, properties=None, required=(), annotations=None, toolset="core"):
     """Declare a fixed tool; the decorated function is its handler. Its title is its name in words (hosts show
     titles in their tool pickers), as the generated tools' titles are."""
-    schema = NO_ARGS if not properties else {"type": "object", "properties": properties,
-                                              "required": list(required)}
-    if not required and properties:
-        del schema["required"]
-    title = title or name.replace("_", " ").capitalize()
+    schema = NO_ARGS
+    if properties:
+        schema = {"type": "object", "properties": properties}
+        if required:
+            schema["required"] = list(required)
+    title = name.replace("_", " ").capitalize()
     annotations = annotations or WRITES
 
     def register(handler):
-        TOOL_REGISTRY.append(Tool(name, title, description, schema, None, annotations, None, toolset, handler))
+        FIXED_TOOLS.append(Tool(name, title, description, schema, None, annotations, None, toolset, handler))
         return handler
     return register
 
 
-TOOL_REGISTRY = []
+FIXED_TOOLS = []                # filled by @tool, in declaration order
 
 
 def tool_definition(t, wrap):
@@ -604,14 +603,9 @@ def flag_property(description):
     return {"type": "boolean", "description": description}
 
 
-def node_error_class():
-    import node as node_module
-    return node_module.NodeError
-
-
 def context_id_of(server, value):
     """A context id as given, or the id an alias names; tools.md lets every context argument be either."""
-    context_id = value if is_hex_id(value) else server.apps.lookup_alias(value)
+    context_id = server.apps.context_id(value)
     if context_id is None:
         raise ToolError('Context "%s" is neither a context id nor an alias on this node.' % value)
     return context_id
@@ -633,8 +627,7 @@ def hex_of(value):
       "using. Each entry is {url, name, active}; name is null for a node found only by the probe.",
       annotations=READ_ONLY)
 def list_nodes(args, call):
-    import node as node_module
-    return node_module.list_nodes(call.server.env, connected_url(call.server))
+    return node_module().list_nodes(call.server.env, connected_url(call.server))
 
 
 def connected_url(server):
@@ -642,7 +635,7 @@ def connected_url(server):
     try:
         server.node.connect()
         return server.node.url
-    except node_error_class():
+    except node_module().NodeError:
         return None
 
 
@@ -764,10 +757,9 @@ def target_group(args):
 
 def init_parameters(server, app, service, init_args, label):
     """initializationParams: UTF-8 bytes of the compact JSON of init's validated args, as an int list."""
-    import abi
     try:
-        manifest = server.apps.manifest(app, service)
-    except (node_error_class(), abi.AbiError, ToolError) as error:
+        manifest = server.apps.manifest(app, service)      # an ABI we refuse arrives as a ToolError
+    except (node_module().NodeError, ToolError) as error:
         if init_args is None:
             return []                          # tools.md: no args and no ABI -> no init input; the node judges
         raise ToolError('Application "%s" cannot check these init args: its ABI could not be read (%s).'
@@ -947,7 +939,7 @@ def delete_blob(args, call):
 NAMESPACE_ID = text_property("Namespace id.")
 GROUP_ID = text_property("Group id.")
 VISIBILITIES = ("open", "restricted")
-# Older nodes need an upgrade policy on namespace and group creation; newer ones ignore the key (reference §2.1).
+# What some older nodes require on namespace and group creation (reference §2.1); sent only when a node asks.
 UPGRADE_POLICY = {"upgradePolicy": "LazyOnAccess"}
 
 
@@ -956,7 +948,7 @@ def create_with_policy(node, path, body):
     required it (mero-js still sends it). Send without it, and again with it only when the node asks."""
     try:
         return node.post(path, body)
-    except node_error_class() as error:
+    except node_module().NodeError as error:
         if error.status in (400, 422) and "upgradePolicy" in str(error):
             return node.post(path, dict(UPGRADE_POLICY, **body))
         raise
@@ -1007,8 +999,8 @@ def join_namespace(args, call):
     if group_name is not None:
         body["groupName"] = group_name
     path = "/admin-api/namespaces/%s/join" % quoted(args["namespace"])
-    import node as node_module                   # a join waits on peer discovery (node-api §3.6)
-    return call.server.node.post(path, body, timeout=node_module.JOIN_TIMEOUT)
+    # A join waits on peer discovery (node-api §3.6).
+    return call.server.node.post(path, body, timeout=node_module().JOIN_TIMEOUT)
 
 
 def signed_invitation(given):
@@ -1098,7 +1090,7 @@ def create_nested_group(node, args):
     if visibility is not None and visibility != "restricted":
         try:
             set_visibility(node, group_id, visibility)
-        except node_error_class() as error:
+        except node_module().NodeError as error:
             # Name the group that now exists, so the agent finishes the job instead of creating a second one.
             raise ToolError("Group %s was created under %s but its visibility was not set; retry "
                             "set_group_visibility. %s" % (group_id, parent, error))
@@ -1151,9 +1143,6 @@ def join_open_group(args, call):
     return call.server.node.post("/admin-api/groups/%s/join-via-inheritance" % quoted(args["group"]), {})
 
 
-FIXED_TOOLS = TOOL_REGISTRY
-
-
 # ── Apps: installed applications, the catalog, handles, admission ────────────────────────────────
 
 def is_hex_id(value):
@@ -1165,6 +1154,8 @@ def quoted(value):
     """One path segment: ids are hex, but a typo must not be able to reach another route."""
     from urllib.parse import quote
     return quote(value, safe="")
+
+
 RETRY_TEXT = "Call select_app for %s and retry with the returned app_handle."
 GENERIC_RETRY = "Call select_app for the application and retry with the returned app_handle."
 NO_CONTEXT_HANDLE = ("This app_handle names no context. Call select_app for %s with a context and retry "
@@ -1184,7 +1175,8 @@ ABI_FETCH_WORKERS = 8
 
 class AppRecord(namedtuple("AppRecord", "id package version signer_id name description guide metadata "
                                         "services blob raw")):
-    """One installed application as the node lists it (decoded once)."""
+    """One installed application as the node lists it (decoded once). Its guide's uri and hash are worked out
+    on first use and kept: admission compares hashes on every call, and a catalog record lives until it changes."""
 
     @property
     def key(self):
@@ -1198,13 +1190,13 @@ class AppRecord(namedtuple("AppRecord", "id package version signer_id name descr
     def sole_service(self):
         return self.services[0] if len(self.services) == 1 else None
 
-    @property
+    @cached_property
     def guide_uri(self):
         if not self.guide or not self.version:
             return None
         return "calimero://apps/%s/%s/guide" % (quoted(self.id), quoted(self.version))
 
-    @property
+    @cached_property
     def guide_hash(self):
         import hashlib
         return hashlib.sha256((self.guide or "").encode("utf-8")).hexdigest()[:16]
@@ -1258,7 +1250,7 @@ def resolve_among(apps, name):
     found = match_apps(apps, name)
     if not found:
         installed = ", ".join(a.key for a in apps) or "(none)"
-        raise AppNotFound('Application "%s" not found. Installed: %s' % (name, installed))
+        raise ToolError('Application "%s" not found. Installed: %s' % (name, installed))
     packages = sorted({a.key for a in found})
     if len(packages) > 1:
         raise ToolError('Application "%s" is ambiguous: %s. Pass the full package name or the application id.'
@@ -1268,10 +1260,6 @@ def resolve_among(apps, name):
         raise ToolError('Application "%s" is published by several signers: %s. Pass the application id.'
                         % (name, signers))
     return found[0]
-
-
-class AppNotFound(ToolError):
-    pass
 
 
 # ---- handles: HMAC-signed, so an agent cannot forge or edit one (reference §3.7) ----
@@ -1352,8 +1340,9 @@ def handle_for(app, service, context_id):
 
 Unit = namedtuple("Unit", "app service manifest")
 Binding = namedtuple("Binding", "unit method has_output wraps")   # wraps: handshake output rides as {result}
-Snapshot = namedtuple("Snapshot", "units tools index bindings fingerprint")
-EMPTY_SNAPSHOT = Snapshot((), (), {}, {}, "")
+# definitions: the tools/list entries of the generated tools, rendered once per era (wrap False, True).
+Snapshot = namedtuple("Snapshot", "units definitions index bindings fingerprint")
+EMPTY_SNAPSHOT = Snapshot((), {False: [], True: []}, {}, {}, "")
 
 
 def unit_fingerprint(unit):
@@ -1377,14 +1366,15 @@ def build_snapshot(units, reserved):
             tools.append(made)
             bindings[name] = Binding(unit, method, made.output_schema(False) is not None,
                                      made.output_schema(True) != made.output_schema(False))
-    return Snapshot(tuple(units), tuple(tools), {t.name: t for t in tools}, bindings,
+    definitions = {wrap: [tool_definition(t, wrap) for t in tools] for wrap in (False, True)}
+    return Snapshot(tuple(units), definitions, {t.name: t for t in tools}, bindings,
                     "\n".join(unit_fingerprint(u) for u in units))
 
 
 def warn_uncallable_methods(units):
     for unit in units:
         for method in unit.manifest.methods:
-            if any(p.name == "app_handle" for p in method.params):
+            if declared(method, "app_handle"):
                 log.warning("no tool for %s %s %s: its app_handle parameter would collide; use call",
                             unit.app.key, unit.app.version, method.name)
 
@@ -1444,6 +1434,16 @@ class Refusal(ToolError):
     """A refused call: guide blocks, then the retry text, and nothing ran (reference §3.0)."""
 
 
+def unless_absent(statuses, read):
+    """read(), or None when the node answers with one of `statuses`: its way of saying "no such thing"."""
+    try:
+        return read()
+    except node_module().NodeError as error:
+        if error.status in statuses:
+            return None
+        raise
+
+
 class Apps:
     """The installed applications as this server sees them: live resolution, the catalog, admission."""
 
@@ -1486,7 +1486,7 @@ class Apps:
 
     def read_installed(self):
         listed = self.node.get("/admin-api/applications")
-        records = [app_record(raw) for raw in (listed or {}).get("apps", []) if isinstance(raw, dict)]
+        records = [app_record(raw) for raw in as_object(listed).get("apps", []) if isinstance(raw, dict)]
         return [self.with_services(app) for app in records]
 
     def with_services(self, app):
@@ -1507,14 +1507,8 @@ class Apps:
         return self.memo(("app", app_id), lambda: self.read_app(app_id))
 
     def read_app(self, app_id):
-        import node as node_module
-        try:
-            found = self.node.get("/admin-api/applications/%s" % quoted(app_id))
-        except node_module.NodeError as error:
-            if error.status == 404:
-                return None
-            raise
-        raw = (found or {}).get("application")
+        found = unless_absent((404,), lambda: self.node.get("/admin-api/applications/%s" % quoted(app_id)))
+        raw = as_object(found).get("application")
         return app_record(raw) if isinstance(raw, dict) else None
 
     def resolve(self, name):
@@ -1615,9 +1609,9 @@ class Apps:
             time.sleep(POLL_SECONDS)
             self.refresh()
 
-    def generated_tools(self):
+    def generated_definitions(self, wrap):
         self.wait_first_load()
-        return list(self.snapshot.tools)
+        return self.snapshot.definitions[wrap]
 
     def generated_tool(self, name):
         self.wait_first_load()
@@ -1636,39 +1630,35 @@ class Apps:
         return Unit(app, service, self.manifest(app, service))
 
     def tool_names_of(self, app, service):
-        return [name for name, b in self.snapshot.bindings.items()
-                if b.unit.app.id == app.id and b.unit.service == service]
+        """The unit's tool names, in method-name order."""
+        bindings = self.snapshot.bindings           # one snapshot throughout: a refresh may swap it meanwhile
+        names = [name for name, b in bindings.items() if b.unit.app.id == app.id and b.unit.service == service]
+        return sorted(names, key=lambda name: bindings[name].method.name)
 
     # ---- contexts ----
     def contexts_of(self, app):
         found = self.node.get("/admin-api/contexts/for-application/%s" % quoted(app.id))
-        return [c for c in (found or {}).get("contexts", []) if isinstance(c, dict)]
+        return [c for c in as_object(found).get("contexts", []) if isinstance(c, dict)]
 
     def context_by_id(self, context_id):
         return self.memo(("context", context_id), lambda: self.read_context(context_id))
 
     def read_context(self, context_id):
-        import node as node_module
-        try:
-            found = self.node.get("/admin-api/contexts/%s" % quoted(context_id))
-        except node_module.NodeError as error:
-            if error.status in (400, 404):
-                return None
-            raise
+        found = unless_absent((400, 404), lambda: self.node.get("/admin-api/contexts/%s" % quoted(context_id)))
         return found if isinstance(found, dict) and found.get("id") else None
+
+    def context_id(self, value):
+        """The id a context argument names: an id as given, else what the alias resolves to (None if nothing)."""
+        return value if is_hex_id(value) else self.lookup_alias(value)
 
     def lookup_alias(self, name):
         return self.memo(("alias", name), lambda: self.read_alias(name))
 
     def read_alias(self, name):
-        import node as node_module
-        try:
-            found = self.node.post("/admin-api/alias/lookup/context/%s" % quoted(name), {})
-        except node_module.NodeError as error:
-            if error.status in (400, 404, 422):   # a string no alias could be
-                return None
-            raise
-        value = (found or {}).get("value") if isinstance(found, dict) else None
+        # 400, 404 and 422 all mean a string no alias could be.
+        found = unless_absent((400, 404, 422),
+                              lambda: self.node.post("/admin-api/alias/lookup/context/%s" % quoted(name), {}))
+        value = as_object(found).get("value")
         return value if isinstance(value, str) and value else None
 
     def resolve_context(self, value, app, label):
@@ -1676,7 +1666,7 @@ class Apps:
         if not isinstance(value, str) or not value.strip():
             raise ToolError("context must be a context id or alias (a non-empty string).")
         value = value.strip()
-        context_id = value if is_hex_id(value) else self.lookup_alias(value)
+        context_id = self.context_id(value)
         context = self.context_by_id(context_id) if context_id else None
         if context is None:
             raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
@@ -1861,11 +1851,13 @@ def with_guide(apps, app, summary, always):
     return {"content": [c for c in content if c is not None], "structuredContent": summary}
 
 
+APP_NAME = text_property("Application id, package name, trailing segment, or display name.")
+
+
 @tool("describe_app", "Show an application's guide and ABI: the author's guide, then every method with its "
       "parameters and return type, plus an app_handle for planning. Always includes the guide. Does not pick a "
       "context. For a multi-service app, omitting `service` returns an error naming the available services.",
-      {"app": {"type": "string", "description": "Application id, package name, trailing segment, or display name."},
-       "service": {"type": "string", "description": "Service name, for an app that bundles several."}},
+      {"app": APP_NAME, "service": text_property("Service name, for an app that bundles several.")},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def describe_app(args, call):
     apps = call.server.apps
@@ -1881,13 +1873,11 @@ def describe_app(args, call):
 @tool("select_app", "Pick an application and the context to act in. Returns the app_handle every app tool and "
       "`call` require; the handle names the context, so pass it unchanged. Shows the app's guide the first time "
       "only, then a note with its resource uri; methods are in describe_app, or pass verbose to include them here.",
-      {"app": {"type": "string", "description": "Application id, package name, trailing segment, or display name."},
-       "context": {"type": "string", "description": "Context id or alias; defaults to the application's only "
-                                                    "context."},
-       "service": {"type": "string", "description": "Service name, for a multi-service app when no context is "
-                                                    "chosen; a chosen context decides it."},
-       "verbose": {"type": "boolean", "description": "Also return the methods list and the guide, as describe_app "
-                                                    "does."}},
+      {"app": APP_NAME,
+       "context": text_property("Context id or alias; defaults to the application's only context."),
+       "service": text_property("Service name, for a multi-service app when no context is chosen; a chosen "
+                                "context decides it."),
+       "verbose": flag_property("Also return the methods list and the guide, as describe_app does.")},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def select_app(args, call):
     apps, label = call.server.apps, args["app"]
@@ -1900,7 +1890,7 @@ def select_app(args, call):
     summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
     if args.get("verbose"):
         summary["methods"] = method_references(unit)
-    summary["tools"] = sorted(apps.tool_names_of(app, service), key=lambda n: apps.snapshot.bindings[n].method.name)
+    summary["tools"] = apps.tool_names_of(app, service)
     summary["toolsNote"] = TOOLS_NOTE
     summary["context"] = context["id"] if context else None
     if context is None:
@@ -1925,13 +1915,13 @@ def no_context_note(label, contexts):
 # ---- call / call_many ----
 
 CALL_PROPERTIES = {
-    "app_handle": {"type": "string", "description": "The app_handle select_app returned; it names the application "
-                                                    "and the context. Omit it to pass app and context."},
-    "context": {"type": "string", "description": "Context id or alias, with app, instead of an app_handle."},
-    "method": {"type": "string", "description": "ABI method name."},
+    "app_handle": text_property("The app_handle select_app returned; it names the application and the context. "
+                                "Omit it to pass app and context."),
+    "context": text_property("Context id or alias, with app, instead of an app_handle."),
+    "method": text_property("ABI method name."),
     "args": {"type": "object", "description": "Method arguments, keyed by parameter name."},
-    "app": {"type": "string", "description": "Application id, package name, or display name; with context it "
-                                             "replaces the handle, and a handle for another app is refused."},
+    "app": text_property("Application id, package name, or display name; with context it replaces the handle, "
+                         "and a handle for another app is refused."),
 }
 
 
@@ -2025,7 +2015,6 @@ def describe_count(items):
 
 
 def call_many_item(server, item, traceparent, cancelled):
-    import node as node_module
     if not isinstance(item, dict):
         return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
                                       "or app with context."}
@@ -2038,7 +2027,7 @@ def call_many_item(server, item, traceparent, cancelled):
         return {"ok": False, "error": refused.text}
     except ToolError as error:
         return {"ok": False, "error": "Error: " + error.text}
-    except node_module.NodeError as error:
+    except node_module().NodeError as error:
         return {"ok": False, "error": "Error: " + node_error_text(error)}
     except Exception:
         import traceback
@@ -2050,7 +2039,7 @@ _call_pool = []
 
 
 def call_pool():
-    """The bounded pool call_many fans out on (and admission prefetches use), made on first use."""
+    """The bounded pool call_many fans out on, made on first use."""
     if not _call_pool:
         from concurrent.futures import ThreadPoolExecutor
         _call_pool.append(ThreadPoolExecutor(max_workers=CALL_MANY_LIMIT, thread_name_prefix="call"))
@@ -2123,7 +2112,8 @@ def admit_generated(apps, unit, method, args):
 
 
 def strip_injected(method, args):
-    return {k: v for k, v in args.items() if declared(method, k) or k not in ("app_handle", "_context", "context")}
+    import abi
+    return {k: v for k, v in args.items() if declared(method, k) or k not in abi.INJECTED_NAMES}
 
 
 def generated_result(binding, value, call):
@@ -2229,8 +2219,7 @@ def main(argv=None):
         sys.stdout.write("mero-mcp %s\n" % __version__)
         return 0
     if "--check" in argv:
-        import node as node_module
-        return node_module.check(os.environ, sys.stdout)
+        return node_module().check(os.environ, sys.stdout)
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

@@ -1335,6 +1335,5 @@ def _tool_count(report, node, abi, app, label, service) -> str:
         report.problem("%s: %s" % (where, error), "Rebuild the application with a current `cargo mero build`.",
                        False)
         return "no tools (ABI refused)"
-    count = sum(1 for m in manifest.methods
-                if m.name != "init" and not any(p.name == "app_handle" for p in m.params))
+    count = len(abi.tool_methods(manifest))
     return "%d tool%s" % (count, "" if count == 1 else "s")
