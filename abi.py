@@ -562,10 +562,15 @@ def render_problems(problems: Iterable[Problem]) -> str:
     return "\n".join(f"- {problem.path}: {problem.message}" for problem in problems)
 
 
-def _compile(schema: dict):
-    # Imported here so the server starts, and answers initialize, without loading jsonschema.
+def compile_schema(schema: dict):
+    """A Draft 2020-12 validator. jsonschema is imported here, so the server answers initialize without it."""
     from jsonschema import Draft202012Validator
     return Draft202012Validator(schema)
+
+
+def preload() -> None:
+    """Import jsonschema now (the server does it once, on one thread; see mero_mcp.node_module)."""
+    compile_schema({})
 
 
 class Validator:
@@ -574,7 +579,7 @@ class Validator:
     def __init__(self, manifest: Manifest, method):
         self.method = _method_of(manifest, method)
         self.schema = params_schema(manifest, self.method)
-        self._validator = _compile(self.schema)
+        self._validator = compile_schema(self.schema)
         self._wire = _WireArgs(manifest.types)
 
     def check(self, args: Any) -> Tuple[Optional[dict], List[Problem]]:

@@ -86,10 +86,25 @@ class ToolError(Exception):
         self.text, self.blocks = text, tuple(blocks)
 
 
+_loaded = []
+_loading = threading.Lock()
+
+
 def node_module():
-    """node.py, imported on first use: it imports requests, which answering `initialize` must not pay for."""
-    import node
-    return node
+    """node.py, imported on first use: it imports requests, which answering `initialize` must not pay for.
+
+    requests and jsonschema are imported together here, by one thread at a time: two threads importing
+    those intertwined packages at the same moment can trip importlib's deadlock detection (seen as an internal
+    error on a first tool call while the catalog thread was importing requests)."""
+    if not _loaded:
+        with _loading:
+            if not _loaded:
+                import abi
+                import node
+                node.preload()
+                abi.preload()
+                _loaded.append(node)
+    return _loaded[0]
 
 
 # ── Framing: one JSON message per line on stdout, under one lock ─────────────────────────────────
@@ -572,8 +587,9 @@ def check_fixed_arguments(t, arguments):
         return []
     validator = _fixed_validators.get(t.name)
     if validator is None:
-        from jsonschema import Draft202012Validator
-        validator = _fixed_validators[t.name] = Draft202012Validator(t.input_schema)
+        node_module()                         # jsonschema comes with it, imported by one thread
+        import abi
+        validator = _fixed_validators[t.name] = abi.compile_schema(t.input_schema)
     problems = []
     for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in error.absolute_path) or "arguments"

@@ -631,6 +631,11 @@ def _requests():
     return requests
 
 
+def preload() -> None:
+    """Import requests now (the server does it once, on one thread; see mero_mcp.node_module)."""
+    _requests()
+
+
 def _session():
     """The process's one `requests.Session`. `trust_env` is off: a proxy from the environment would otherwise
     capture requests to the local node, and ~/.netrc must never add credentials of its own."""
@@ -705,8 +710,7 @@ def network_error(error: Exception, url: str, timeout: float) -> NodeError:
         reason = "timed out after %g s" % timeout
         hint = "The node at %s did not answer in time: retry, and check its log if this keeps happening." % base
     elif isinstance(error, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
-        return NodeError("Unreadable response from %s: the connection closed mid-response" % shown,
-                         hint=_unreadable_hint(base))
+        return cut_off(shown, base)
     elif isinstance(error, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema)):
         reason = "the url is not valid"
     else:
@@ -714,6 +718,18 @@ def network_error(error: Exception, url: str, timeout: float) -> NodeError:
         reason = next((said for marker, said in _NETWORK_REASONS if marker in text), "network error")
     fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
     return NodeError("Cannot reach the node at %s: %s" % (shown, reason), fix=fix, hint=hint or fix)
+
+
+def cut_off(shown, base):
+    return NodeError("Unreadable response from %s: the connection closed mid-response" % shown,
+                     hint=_unreadable_hint(base))
+
+
+def _is_short(response, content) -> bool:
+    """Fewer bytes than Content-Length promised: urllib3 2 raises for it, urllib3 1 (distribution requests)
+    hands over the short body, so we check ourselves."""
+    declared = response.headers.get("Content-Length", "")
+    return declared.isdigit() and "Content-Encoding" not in response.headers and len(content) < int(declared)
 
 
 def _unreadable_hint(base):
@@ -777,6 +793,8 @@ def node_message(text: str) -> Optional[str]:
 def decode_json(response, url: str):
     """The JSON of a 2xx answer, `{"data": …}` unwrapped; None for an empty body."""
     content = response.content
+    if _is_short(response, content):
+        raise cut_off(display_url(url), display_url(_base_of(url)))
     if not content.strip():
         return None
     try:

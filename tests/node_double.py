@@ -858,6 +858,11 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128       # call_many opens 32 connections at once; the default backlog of 5 resets some
 
+    def handle_error(self, request, client_address):
+        # A client that goes away mid-keep-alive (a server process exiting) is normal, not worth a traceback.
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
     def __init__(self, address, double: "NodeDouble"):
         self.double = double
         self.open_connections: set = set()

@@ -783,8 +783,8 @@ def test_undeclared_names(every_kind):
 
 def test_validator_compiles_once(every_kind, monkeypatch):
     compiled = []
-    real = abi._compile
-    monkeypatch.setattr(abi, "_compile", lambda schema: compiled.append(schema) or real(schema))
+    real = abi.compile_schema
+    monkeypatch.setattr(abi, "compile_schema", lambda schema: compiled.append(schema) or real(schema))
     validator = abi.Validator(every_kind, "count")
     for _ in range(5):
         validator.check({})
