@@ -569,7 +569,7 @@ def compile_schema(schema: dict):
 
 
 def preload() -> None:
-    """Import jsonschema now (the server does it once, on one thread; see mero_mcp.node_module)."""
+    """Import jsonschema now (the server does it once, on one thread; see mero_mcp.heavy)."""
     compile_schema({})
 
 

@@ -86,25 +86,29 @@ class ToolError(Exception):
         self.text, self.blocks = text, tuple(blocks)
 
 
-_loaded = []
+_loaded = {}
 _loading = threading.Lock()
 
 
-def node_module():
-    """node.py, imported on first use: it imports requests, which answering `initialize` must not pay for.
+def heavy(name):
+    """node.py (with requests) or abi.py (with jsonschema), imported on first use, by one thread at a time.
 
-    requests and jsonschema are imported together here, by one thread at a time: two threads importing
-    those intertwined packages at the same moment can trip importlib's deadlock detection (seen as an internal
-    error on a first tool call while the catalog thread was importing requests)."""
-    if not _loaded:
+    Answering `initialize` must pay for neither. And two threads importing those intertwined packages at the
+    same moment can trip importlib's deadlock detection (seen: an internal error on a first tool call while the
+    catalog thread was importing requests), so the imports take turns."""
+    module = _loaded.get(name)
+    if module is None:
         with _loading:
-            if not _loaded:
-                import abi
-                import node
-                node.preload()
-                abi.preload()
-                _loaded.append(node)
-    return _loaded[0]
+            module = _loaded.get(name)
+            if module is None:
+                module = __import__(name)
+                module.preload()
+                _loaded[name] = module
+    return module
+
+
+def node_module():
+    return heavy("node")
 
 
 # ── Framing: one JSON message per line on stdout, under one lock ─────────────────────────────────
@@ -587,9 +591,7 @@ def check_fixed_arguments(t, arguments):
         return []
     validator = _fixed_validators.get(t.name)
     if validator is None:
-        node_module()                         # jsonschema comes with it, imported by one thread
-        import abi
-        validator = _fixed_validators[t.name] = abi.compile_schema(t.input_schema)
+        validator = _fixed_validators[t.name] = heavy("abi").compile_schema(t.input_schema)
     problems = []
     for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in error.absolute_path) or "arguments"
@@ -1548,11 +1550,10 @@ class Apps:
         return manifest
 
     def validator(self, unit, method):
-        import abi
         key = (unit.app.blob or unit.app.id, unit.service, method.name)
         found = self.validators.get(key)
         if found is None:
-            found = self.validators[key] = abi.Validator(unit.manifest, method)
+            found = self.validators[key] = heavy("abi").Validator(unit.manifest, method)
         return found
 
     # ---- the catalog ----

@@ -632,7 +632,7 @@ def _requests():
 
 
 def preload() -> None:
-    """Import requests now (the server does it once, on one thread; see mero_mcp.node_module)."""
+    """Import requests now (the server does it once, on one thread; see mero_mcp.heavy)."""
     _requests()
 
 
