@@ -1470,8 +1470,8 @@ class Apps:
         self.snapshot = EMPTY_SNAPSHOT
         self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
         self.first_load = threading.Event()
-        self.started = False
-        self.polling = False
+        self.threads = set()                      # names of the background threads started (each once)
+        self.threads_lock = threading.Lock()
         self.manifests = {}                       # (blob id, service) -> abi.Manifest
         self.validators = {}                      # (blob id, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
@@ -1558,10 +1558,15 @@ class Apps:
 
     # ---- the catalog ----
     def start(self):
-        if self.started:
-            return
-        self.started = True
-        threading.Thread(target=self.first_read, name="catalog", daemon=True).start()
+        self.start_once("catalog", self.first_read)
+
+    def start_once(self, name, target):
+        """A daemon thread started at most once, whichever threads ask at the same time."""
+        with self.threads_lock:
+            if name in self.threads:
+                return
+            self.threads.add(name)
+        threading.Thread(target=target, name=name, daemon=True).start()
 
     def first_read(self):
         try:
@@ -1616,10 +1621,7 @@ class Apps:
         return units
 
     def start_polling(self):
-        if self.polling:
-            return
-        self.polling = True
-        threading.Thread(target=self.poll, name="catalog-poll", daemon=True).start()
+        self.start_once("catalog-poll", self.poll)
 
     def poll(self):
         while True:

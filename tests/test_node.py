@@ -40,6 +40,14 @@ def make_env(tmp_path, **extra):
     return env
 
 
+def token_env(tmp_path, authed, **extra):
+    """Token mode against the authed double: the env, and the access and refresh tokens it carries."""
+    access, refresh = authed.issue_tokens()
+    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
+                   CALIMERO_REFRESH_TOKEN=refresh, **extra)
+    return env, access, refresh
+
+
 def add_node(env, name, config):
     """A node home directory with the given config.toml text (or a port for the usual merod layout)."""
     directory = Path(env["CALIMERO_NODE_HOME"]) / name
@@ -405,9 +413,7 @@ def test_handoff_end_to_end(tmp_path, authed):
 # ── Refresh (§1.4) and the refresh lock (§1.2) ────────────────────────────────────────────────────
 
 def test_expired_token_is_refreshed_once_and_rotated(tmp_path, authed):
-    access, refresh = authed.issue_tokens()
-    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
-                   CALIMERO_REFRESH_TOKEN=refresh)
+    env, access, refresh = token_env(tmp_path, authed)
     client = Node(env)
     client.get("/admin-api/contexts")
     authed.expire_access_tokens()
@@ -467,9 +473,7 @@ print(client.get('/admin-api/applications')['apps'][0]['package'])
 
 
 def test_two_processes_never_spend_the_same_refresh_token(tmp_path, authed):
-    access, refresh = authed.issue_tokens()
-    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
-                   CALIMERO_REFRESH_TOKEN=refresh, PYTHONPATH=ROOT, PATH=os.environ.get("PATH", ""))
+    env, access, refresh = token_env(tmp_path, authed, PYTHONPATH=ROOT, PATH=os.environ.get("PATH", ""))
     Node(env).connect()                           # both children start from this shared cache file
     authed.expire_access_tokens()
     authed.faults.update({"delay": 0.5, "paths": ["/auth/refresh"]})   # hold the lock while the other waits
@@ -512,9 +516,7 @@ def test_file_lock_breaks_stale_locks_and_waits_for_live_ones(tmp_path):
 
 
 def test_adopts_a_token_another_process_rotated(tmp_path, authed):
-    access, refresh = authed.issue_tokens()
-    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
-                   CALIMERO_REFRESH_TOKEN=refresh)
+    env, access, refresh = token_env(tmp_path, authed)
     client = Node(env)
     client.health()
     authed.expire_access_tokens()
@@ -526,9 +528,8 @@ def test_adopts_a_token_another_process_rotated(tmp_path, authed):
 
 
 def test_a_failed_refresh_is_tried_again_by_the_next_call(tmp_path, authed):
-    access, refresh = authed.issue_tokens()
-    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
-                           CALIMERO_REFRESH_TOKEN=refresh))
+    env, access, refresh = token_env(tmp_path, authed)
+    client = Node(env)
     client.health()
     authed.expire_access_tokens()
     authed.faults.update({"reset": True, "paths": ["/auth/refresh"], "times": 1})
@@ -556,9 +557,7 @@ def test_expired_token_without_refresh_token(tmp_path, authed):
 # ── Revocation and re-login ───────────────────────────────────────────────────────────────────────
 
 def test_revocation_clears_the_cache_and_says_so(tmp_path, authed):
-    access, refresh = authed.issue_tokens()
-    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
-                   CALIMERO_REFRESH_TOKEN=refresh)
+    env, access, refresh = token_env(tmp_path, authed)
     client = Node(env)
     client.get("/admin-api/contexts")
     assert cache_file(env, authed.url).exists()
@@ -575,9 +574,7 @@ def test_revocation_clears_the_cache_and_says_so(tmp_path, authed):
 
 
 def test_replayed_refresh_token_is_reported_as_reuse(tmp_path, authed):
-    access, refresh = authed.issue_tokens()
-    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
-                   CALIMERO_REFRESH_TOKEN=refresh)
+    env, access, refresh = token_env(tmp_path, authed)
     client = Node(env)
     client.health()
     authed.expire_access_tokens()
@@ -1027,9 +1024,7 @@ def test_a_token_cache_that_cannot_be_written_is_an_error(tmp_path, authed):
     """A rotated refresh token only this process knew would be replayed by the next one (§1.2)."""
     state = tmp_path / "state"
     state.write_text("a file where the state directory should be")       # unwritable even for root
-    access, refresh = authed.issue_tokens()
-    env = make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_AUTH_TOKEN=access,
-                   CALIMERO_REFRESH_TOKEN=refresh, CALIMERO_MCP_STATE_DIR=state)
+    env, access, refresh = token_env(tmp_path, authed, CALIMERO_MCP_STATE_DIR=state)
     with pytest.raises(NodeError) as caught:
         Node(env).health()
     assert str(caught.value).startswith("Cannot save tokens to ")
