@@ -177,6 +177,12 @@ def is_valid_id(value):
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def is_request(message):
+    """A message handle_message would dispatch (as opposed to a notification, a response or an invalid one)."""
+    return (isinstance(message, dict) and message.get("jsonrpc") == "2.0" and "method" in message
+            and "id" in message and is_valid_id(message["id"]))
+
+
 def response(request_id, result):
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
@@ -211,36 +217,79 @@ class Server:
                 self._node = node_module().Node(self.env)
             return self._node
 
-    # ---- entry point for one stdin line ----
-    def handle_line(self, raw):
-        """Answer one stdin line (a message or a batch); returns nothing, sends what is due."""
+    # ---- stdin: read on its own thread, handled in order on the main thread ----
+    def receive(self, raw):
+        """On the stdin thread: parse one line; a cancellation or a ping is dealt with at once (never behind a
+        slow call); anything else is returned for the main loop, each request with its ticket, made now so that
+        a cancellation arriving while it waits its turn still reaches it."""
         try:
             message = parse_line(raw)
         except RpcError as error:
-            self.channel.send(error_response(None, error))
+            return error, None               # answered in order by the main loop
+        if isinstance(message, list):
+            return message, [self.ticket(item) for item in message]
+        if self.handled_at_once(message):
+            return None
+        return message, self.ticket(message)
+
+    def ticket(self, message):
+        """A request's cancel flag, registered under its id (a later request reusing the id gets its own)."""
+        if not is_request(message):
+            return None
+        event = threading.Event()
+        with self.cancel_lock:
+            self.cancelled[message["id"]] = event
+        return event
+
+    def release(self, request_id, ticket):
+        with self.cancel_lock:
+            if self.cancelled.get(request_id) is ticket:
+                del self.cancelled[request_id]
+
+    def handled_at_once(self, message):
+        method = message.get("method") if isinstance(message, dict) and message.get("jsonrpc") == "2.0" else None
+        if method == "notifications/cancelled" and "id" not in message:
+            self.handle_notification(message)
+            return True
+        if method == "ping" and "id" in message:
+            reply = self.handle_message(message)     # cheap and stateless, whatever its params say
+            if reply is not None:
+                self.channel.send(reply)
+            return True
+        return False
+
+    def handle_line(self, message, tickets):
+        """Answer one received line (a message, a batch or a parse error); sends what is due."""
+        if isinstance(message, RpcError):
+            self.channel.send(error_response(None, message))
             return
         if isinstance(message, list):
-            self.handle_batch(message)
+            self.handle_batch(message, tickets)
             return
-        reply = self.handle_message(message)
+        reply = self.handle_message(message, ticket=tickets)
         if reply is not None:
             self.channel.send(reply)
         self.apps.start()                    # after the first answer of either era: off the answer path
 
-    def handle_batch(self, batch):
+    def handle_batch(self, batch, tickets):
         if self.version != BATCH_VERSION or not batch:
+            for item, ticket in zip(batch, tickets):
+                if ticket is not None:
+                    self.release(item["id"], ticket)
             reason = "Empty batch" if not batch else (
                 "Batches are only served when protocol version %s was negotiated" % BATCH_VERSION)
             self.channel.send(error_response(None, RpcError(INVALID_REQUEST, reason)))
             return
-        replies = [self.handle_message(item, in_batch=True) for item in batch]
+        replies = [self.handle_message(item, True, ticket) for item, ticket in zip(batch, tickets)]
         replies = [r for r in replies if r is not None]
         if replies:
             self.channel.send(replies)
         self.apps.start()                    # after the first answer of either era: off the answer path
 
-    def handle_message(self, message, in_batch=False):
-        """The response for one message, or None (notifications and stray responses get none)."""
+    def handle_message(self, message, in_batch=False, ticket=None):
+        """The response for one message, or None (notifications, stray responses and cancelled requests get
+        none). `ticket` is the request's cancel flag from receive(); a request cancelled before it starts never
+        runs."""
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             request_id = message.get("id") if isinstance(message, dict) else None
             return error_response(request_id if is_valid_id(request_id) else None,
@@ -257,9 +306,12 @@ class Server:
         request_id = message["id"]
         if not is_valid_id(request_id):
             return error_response(None, RpcError(INVALID_REQUEST, "A request id must be a string or an integer"))
+        ticket = threading.Event() if ticket is None else ticket
         try:
-            result = self.dispatch(message, in_batch)
-            if self.is_cancelled(request_id):
+            if ticket.is_set():
+                return None              # cancelled while it waited its turn: it never runs
+            result = self.dispatch(message, in_batch, ticket)
+            if ticket.is_set():
                 return None                  # cancelled: the client expects no response (cancellation.mdx)
             return response(request_id, result)
         except RpcError as error:
@@ -269,8 +321,7 @@ class Server:
             log.error("internal error in %s:\n%s", message.get("method"), traceback.format_exc())
             return error_response(request_id, RpcError(INTERNAL_ERROR, "Internal error"))
         finally:
-            with self.cancel_lock:
-                self.cancelled.pop(request_id, None)
+            self.release(request_id, ticket)
 
     def handle_notification(self, message):
         method, params = message.get("method"), message.get("params")
@@ -287,12 +338,7 @@ class Server:
         if event is not None:
             event.set()
 
-    def is_cancelled(self, request_id):
-        with self.cancel_lock:
-            event = self.cancelled.get(request_id)
-        return event is not None and event.is_set()
-
-    def dispatch(self, message, in_batch):
+    def dispatch(self, message, in_batch, ticket):
         method, params = message["method"], message.get("params", {})
         if not isinstance(method, str):
             raise RpcError(INVALID_REQUEST, "method must be a string")
@@ -308,10 +354,7 @@ class Server:
             raise RpcError(METHOD_NOT_FOUND, "Method not found: %s" % method)
         if method == "initialize" and in_batch:
             raise RpcError(INVALID_REQUEST, "initialize must not be part of a batch")
-        event = threading.Event()
-        with self.cancel_lock:
-            self.cancelled[message["id"]] = event
-        call = Call(self, message["id"], meta, modern, meta.get("progressToken"), event)
+        call = Call(self, message["id"], meta, modern, meta.get("progressToken"), ticket)
         result = handler(self, params, call)
         if modern:
             result = modern_result(method, result)
@@ -2179,10 +2222,9 @@ def reader(stream, inbox, server):
     """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
     try:
         for raw in read_lines(stream):
-            if raw is not None and (b"notifications/cancelled" in raw or b"ping" in raw) \
-                    and handled_at_once(server, raw):
-                continue
-            inbox.put(raw)
+            received = server.receive(raw)
+            if received is not None:
+                inbox.put(received)
     finally:
         inbox.put(EOF)                   # even if this thread fails: the main loop must not wait forever
         # The client is gone: answers still queued get a moment to drain, a call waiting on the node does not.
@@ -2194,26 +2236,6 @@ def exit_after_eof(server):
     quiet_exit(0)
 
 
-def handled_at_once(server, raw):
-    """Cancellations and pings never queue behind a slow call; every other message is handled in order."""
-    try:
-        message = parse_line(raw)
-    except RpcError:
-        return False                     # the main loop answers the parse error, in order
-    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-        return False
-    method = message.get("method")
-    if method == "notifications/cancelled" and "id" not in message:
-        server.handle_notification(message)
-        return True
-    if method == "ping" and "id" in message:
-        reply = server.handle_message(message)     # cheap and stateless, whatever its params say
-        if reply is not None:
-            server.channel.send(reply)
-        return True
-    return False
-
-
 EOF = object()
 
 
@@ -2223,10 +2245,10 @@ def serve(stdin, stdout):
     inbox = queue.Queue()
     threading.Thread(target=reader, args=(stdin, inbox, server), name="stdin", daemon=True).start()
     while True:
-        raw = inbox.get()
-        if raw is EOF:
+        received = inbox.get()
+        if received is EOF:
             return
-        server.handle_line(raw)
+        server.handle_line(*received)
 
 
 def main(argv=None):

@@ -172,3 +172,76 @@ def test_cancel_sent_as_a_request_is_answered(start_server, server_env):
     server = start_server(server_env)
     reply = server.request("notifications/cancelled", {"requestId": 1})
     assert reply["error"]["code"] == -32601
+
+
+def slow_call(server, handle, request_id="slow"):
+    """A call that keeps the main loop busy (the double sleeps exec_delay), so what follows waits its turn."""
+    server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                 "params": {"name": "call", "arguments": {"app_handle": handle, "method": "len"}}})
+
+
+def set_request(request_id, handle, key):
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": "call", "arguments": {"app_handle": handle, "method": "set",
+                                                     "args": {"key": key, "value": "written"}}}}
+
+
+def test_a_request_cancelled_while_it_waits_never_runs(start_server, slow_env, slow_double, handle_of):
+    """Cancelled behind a slow call: it never reaches the node and is never answered; a later request reusing
+    its id is a request of its own, answered once, and does not bring the cancelled one back."""
+    server = start_server(slow_env)
+    handle = handle_of(server)
+    slow_double.exec_delay = 2.0
+    before = len(slow_double.executions)
+    slow_call(server, handle)
+    wait_until(lambda: len(slow_double.executions) > before, "the slow call to reach the node")
+    server.send(set_request("queued", handle, "cancelled-key"))
+    server.notify("notifications/cancelled", {"requestId": "queued", "reason": "changed my mind"})
+    reused = server.request("tools/call", {"name": "call", "arguments": {"app_handle": handle, "method": "len"}},
+                            request_id="queued", timeout=LONG)
+    assert reused["result"]["content"][0]["text"] == "0", reused     # the len's answer; no set ran before it
+    assert "result" in server.wait_for("slow", LONG)
+    slow_double.exec_delay = 0.0
+    assert server.call_tool("call", {"app_handle": handle, "method": "get",
+                                     "args": {"key": "cancelled-key"}})["content"][0]["text"] == "null"
+    methods = [e["method"] for e in slow_double.executions[before:]]
+    assert methods == ["len", "len", "get"], methods
+    assert len(frames_with_id(server, "queued")) == 1
+
+
+def test_a_request_cancelled_while_it_waits_stays_cancelled_when_its_id_returns(
+        start_server, slow_env, slow_double, handle_of):
+    """The id comes back while the cancelled request still waits: only the new one runs."""
+    server = start_server(slow_env)
+    handle = handle_of(server)
+    slow_double.exec_delay = 2.0
+    before = len(slow_double.executions)
+    slow_call(server, handle)
+    wait_until(lambda: len(slow_double.executions) > before, "the slow call to reach the node")
+    server.send(set_request(9, handle, "first"))
+    server.notify("notifications/cancelled", {"requestId": 9})
+    server.send(set_request(9, handle, "second"))
+    answer = server.wait_for(9, LONG)
+    assert not answer["result"].get("isError"), answer
+    slow_double.exec_delay = 0.0
+    assert server.result("ping") == {}
+    writes = [e["argsJson"]["key"] for e in slow_double.executions[before:] if e["method"] == "set"]
+    assert writes == ["second"]
+    assert len(frames_with_id(server, 9)) == 1
+
+
+def test_a_batch_item_cancelled_while_it_waits_never_runs(start_server, slow_env, slow_double, handle_of):
+    server = start_server(slow_env, initialize="2025-03-26")
+    handle = handle_of(server)
+    slow_double.exec_delay = 2.0
+    before = len(slow_double.executions)
+    slow_call(server, handle)
+    wait_until(lambda: len(slow_double.executions) > before, "the slow call to reach the node")
+    server.send([set_request("a", handle, "kept"), set_request("b", handle, "dropped")])
+    server.notify("notifications/cancelled", {"requestId": "b"})
+    assert "result" in server.wait_for("a", LONG)
+    slow_double.exec_delay = 0.0
+    assert server.result("ping") == {}
+    writes = [e["argsJson"]["key"] for e in slow_double.executions[before:] if e["method"] == "set"]
+    assert writes == ["kept"]
+    assert frames_with_id(server, "b") == []
