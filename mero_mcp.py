@@ -32,14 +32,18 @@ SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
 INSTRUCTIONS = (
     "Calimero apps describe themselves. Do not read app source. To use an app: list_applications, "
     "then describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call."
 )
+# Both eras: the handshake era hears list changes on the session, 2026-07-28 on subscriptions/listen.
 CAPABILITIES = {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
-# 2026-07-28 delivers list changes only through subscriptions/listen, which we do not serve: promise none.
-MODERN_CAPABILITIES = {"tools": {}, "resources": {}}
+TOOLS_CHANGED = "notifications/tools/list_changed"
+RESOURCES_CHANGED = "notifications/resources/list_changed"
+# The subscriptions/listen filter fields we honour (no prompts; a guide uri names one version, so no updates).
+LISTEN_FILTERS = {"toolsListChanged": TOOLS_CHANGED, "resourcesListChanged": RESOURCES_CHANGED}
 LIST_TTL_MS = 30000          # tools/resources lists: matches the catalog poll
 GUIDE_TTL_MS = 86400000      # a guide uri names one app version, so it may be cached for a day
 CALL_MANY_LIMIT = 32
@@ -183,6 +187,13 @@ def is_request(message):
             and "id" in message and is_valid_id(message["id"]))
 
 
+def notification(method, params=None):
+    message = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
 def response(request_id, result):
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
@@ -200,6 +211,7 @@ class Server:
         self.version = None                  # negotiated handshake version, None until initialize
         self.cancelled = {}                  # request id -> threading.Event, for in-flight requests
         self.cancel_lock = threading.Lock()
+        self.listens = Listens(channel)      # 2026-07-28 subscriptions/listen streams
         self.toolsets = enabled_toolsets(self.env)
         enabled = [t for t in FIXED_TOOLS if t.toolset in self.toolsets or t.toolset == "app"]
         self.fixed_tools = {t.name: t for t in enabled}
@@ -311,8 +323,8 @@ class Server:
             if ticket.is_set():
                 return None              # cancelled while it waited its turn: it never runs
             result = self.dispatch(message, in_batch, ticket)
-            if ticket.is_set():
-                return None                  # cancelled: the client expects no response (cancellation.mdx)
+            if ticket.is_set() or result is LISTENING:
+                return None              # cancelled: no response (cancellation.mdx); a listen answers when it ends
             return response(request_id, result)
         except RpcError as error:
             return error_response(request_id, error)
@@ -337,6 +349,7 @@ class Server:
             event = self.cancelled.get(request_id)
         if event is not None:
             event.set()
+        self.listens.close(request_id)       # a listen ends when its client cancels it, unanswered
 
     def dispatch(self, message, in_batch, ticket):
         method, params = message["method"], message.get("params", {})
@@ -356,7 +369,7 @@ class Server:
             raise RpcError(INVALID_REQUEST, "initialize must not be part of a batch")
         call = Call(self, message["id"], meta, modern, meta.get("progressToken"), ticket)
         result = handler(self, params, call)
-        if modern:
+        if modern and result is not LISTENING:
             result = modern_result(method, result)
         return result
 
@@ -402,17 +415,58 @@ class Server:
             return error_result(node_error_text(error))
         return render_result(value)
 
-    def announce_lists_changed(self):
-        """What is installed changed: tell a handshake-era client (modern clients re-list on their own)."""
+    def announce_lists_changed(self, tools=True, resources=True):
+        """The catalog changed: tell a handshake-era session, and every listen that asked for that list."""
+        methods = [m for m, changed in ((TOOLS_CHANGED, tools), (RESOURCES_CHANGED, resources)) if changed]
         if self.version is not None:
-            self.notify("notifications/tools/list_changed")
-            self.notify("notifications/resources/list_changed")
+            for method in methods:
+                self.notify(method)
+        self.listens.announce(methods)
 
     def notify(self, method, params=None):
-        message = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            message["params"] = params
-        self.channel.send(message)
+        self.channel.send(notification(method, params))
+
+
+LISTENING = object()        # a handler's answer for a listen: its response comes only when the stream ends
+
+
+class Listens:
+    """Open subscriptions/listen streams (2026-07-28): request id -> the notification methods it asked for.
+
+    Each stream is acknowledged before anything else is sent on it, and every message on it carries its id
+    (basic/patterns/subscriptions). One lock orders that against announcements and cancels from other threads."""
+
+    def __init__(self, channel):
+        self.channel = channel
+        self.lock = threading.Lock()
+        self.streams = {}
+
+    def open(self, request_id, accepted, ticket):
+        with self.lock:
+            if ticket.is_set():
+                return                       # cancelled before it opened
+            self.streams[request_id] = {LISTEN_FILTERS[field] for field in accepted}
+            self.channel.send(notification("notifications/subscriptions/acknowledged",
+                                           {"_meta": {SUBSCRIPTION_ID: request_id}, "notifications": accepted}))
+
+    def close(self, request_id):
+        with self.lock:
+            self.streams.pop(request_id, None)
+
+    def announce(self, methods):
+        with self.lock:
+            for request_id, wanted in self.streams.items():
+                for method in methods:
+                    if method in wanted:
+                        self.channel.send(notification(method, {"_meta": {SUBSCRIPTION_ID: request_id}}))
+
+    def end_all(self):
+        """The server shuts down: each stream ends gracefully, with its completion result."""
+        with self.lock:
+            streams, self.streams = self.streams, {}
+        for request_id in streams:
+            self.channel.send(response(request_id, modern_result(
+                "subscriptions/listen", {"_meta": {SUBSCRIPTION_ID: request_id}})))
 
 
 def node_error_text(error):
@@ -470,7 +524,7 @@ def on_initialize(server, params, call):
 
 
 def on_discover(server, params, call):
-    return {"supportedVersions": list(SUPPORTED_VERSIONS), "capabilities": MODERN_CAPABILITIES,
+    return {"supportedVersions": list(SUPPORTED_VERSIONS), "capabilities": CAPABILITIES,
             "instructions": INSTRUCTIONS, "ttlMs": LIST_TTL_MS, "cacheScope": "private"}
 
 
@@ -518,6 +572,25 @@ def on_resources_read(server, params, call):
     return {"contents": contents}
 
 
+def on_listen(server, params, call):
+    server.listens.open(call.request_id, listen_filter(params), call.cancelled)
+    return LISTENING
+
+
+def listen_filter(params):
+    """The filter fields of a subscriptions/listen we honour: what its acknowledgement carries."""
+    wanted = params.get("notifications")
+    if not isinstance(wanted, dict):
+        raise RpcError(INVALID_PARAMS, "subscriptions/listen needs params.notifications (an object)")
+    for field in ("toolsListChanged", "promptsListChanged", "resourcesListChanged"):
+        if field in wanted and not isinstance(wanted[field], bool):
+            raise RpcError(INVALID_PARAMS, "notifications.%s must be a boolean" % field)
+    uris = wanted.get("resourceSubscriptions")
+    if uris is not None and not (isinstance(uris, list) and all(isinstance(uri, str) for uri in uris)):
+        raise RpcError(INVALID_PARAMS, "notifications.resourceSubscriptions must be an array of strings")
+    return {field: True for field in LISTEN_FILTERS if wanted.get(field) is True}
+
+
 def check_cursor(params):
     # Everything fits one page, so no cursor we hand out exists: any cursor is invalid.
     if params.get("cursor") is not None:
@@ -533,7 +606,7 @@ COMMON_METHODS = {
     "server/discover": on_discover,
 }
 HANDSHAKE_METHODS = dict(COMMON_METHODS, initialize=on_initialize, ping=on_ping)
-MODERN_METHODS = dict(COMMON_METHODS)       # 2026-07-28 removed initialize and ping
+MODERN_METHODS = dict(COMMON_METHODS, **{"subscriptions/listen": on_listen})   # no initialize, no ping
 
 
 # ── The tool table ────────────────────────────────────────────────────────────────────────────────
@@ -1513,6 +1586,7 @@ class Apps:
         self.snapshot = EMPTY_SNAPSHOT
         self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
         self.first_load = threading.Event()
+        self.answered_early = False               # a reader gave up waiting for the first read: announce it
         self.threads = set()                      # names of the background threads started (each once)
         self.threads_lock = threading.Lock()
         self.manifests = {}                       # (blob id, service) -> abi.Manifest
@@ -1621,9 +1695,11 @@ class Apps:
             self.first_load.set()
 
     def wait_first_load(self):
-        """A reader of the catalog starts it (a modern client may never send discover) and waits a little."""
+        """A reader of the catalog starts it (a modern client may never send discover) and waits a little;
+        if the first read takes longer, load() announces its apps when they arrive."""
         self.start()
-        self.first_load.wait(FIRST_LOAD_WAIT)
+        if not self.first_load.wait(FIRST_LOAD_WAIT):
+            self.answered_early = True
 
     def load(self):
         """Read the installed apps and their ABIs; swap the snapshot and announce a change."""
@@ -1632,13 +1708,14 @@ class Apps:
             # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
             reserved = {t.name for t in FIXED_TOOLS}
             fresh = build_snapshot(units, reserved)
-            changed = fresh.fingerprint != self.snapshot.fingerprint
-            self.snapshot = fresh
+            old, self.snapshot = self.snapshot, fresh
+            changed = fresh.fingerprint != old.fingerprint
         if changed:
             warn_uncallable_methods(fresh.units)
         self.start_polling()
-        if changed and self.first_load.is_set():
-            self.server.announce_lists_changed()
+        if changed and (self.first_load.is_set() or self.answered_early):
+            self.server.announce_lists_changed(tools=fresh.definitions != old.definitions,
+                                               resources=guide_entries(fresh) != guide_entries(old))
         return changed
 
     def refresh(self):
@@ -1758,14 +1835,7 @@ class Apps:
 
     def guide_resources(self):
         self.wait_first_load()
-        seen, resources = set(), []
-        for unit in self.snapshot.units:
-            uri = unit.app.guide_uri
-            if uri and uri not in seen:
-                seen.add(uri)
-                resources.append({"uri": uri, "name": "%s guide" % unit.app.label, "mimeType": "text/markdown",
-                                  "description": "The author's guide of %s %s." % (unit.app.key, unit.app.version)})
-        return resources
+        return guide_entries(self.snapshot)
 
     def read_guide(self, uri):
         self.wait_first_load()
@@ -1773,6 +1843,18 @@ class Apps:
             if unit.app.guide_uri == uri:
                 return [{"uri": uri, "mimeType": "text/markdown", "text": unit.app.guide}]
         return None
+
+
+def guide_entries(snapshot):
+    """The resources/list entries of a catalog: one per guide uri."""
+    seen, resources = set(), []
+    for unit in snapshot.units:
+        uri = unit.app.guide_uri
+        if uri and uri not in seen:
+            seen.add(uri)
+            resources.append({"uri": uri, "name": "%s guide" % unit.app.label, "mimeType": "text/markdown",
+                              "description": "The author's guide of %s %s." % (unit.app.key, unit.app.version)})
+    return resources
 
 
 class AppBudget:
@@ -2247,6 +2329,10 @@ def serve(stdin, stdout):
     while True:
         received = inbox.get()
         if received is EOF:
+            try:
+                server.listens.end_all()
+            except OSError:              # the client closed our stdout too
+                pass
             return
         server.handle_line(*received)
 

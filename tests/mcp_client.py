@@ -87,6 +87,18 @@ class McpServer:
             self._file(frame)
         return self.pending.pop(request_id)
 
+    def wait_notification(self, matches, timeout=DEFAULT_TIMEOUT):
+        """The first notification (already read or still to come) for which matches(notification) is true."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [n for n in self.notifications if matches(n)]
+            if found:
+                return found[0]
+            frame = self.read(max(0.01, deadline - time.monotonic()))
+            if frame is None:
+                raise AssertionError("server exited before the notification; stderr:\n%s" % self.stderr)
+            self._file(frame)
+
     def _file(self, frame):
         frames = frame if isinstance(frame, list) else [frame]
         for item in frames:

@@ -184,7 +184,7 @@ def test_server_discover(bare):
     result = bare.result("server/discover", {"_meta": MODERN})
     assert result["resultType"] == "complete"
     assert result["supportedVersions"][0] == "2026-07-28" and "2025-11-25" in result["supportedVersions"]
-    assert result["capabilities"] == {"tools": {}, "resources": {}}
+    assert result["capabilities"] == {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
     assert result["instructions"] == INSTRUCTIONS
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mero-mcp"
     assert isinstance(result["ttlMs"], int) and result["cacheScope"] in ("public", "private")
@@ -339,13 +339,6 @@ def test_lone_surrogate_in_an_id_is_echoed_as_valid_json(bare):
 def test_modern_request_without_client_capabilities_is_invalid(bare):
     reply = bare.request("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})
     assert reply["error"]["code"] == -32602 and "clientCapabilities" in reply["error"]["message"]
-
-
-def test_modern_era_promises_no_list_changed(bare):
-    """2026-07-28 sends list changes only on subscriptions/listen, which this server does not serve."""
-    capabilities = bare.result("server/discover", {"_meta": MODERN})["capabilities"]
-    assert capabilities == {"tools": {}, "resources": {}}
-    assert bare.request("subscriptions/listen", {"_meta": MODERN})["error"]["code"] == -32601
 
 
 def test_exits_within_a_second_of_eof_while_a_call_waits_on_the_node(offline_env, double):
