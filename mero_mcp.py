@@ -385,8 +385,11 @@ class Server:
             return True
         # Echo a string (or number) as sent; a nested value could be too deep to encode again.
         requested = version if isinstance(version, (str, int)) else None
-        raise RpcError(UNSUPPORTED_VERSION, "Unsupported protocol version",
-                       {"supported": list(SUPPORTED_VERSIONS), "requested": requested})
+        message = "Unsupported protocol version"
+        if version in HANDSHAKE_VERSIONS:          # served, but only on a session opened with initialize
+            message += ": %s is negotiated with initialize, not per request" % version
+        raise RpcError(UNSUPPORTED_VERSION, message,
+                       {"supported": [v for v in SUPPORTED_VERSIONS if v != version], "requested": requested})
 
     def wraps_output(self, call):
         """Handshake-era clients need object output schemas, so non-object returns ride as {result}."""

@@ -207,6 +207,22 @@ def test_unsupported_modern_version(bare):
     assert "2026-07-28" in reply["error"]["data"]["supported"]
 
 
+@pytest.mark.parametrize("requested", ["2030-01-01", "2025-11-25", "2024-11-05"])
+def test_unsupported_version_lists_only_what_is_served(bare, requested):
+    served = bare.result("server/discover", {"_meta": MODERN})["supportedVersions"]
+    reply = bare.request("tools/list", {"_meta": dict(MODERN, **{"io.modelcontextprotocol/protocolVersion":
+                                                                 requested})})
+    error = reply["error"]
+    assert error["code"] == -32022 and error["data"]["requested"] == requested
+    assert requested not in error["data"]["supported"]
+    assert error["data"]["supported"] == [v for v in served if v != requested]
+    if requested in served:                  # a handshake version: the message says how to get it
+        assert error["message"] == ("Unsupported protocol version: %s is negotiated with initialize, not per "
+                                    "request" % requested)
+    else:
+        assert error["message"] == "Unsupported protocol version"
+
+
 def test_ping_is_gone_in_the_modern_era(bare):
     assert bare.request("ping", {"_meta": MODERN})["error"]["code"] == -32601
 
