@@ -986,7 +986,11 @@ class Node:
         """Run an app method (node-api §4): the method's output, or NodeError with the app's own message."""
         body = {"jsonrpc": "2.0", "id": next(self._ids), "method": "execute",
                 "params": {"contextId": context_id, "method": method, "argsJson": {} if args is None else args}}
-        reply = self._request("POST", "/jsonrpc", body=body, timeout=timeout)
+        try:
+            reply = self._request("POST", "/jsonrpc", body=body, timeout=timeout)
+        except RecursionError:          # json.loads gives up past Python's recursion limit
+            raise NodeError("%s ran, but its output is nested too deeply to decode (more levels than Python's JSON "
+                            "decoder allows)" % method) from None
         if not isinstance(reply, dict) or ("result" not in reply and "error" not in reply):
             raise NodeError("Unreadable response from %s: not a JSON-RPC reply" % display_url(self._base + "/jsonrpc"))
         if reply.get("error") is not None:

@@ -965,7 +965,8 @@ class NodeDouble:
       down       close the connection without answering     reset      abort the socket with a TCP RST
       truncated  promise more Content-Length than is sent    garbage    200 with a non-JSON body
       delay      seconds to sleep first (combines with the rest)
-      status     answer this status: with "body" (text/plain) or "json", else the node's own text
+      status     answer this status: with "body" (text/plain), "json" or "raw" (JSON text sent as is, for
+                 bodies json.dumps cannot make), else the node's own text
                  (503 → the "authority … not yet resolvable" error, 500 → Internal server error)
     """
 
@@ -1327,7 +1328,7 @@ class NodeDouble:
         if fault.get("garbage"):
             handler.send(Reply(200, b"<html><body>502 Bad Gateway?</body>", JSON_TYPE))
             return True
-        if "status" in fault or "json" in fault or "body" in fault:
+        if "status" in fault or "json" in fault or "body" in fault or "raw" in fault:
             handler.send(self._fault_reply(fault, request.path))
             return True
         return False
@@ -1347,6 +1348,8 @@ class NodeDouble:
         status = int(fault.get("status", 200))
         if "json" in fault:
             return json_reply(status, fault["json"])
+        if "raw" in fault:
+            return Reply(status, fault["raw"].encode("utf-8"), JSON_TYPE)
         if "body" in fault:
             return text_reply(status, str(fault["body"]))
         if status == 503:

@@ -215,3 +215,32 @@ def test_node_slower_than_the_timeout(start_server, server_env, double):
                         "did not answer in time", "retry")
     assert "Start the node" not in text             # it is running: starting it is not the advice
     assert_all_work(server, handle)
+
+
+# ── an output too deep to decode ─────────────────────────────────────────────────────────────────
+
+DEEP = 100000                    # far past Python's JSON decoder (its recursion limit, 1000 by default)
+
+
+@pytest.mark.parametrize("name,arguments", [
+    ("kv_store_entries", {}), ("call", {"method": "entries"})])
+def test_output_nested_deeper_than_the_decoder_allows_is_an_error_naming_the_method(session, double, name,
+                                                                                   arguments):
+    server, handle = session
+    double.faults.update({"paths": ["/jsonrpc"], "times": 1, "raw": '{"jsonrpc":"2.0","id":1,"result":'
+                          '{"output":%s%s}}' % ("[" * DEEP, "]" * DEEP)})
+    result = server.call_tool(name, dict(arguments, app_handle=handle))
+    assert result.get("isError") is True, result
+    assert text_of(result) == ("Error: entries ran, but its output is nested too deeply to decode (more levels "
+                               "than Python's JSON decoder allows)")
+    assert "Traceback" not in server.stderr
+    assert_all_work(server, handle)
+
+
+def test_a_too_deep_output_fails_only_its_call_many_item(session, double):
+    server, handle = session
+    double.faults.update({"paths": ["/jsonrpc"], "times": 1, "raw": '{"jsonrpc":"2.0","id":1,"result":'
+                          '{"output":%s%s}}' % ("[" * DEEP, "]" * DEEP)})
+    items = json.loads(text_of(server.call_tool("call_many", {"calls": [{"app_handle": handle, "method": "entries"}]})))
+    assert items == [{"ok": False, "error": "Error: entries ran, but its output is nested too deeply to decode "
+                                            "(more levels than Python's JSON decoder allows)"}]

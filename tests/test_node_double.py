@@ -666,6 +666,14 @@ def test_fault_path_filter_and_times(node):
     assert node.faults == {}
 
 
+def test_fault_raw_sends_json_text_as_is(node):
+    deep = '{"jsonrpc":"2.0","id":1,"result":{"output":%s%s}}' % ("[" * 5000, "]" * 5000)
+    node.faults.update({"raw": deep, "paths": ["/jsonrpc"], "times": 1})
+    answer = call(node, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": 1, "method": "execute", "params": {}})
+    assert (answer.status, answer.body, answer.content_type) == (200, deep.encode("utf-8"), "application/json")
+    assert node.faults == {}
+
+
 def test_stop_and_restart_on_the_same_port(node, demo_context):
     port = node.port
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
