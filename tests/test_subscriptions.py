@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from mcp_client import ROOT, McpServer, minimal_env
-from node_double import NodeDouble, counter_spec, kv_store_spec
+from node_double import NodeDouble, counter_spec, kv_store_spec, sample_double
 
 MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
           "io.modelcontextprotocol/clientCapabilities": {}}
@@ -71,6 +71,15 @@ def answers_for(server, request_id):
     return [f for f in server.pending.values() if f.get("id") == request_id]
 
 
+def drain(server):
+    """After the server exited: file every frame it wrote."""
+    while True:
+        frame = server.read()
+        if frame is None:
+            return
+        server._file(frame)
+
+
 # ── subscriptions/listen ─────────────────────────────────────────────────────────────────────────
 
 def test_two_listens_each_hear_what_they_asked_for(start_server, registry_double, tmp_path):
@@ -105,11 +114,34 @@ def test_a_cancelled_listen_hears_nothing_more_and_stdin_close_ends_the_rest(reg
     finally:
         assert server.close(timeout=10) == 0          # open listens do not keep the process alive
     # The server ended "b" itself, so it answers it (graceful closure); "a" was cancelled: never answered.
+    drain(server)
     closed = server.wait_for("b")
     assert closed["result"]["resultType"] == "complete"
     assert closed["result"]["_meta"][SUBSCRIPTION_ID] == "b"
     assert answers_for(server, "a") == []
     server.assert_stdout_pure()
+
+
+def test_a_listen_cancelled_before_its_turn_never_opens(tmp_path):
+    slow = sample_double(exec_delay=2.0).start()
+    server = McpServer(env_for(slow.url, tmp_path))
+    try:
+        handle = modern_tool(server, "select_app", {"app": "kv-store", "context": "demo"}
+                             )["structuredContent"]["app_handle"]
+        server.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                     "params": modern({"name": "call", "arguments": {"app_handle": handle, "method": "len"}})})
+        server.send({"jsonrpc": "2.0", "id": "late", "method": "subscriptions/listen",
+                     "params": modern({"notifications": {"toolsListChanged": True}})})
+        server.notify("notifications/cancelled", {"requestId": "late"})
+        assert "result" in server.wait_for("slow", LONG)
+        slow.exec_delay = 0.0
+        assert server.result("tools/list", modern())["tools"]
+        assert not [n for n in server.notifications if n.get("method") == ACKNOWLEDGED]
+    finally:
+        assert server.close(timeout=10) == 0
+        slow.stop()
+    drain(server)
+    assert answers_for(server, "late") == []          # not even the completion result at stdin close
 
 
 @pytest.mark.parametrize("notifications,problem", [
