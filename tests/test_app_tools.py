@@ -788,7 +788,7 @@ def test_call_many_runs_in_order_and_one_failure_does_not_fail_the_batch(own, fr
     assert items[3] == {"ok": False, "error": GENERIC_RETRY}
     assert items[4] == {"ok": False, "error": "Error: Invalid arguments for set:\n- key: expected string, got 1\n"
                                               "- value: missing required parameter"}
-    assert items[5] == {"ok": True, "result": 1}
+    assert items[5] == {"ok": True, "result": 0}                 # a fresh counter reads 0
     assert items[6] == {"ok": False, "error": INIT_REFUSAL}
     assert sorted(e["method"] for e in fresh.double.executions) == ["get_result", "set", "value"]
 
