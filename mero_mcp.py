@@ -88,6 +88,8 @@ class ToolError(Exception):
 
 _loaded = {}
 _loading = threading.Lock()
+MISSING_SIBLING = ("%s.py is missing from %s: mero_mcp.py, abi.py and node.py travel together. Copy all three into "
+                   "one directory, or run `pip install .` in the checkout.")
 
 
 def heavy(name):
@@ -101,7 +103,12 @@ def heavy(name):
         with _loading:
             module = _loaded.get(name)
             if module is None:
-                module = __import__(name)
+                try:
+                    module = __import__(name)
+                except ModuleNotFoundError as error:
+                    if error.name != name:
+                        raise
+                    raise ToolError(MISSING_SIBLING % (name, os.path.dirname(os.path.abspath(__file__)))) from None
                 module.preload()
                 _loaded[name] = module
     return module
@@ -2255,7 +2262,11 @@ def main(argv=None):
         sys.stdout.write("mero-mcp %s\n" % __version__)
         return 0
     if "--check" in argv:
-        return node_module().check(os.environ, sys.stdout)
+        try:
+            return node_module().check(os.environ, sys.stdout)
+        except ToolError as error:       # node.py is not beside this file
+            sys.stderr.write("mero-mcp: %s\n" % error.text)
+            return 1
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2
