@@ -36,6 +36,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PIP) -e '.[bench]'
 	$(PY) bench/run.py
+	$(PY) bench/bench_abi.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
