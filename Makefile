@@ -2,32 +2,41 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-test
+PIP    := $(PY) -m pip install -q --disable-pip-version-check
+# The runtime packages only (requests, jsonschema): enough for demo and run. The test stack builds on it.
+RUNTIME := $(VENV)/.installed-runtime
+STAMP   := $(VENV)/.installed-test
 
 .PHONY: test demo run lint bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(RUNTIME): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PIP) -e .
+	touch $@
+
+$(STAMP): $(RUNTIME)
+	$(PIP) -e '.[test]'
 	touch $@
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(PY) tests/demo.py
 
-run: $(STAMP)
+run: $(RUNTIME)
 	$(PY) mero_mcp.py
 
 lint: $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[lint]'
+	$(PIP) -e '.[lint]'
 	$(VENV)/bin/vermin -q -t=3.9- --violations --no-tips --eval-annotations mero_mcp.py abi.py node.py
 	$(PY) -m pyflakes mero_mcp.py abi.py node.py tests bench
+	@echo "lint: clean (pyflakes; mero_mcp.py, abi.py, node.py run on Python 3.9)"
 
 bench: $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[bench]'
+	$(PIP) -e '.[bench]'
 	$(PY) bench/run.py
+	$(PY) bench/bench_abi.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -92,6 +92,8 @@ class ToolError(Exception):
 
 _loaded = {}
 _loading = threading.Lock()
+MISSING_SIBLING = ("%s.py is missing from %s: mero_mcp.py, abi.py and node.py travel together. Copy all three into "
+                   "one directory, or run `pip install .` in the checkout.")
 
 
 def heavy(name):
@@ -105,7 +107,12 @@ def heavy(name):
         with _loading:
             module = _loaded.get(name)
             if module is None:
-                module = __import__(name)
+                try:
+                    module = __import__(name)
+                except ModuleNotFoundError as error:
+                    if error.name != name:
+                        raise
+                    raise ToolError(MISSING_SIBLING % (name, os.path.dirname(os.path.abspath(__file__)))) from None
                 module.preload()
                 _loaded[name] = module
     return module
@@ -1295,6 +1302,8 @@ def quoted(value):
 
 RETRY_TEXT = "Call select_app for %s and retry with the returned app_handle."
 GENERIC_RETRY = "Call select_app for the application and retry with the returned app_handle."
+OTHER_APP_HANDLE = "This app_handle is for %s, not %s. %s"
+OTHER_SERVICE_HANDLE = "This app_handle is for service %s of %s, not service %s. %s"
 NO_CONTEXT_HANDLE = ("This app_handle names no context. Call select_app for %s with a context and retry "
                      "with the returned app_handle.")
 INIT_REFUSAL = ("init runs once, when create_context creates the context; pass its arguments as "
@@ -1895,11 +1904,26 @@ def refusal_for(apps, app, text=None):
     return Refusal(text or RETRY_TEXT % app.key, apps.guide_blocks(app))
 
 
+def foreign_handle(apps, handle, app, service=None):
+    """A handle made for another app, or another service of this one: say whose it is. The guide comes along only
+    while this session has not shown it (select_app, which the text asks for, would show it again)."""
+    if handle.app == app.id:
+        text = OTHER_SERVICE_HANDLE % (handle.service, app.key, service, RETRY_TEXT % app.key)
+    elif handle.package == app.key:          # one package from two signers: only the ids tell them apart
+        text = OTHER_APP_HANDLE % ("application " + handle.app, "application " + app.id, RETRY_TEXT % app.id)
+    else:
+        text = OTHER_APP_HANDLE % (handle.package, app.key, RETRY_TEXT % app.key)
+    shown = app.guide_uri is not None and app.guide_uri in apps.shown_guides
+    return Refusal(text, () if shown else apps.guide_blocks(app))
+
+
 def admit_handle(apps, handle, app, service, context_value=None, context_label=None):
     """Check a signed handle against the app as installed now and its live context; the context id."""
     current = handle_for(app, handle.service, handle.context)
-    if handle[:4] != current[:4] or handle.service != service:
+    if handle[:4] != current[:4]:
         raise refusal_for(apps, app)
+    if handle.service != service:
+        raise foreign_handle(apps, handle, app, service) if handle.service and service else refusal_for(apps, app)
     if handle.context is None:
         raise Refusal(NO_CONTEXT_HANDLE % app.key)
     context = apps.context_by_id(handle.context)
@@ -2114,7 +2138,7 @@ def admit_call(apps, args):
         except ToolError:
             other = None                    # a name that resolves to nothing is ignored (reference §3.12)
         if other is not None and other.id != handle.app:
-            raise refusal_for(apps, other)
+            raise foreign_handle(apps, handle, other)
     app = apps.app_by_id(handle.app)
     if app is None:
         raise Refusal(GENERIC_RETRY)
@@ -2250,7 +2274,7 @@ def admit_generated(apps, unit, method, args):
     context_value = context_argument(apps, unit, method, args)
     if handle is not None:
         if handle.app != unit.app.id:
-            raise refusal_for(apps, unit.app)
+            raise foreign_handle(apps, handle, unit.app, unit.service)
         return Admitted(unit, admit_handle(apps, handle, unit.app, unit.service, context_value))
     if context_value is None:
         raise refusal_for(apps, unit.app)
@@ -2349,7 +2373,11 @@ def main(argv=None):
         sys.stdout.write("mero-mcp %s\n" % __version__)
         return 0
     if "--check" in argv:
-        return node_module().check(os.environ, sys.stdout)
+        try:
+            return node_module().check(os.environ, sys.stdout)
+        except ToolError as error:       # node.py is not beside this file
+            sys.stderr.write("mero-mcp: %s\n" % error.text)
+            return 1
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

@@ -16,11 +16,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
 
 import requests  # noqa: E402
 
@@ -117,8 +118,8 @@ class StdioSession:
         self.proc.stdout.close()
 
 
-def open_session(env, stderr):
-    session = StdioSession(SERVER, env, stderr)
+def open_session(env, stderr, command=SERVER):
+    session = StdioSession(command, env, stderr)
     session.proc.stdin.write(INITIALIZE)
     session.proc.stdin.flush()
     session.answer_line(1)
@@ -345,6 +346,192 @@ def bench_catalog(home, stderr):
     return figures
 
 
+# ── 6. Where a call's time goes, in this process: the server's own work against the time inside requests ─
+
+OWN_WORK_CALLS = 2000
+
+
+class DiscardingChannel:
+    """Stands in for stdout: every answer is encoded as the real Channel does, then dropped."""
+
+    def __init__(self, encode):
+        self.encode = encode
+        self.last = None
+
+    def send(self, message):
+        self.encode(message)
+        self.last = message
+
+
+class HttpClock:
+    """Time spent inside requests (request preparation, the loopback round trip, the response) on one thread."""
+
+    def __init__(self, thread):
+        self.seconds, self.count, self.thread = 0.0, 0, thread
+
+    def wrap(self, request):
+        def timed(session, *args, **kwargs):
+            if threading.current_thread() is not self.thread:      # the catalog poll is not the call
+                return request(session, *args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return request(session, *args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+                self.count += 1
+        return timed
+
+
+def in_process_answer(server, channel, request_id, method, params=None):
+    server.handle_line(request_line(request_id, method, params))
+    answer = channel.last
+    if not isinstance(answer, dict) or answer.get("id") != request_id or "result" not in answer:
+        raise RuntimeError("%s answered %r" % (method, answer))
+    return answer["result"]
+
+
+def bench_own_work(home):
+    """One generated-tool call handled in this process on the 1,000-tool catalog: the whole handling, minus what
+    requests spends on the node reads (app record, context) and the execute; what is left is the server's own
+    validation, admission, dispatch and encoding."""
+    import mero_mcp
+    clock = HttpClock(threading.current_thread())
+    original = requests.Session.request
+    requests.Session.request = clock.wrap(original)
+    try:
+        with BenchNode() as node:
+            channel = DiscardingChannel(mero_mcp.encode_message)
+            server = mero_mcp.Server(channel, server_env(home, node.double.url))
+            in_process_answer(server, channel, 1, "initialize", json.loads(INITIALIZE)["params"])
+            server.apps.start()
+            deadline = time.monotonic() + CATALOG_DEADLINE
+            while len(server.apps.snapshot.bindings) < APPS * METHODS_PER_APP and time.monotonic() < deadline:
+                time.sleep(0.2)
+            tool_name = kv_get_tool(in_process_answer(server, channel, 2, "tools/list")["tools"], node.kv_package)
+            call = {"name": tool_name, "arguments": dict(GREETING, context=node.context_id)}
+            for request_id in range(3, 23):                        # warm: connection, validator, caches
+                tool_result_or_fail(in_process_answer(server, channel, request_id, "tools/call", call), tool_name)
+            own, http_total, http_count = [], 0.0, 0
+            for request_id in range(100, 100 + OWN_WORK_CALLS):
+                before_seconds, before_count = clock.seconds, clock.count
+                started = time.perf_counter()
+                in_process_answer(server, channel, request_id, "tools/call", call)
+                elapsed = time.perf_counter() - started
+                spent = clock.seconds - before_seconds
+                own.append(elapsed - spent)
+                http_total, http_count = http_total + spent, http_count + clock.count - before_count
+    finally:
+        requests.Session.request = original
+    return {"own": statistics.median(own), "per_request": http_total / http_count,
+            "requests_per_call": http_count / OWN_WORK_CALLS}
+
+
+# ── 7. Start-up footprint: compiling the script, the heavy imports, a distribution's own Python ─────────
+
+FOOTPRINT_SPAWNS = 7
+COMPILE_REPEATS = 20
+DISTRO_PYTHON = "/usr/bin/python3"
+# The child reports its own import time and then its peak RSS; `imports` is the statement timed.
+IMPORT_PROBE = ("import time; started = time.perf_counter(); {imports}; elapsed = time.perf_counter() - started\n"
+                "print(elapsed, [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])")
+
+
+def rss_after_initialize(command, env, stderr):
+    """Peak RSS of a fresh server once it has answered initialize, read before its stdin closes."""
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
+                            cwd=str(ROOT))
+    try:
+        proc.stdin.write(INITIALIZE)
+        proc.stdin.flush()
+        if not proc.stdout.readline().startswith(b"{"):
+            raise RuntimeError("%s did not answer initialize" % command[-1])
+        return peak_rss_bytes(proc.pid)
+    finally:
+        proc.stdin.close()
+        proc.wait()
+        proc.stdout.close()
+
+
+def import_cost(imports):
+    """(seconds, peak RSS bytes) of a fresh interpreter that runs `imports`; medians of FOOTPRINT_SPAWNS."""
+    samples = []
+    for _ in range(FOOTPRINT_SPAWNS):
+        out = subprocess.run([PYTHON, "-c", IMPORT_PROBE.format(imports=imports)], capture_output=True, text=True,
+                             check=True, cwd="/").stdout.split()
+        samples.append((float(out[0]), int(out[1]) * 1024))
+    return statistics.median(s for s, _ in samples), statistics.median(r for _, r in samples)
+
+
+def compile_seconds():
+    """What `python3 mero_mcp.py` pays on every start and an import of cached bytecode does not."""
+    path = ROOT / "mero_mcp.py"
+    source = path.read_text(encoding="utf-8")
+    return statistics.median(seconds_of(lambda: compile(source, str(path), "exec")) for _ in range(COMPILE_REPEATS))
+
+
+def seconds_of(action):
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def distro_python():
+    """The distribution's interpreter, when it is there and is not the one measured everywhere else."""
+    if not os.access(DISTRO_PYTHON, os.X_OK) or os.path.realpath(DISTRO_PYTHON) == os.path.realpath(PYTHON):
+        return None
+    return DISTRO_PYTHON
+
+
+def bench_footprint(home, stderr):
+    figures = {"compile": compile_seconds()}
+    env = server_env(home, "http://127.0.0.1:9")                    # initialize never reaches the node
+    for name, command in (("script", SERVER), ("installed", INSTALLED_SERVER)):
+        figures["rss_" + name] = statistics.median(rss_after_initialize(command, env, stderr)
+                                                   for _ in range(FOOTPRINT_SPAWNS))
+    for name, imports in (("bare", "pass"), ("requests", "import requests"),
+                          ("both", "import requests; import jsonschema")):
+        figures["import_" + name] = import_cost(imports)
+    distro = distro_python()
+    if distro:
+        figures["distro"] = distro, platform_version(distro), distro_cold_start(distro, env, stderr)
+    return figures
+
+
+def platform_version(python):
+    return subprocess.run([python, "-c", "import platform; print(platform.python_version())"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def distro_cold_start(python, env, stderr):
+    """The cold start on the distribution's python3: a bare echo, the script, the cached bytecode."""
+    variants = {"bare": [python] + ECHO_ONE_LINE[1:], "script": [python] + SERVER[1:],
+                "installed": [python] + INSTALLED_SERVER[1:]}
+    for command in variants.values():
+        spawn_to_answer(command, env, stderr)                      # its own .pyc files, written once
+    times = {name: [] for name in variants}
+    for _ in range(COLD_SPAWNS):
+        for name, command in variants.items():
+            times[name].append(spawn_to_answer(command, env, stderr))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def installed_catalog_rss(home, stderr):
+    """Peak RSS through the mero-mcp command (cached bytecode) with the 1,000-tool catalog, after the same kind of
+    work as the main session: lists and calls."""
+    with BenchNode() as node:
+        session = open_session(server_env(home, node.double.url), stderr, INSTALLED_SERVER)
+        try:
+            tools, _ = wait_for_catalog(session, APPS * METHODS_PER_APP)
+            for _ in range(10):
+                session.request("tools/list")
+            tool_name = kv_get_tool(tools, node.kv_package)
+            for _ in range(100):
+                timed_server_call(session, tool_name, dict(GREETING, context=node.context_id))
+            return peak_rss_bytes(session.pid)
+        finally:
+            session.close()
+
+
 # ── The table ───────────────────────────────────────────────────────────────────────────────────────
 
 def ms(seconds):
@@ -393,6 +580,42 @@ def catalog_rows(f):
     ]
 
 
+def mb(size):
+    return "%.1f MB" % (size / 2 ** 20)
+
+
+def own_work_rows(f):
+    return [
+        row("generated call, in process: the server's own work", ms(f["own"]), "", None),
+        row("  requests, per node request (%.0f per call)" % f["requests_per_call"], ms(f["per_request"]), "",
+            None),
+    ]
+
+
+def footprint_rows(f, installed_rss):
+    bare_s, bare_rss = f["import_bare"]
+    requests_s, requests_rss = f["import_requests"]
+    both_s, both_rss = f["import_both"]
+    rows = [
+        row("peak RSS (VmHWM), 1,000 tools, mero-mcp command", mb(installed_rss), "", None),
+        row("compiling mero_mcp.py (every start of the script)", ms(f["compile"]), "", None),
+        row("RSS after initialize: mero_mcp.py", mb(f["rss_script"]), "", None),
+        row("RSS after initialize: mero-mcp command", mb(f["rss_installed"]), "", None),
+        row("interpreter alone: peak RSS", mb(bare_rss), "", None),
+        row("import requests: time, RSS added", "%s, %s" % (ms(requests_s), mb(requests_rss - bare_rss)), "", None),
+        row("import jsonschema after it: time, RSS added", "%s, %s" % (ms(both_s - requests_s),
+                                                                         mb(both_rss - requests_rss)), "", None),
+    ]
+    if "distro" in f:
+        python, version, cold = f["distro"]
+        rows += [
+            row("cold start, %s %s: bare echo" % (python, version), ms(cold["bare"]), "", None),
+            row("  mero_mcp.py", ms(cold["script"]), "", None),
+            row("  cached bytecode (as the mero-mcp command)", ms(cold["installed"]), "", None),
+        ]
+    return rows
+
+
 def print_table(rows):
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     header = ("measure", "median", "target", "")
@@ -416,7 +639,13 @@ def main():
             tool_count, cold = bench_cold_start(home, stderr)
             print("catalog: %d apps x %d methods …" % (APPS, METHODS_PER_APP), flush=True)
             figures = bench_catalog(home, stderr)
-    print_table(cold_start_rows(tool_count, cold) + catalog_rows(figures))
+            print("where a call's time goes: %d calls in process …" % OWN_WORK_CALLS, flush=True)
+            own_work = bench_own_work(home)
+            print("start-up footprint, imports, the distribution's python3 …", flush=True)
+            footprint = bench_footprint(home, stderr)
+            installed_rss = installed_catalog_rss(home, stderr)
+    print_table(cold_start_rows(tool_count, cold) + catalog_rows(figures) + own_work_rows(own_work)
+                + footprint_rows(footprint, installed_rss))
     print("wall time %.0f s" % (time.monotonic() - started))
     return 0
 

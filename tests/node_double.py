@@ -171,7 +171,7 @@ def paginate(items: list, query: Dict[str, str]) -> list:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The guest: argument decoding the way the SDK's serde structs do it (§4.4), sample values, kv behaviour
+# The guest: argument decoding the way the SDK's serde structs do it (§4.4), sample values, the kv and counter apps
 # ---------------------------------------------------------------------------------------------------------------
 
 class GuestPanic(Exception):
@@ -549,12 +549,42 @@ KV_METHODS: Dict[str, Callable[[dict, dict], Any]] = {
 }
 
 
+# counter behaviour (the sample counter app): one u64 per context, kept under "count" in the context's state.
+
+U64_MAX = 2 ** 64 - 1
+
+
+def _counter_increment(store, args):
+    count = store.get("count", 0) + args["by"]
+    if count > U64_MAX:
+        raise GuestPanic("attempt to add with overflow at src/lib.rs:21:9")
+    store["count"] = count
+    return count
+
+
+def _counter_value(store, args):
+    return store.get("count", 0)
+
+
+def _counter_init(store, args):
+    store["count"] = 0
+
+
+COUNTER_METHODS: Dict[str, Callable[[dict, dict], Any]] = {
+    "increment": _counter_increment, "value": _counter_value, "init": _counter_init,
+}
+
+# Apps with real logic; any other app answers each call with a sample value of the method's return type.
+BEHAVIOURS: Dict[str, Dict[str, Callable[[dict, dict], Any]]] = {"kv": KV_METHODS, "counter": COUNTER_METHODS}
+
+
 def run_guest(behaviour: str, manifest: Dict[str, Any], method: Dict[str, Any], args: Any, store: dict) -> Any:
-    """Execute one method: decode arguments, then either the kv logic or a sample of the return type."""
+    """Execute one method: decode arguments, then the app's own logic or a sample of the return type."""
     decode_arguments(manifest, method, args)
     args = args if isinstance(args, dict) else {}
-    if behaviour == "kv" and method["name"] in KV_METHODS:
-        return KV_METHODS[method["name"]](store, args)
+    logic = BEHAVIOURS.get(behaviour, {}).get(method["name"])
+    if logic is not None:
+        return logic(store, args)
     if method.get("returns_nullable"):
         return None
     return TypeSystem(manifest).sample(method.get("returns"))
@@ -2250,7 +2280,8 @@ def kv_store_spec(version: str = "1.0.0") -> Dict[str, Any]:
 
 def counter_spec() -> Dict[str, Any]:
     return {"package": "com.example.counter", "version": "0.1.0", "signer_id": SAMPLE_SIGNER,
-            "metadata": {"name": "Counter", "description": "A shared counter."}, "abi": COUNTER_MANIFEST}
+            "metadata": {"name": "Counter", "description": "A shared counter."}, "abi": COUNTER_MANIFEST,
+            "behaviour": "counter"}
 
 
 def sample_double(**kw) -> NodeDouble:

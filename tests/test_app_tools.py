@@ -30,6 +30,7 @@ MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                "io.modelcontextprotocol/clientCapabilities": {}}
 RETRY = "Call select_app for %s and retry with the returned app_handle."
 GENERIC_RETRY = "Call select_app for the application and retry with the returned app_handle."
+OTHER_APP = "This app_handle is for %s, not %s. " + RETRY
 NO_CONTEXT = ("This app_handle names no context. Call select_app for %s with a context and retry with the "
               "returned app_handle.")
 INIT_REFUSAL = ("init runs once, when create_context creates the context; pass its arguments as create_context's "
@@ -405,7 +406,8 @@ def test_each_signer_has_its_own_tools_guide_and_handle(shared, world):
     assert tools[second] == ["notes_%s_add" % second[:6], "notes_%s_list" % second[:6]]
     before = executions(world)
     refused = shared.call_tool(tools[world.notes_b][1], {"app_handle": a["app_handle"]})
-    assert_refused(refused, RETRY % NOTES, guide="# Notes (B)\n")
+    assert_refused(refused, OTHER_APP % ("application " + world.notes_a, "application " + world.notes_b,
+                                         world.notes_b))        # B's guide was shown by select_app above
     assert executions(world) == before
     assert not shared.call_tool(tools[world.notes_a][1], {"app_handle": a["app_handle"]}).get("isError")
 
@@ -588,18 +590,32 @@ def test_edited_and_forged_handles_are_refused(shared, world):
     assert not shared.call_tool("counter_value", {"app_handle": good}).get("isError")
 
 
-def test_another_apps_handle_is_refused(shared, world):
-    counter = handle_of(shared, COUNTER, context=world.counter_ctx[0])
-    before = executions(world)
-    kv_refusal(shared.call_tool("kv_store_len", {"app_handle": counter}))
-    kv_refusal(shared.call_tool("call", {"app_handle": counter, "app": "KV Store", "method": "len"}))
+def test_another_apps_handle_is_refused_naming_whose_it_is(own, fresh):
+    """The refusal says which app the handle is for; the guide comes only while this session has not shown it."""
+    counter = handle_of(own, COUNTER, context=fresh.counter_ctx[0])
+    before = executions(fresh)
+    text = OTHER_APP % (COUNTER, KV, KV)
+    kv = own.call_tool("kv_store_len", {"app_handle": counter})
+    assert_refused(kv, text, guide=SAMPLE_GUIDE)                                   # kv's guide, not yet shown
+    assert kv["content"][0]["text"] == GUIDE_LABEL % (KV, SAMPLE_SIGNER)
+    assert_refused(own.call_tool("kv_store_len", {"app_handle": counter}), text)  # shown once: the text alone
+    assert_refused(own.call_tool("call", {"app_handle": counter, "app": "KV Store", "method": "len"}), text)
+    kv_handle = handle_of(own, KV)
+    assert_refused(own.call_tool("counter_value", {"app_handle": kv_handle}), OTHER_APP % (KV, COUNTER, COUNTER))
     # a registry handle on a docs tool: same app, other service
-    registry = handle_of(shared, DRIVE, context=world.registry_ctx)
-    assert_refused(shared.call_tool("mero_drive_docs_list_docs", {"app_handle": registry}), RETRY % DRIVE,
-                   guide="# Drive\n")
-    assert executions(world) == before
+    registry = handle_of(own, DRIVE, context=fresh.registry_ctx)
+    assert_refused(own.call_tool("mero_drive_docs_list_docs", {"app_handle": registry}),
+                   "This app_handle is for service registry of %s, not service docs. %s" % (DRIVE, RETRY % DRIVE))
+    assert executions(fresh) == before
     # an `app` that names nothing is ignored: the handle decides
-    assert not shared.call_tool("call", {"app_handle": counter, "app": "no-such-app", "method": "value"}).get("isError")
+    assert not own.call_tool("call", {"app_handle": counter, "app": "no-such-app", "method": "value"}).get("isError")
+
+
+def test_a_missing_or_forged_handle_shows_the_guide_every_time(own, fresh):
+    """The gate itself is unchanged: a call with no valid handle shows the guide every time."""
+    for _ in range(2):
+        kv_refusal(own.call_tool("kv_store_len", {}))
+        kv_refusal(own.call_tool("kv_store_len", {"app_handle": "nonsense"}))
 
 
 def test_planning_handle_names_no_context(shared, world):
@@ -788,7 +804,7 @@ def test_call_many_runs_in_order_and_one_failure_does_not_fail_the_batch(own, fr
     assert items[3] == {"ok": False, "error": GENERIC_RETRY}
     assert items[4] == {"ok": False, "error": "Error: Invalid arguments for set:\n- key: expected string, got 1\n"
                                               "- value: missing required parameter"}
-    assert items[5] == {"ok": True, "result": 1}
+    assert items[5] == {"ok": True, "result": 0}                 # a fresh counter reads 0
     assert items[6] == {"ok": False, "error": INIT_REFUSAL}
     assert sorted(e["method"] for e in fresh.double.executions) == ["get_result", "set", "value"]
 

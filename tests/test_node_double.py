@@ -582,11 +582,34 @@ def test_jsonrpc_framework_rejections_are_text(node):
 
 
 def test_generic_apps_return_sample_values_and_record_executions():
-    with NodeDouble(apps=[counter_spec()], contexts=[{"app": "com.example.counter"}]) as double:
+    generic = dict(counter_spec(), behaviour="generic")
+    with NodeDouble(apps=[generic], contexts=[{"app": "com.example.counter"}]) as double:
         context_id = call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"][0]["id"]
         assert output_of(double, context_id, "increment", {"by": 2}) == 1
         assert output_of(double, context_id, "init", {}) is None
         assert double.executions[0] == {"contextId": context_id, "method": "increment", "argsJson": {"by": 2}}
+
+
+def test_the_sample_counter_counts_per_context():
+    with NodeDouble(apps=[counter_spec()], contexts=[{"app": "com.example.counter"}] * 2) as double:
+        first, second = [c["id"] for c in call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"]]
+        assert output_of(double, first, "value") == 0
+        assert output_of(double, first, "increment", {"by": 5}) == 5
+        assert output_of(double, first, "increment", {"by": 2}) == 7
+        assert output_of(double, first, "value") == 7 and output_of(double, second, "value") == 0
+        assert output_of(double, second, "increment", {"by": 1}) == 1 and output_of(double, first, "value") == 7
+        assert execute(double, first, "increment", {"by": "5"})["error"]["type"] == "FunctionCallError"
+        assert output_of(double, first, "value") == 7
+        assert output_of(double, first, "increment", {"by": 2 ** 32 - 1}) == 7 + 2 ** 32 - 1
+
+
+def test_the_sample_counter_panics_on_overflow():
+    with NodeDouble(apps=[counter_spec()], contexts=[{"app": "com.example.counter", "state": {"count": 2 ** 64 - 1}}]) \
+            as double:
+        context_id = call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"][0]["id"]
+        error = execute(double, context_id, "increment", {"by": 1})["error"]
+        assert error["type"] == "FunctionCallError" and "overflow" in error["data"]
+        assert output_of(double, context_id, "value") == 2 ** 64 - 1
 
 
 REAL_MANIFESTS = ["core-abi_conformance.json", "mero-mcp-rc83-abi_conformance.json", "apps-mero-issue-tracker.json",

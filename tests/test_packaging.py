@@ -1,13 +1,16 @@
-"""`pip install .` gives a `mero-mcp` command (setup.cfg's console script) that serves MCP on stdio."""
+"""`pip install .` gives a `mero-mcp` command (setup.cfg's console script) that serves MCP on stdio; the three
+modules travel together."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import sys
 import venv
 
 import pytest
 
-from mcp_client import ROOT
+from mcp_client import ROOT, SERVER, McpServer, minimal_env
 
 OFFLINE_SIGNS = ("NewConnectionError", "No matching distribution", "Could not find a version", "Temporary failure")
 
@@ -49,3 +52,28 @@ def test_the_modules_are_installed_flat(installed):
                          capture_output=True, text=True, timeout=30, cwd="/")
     assert out.returncode == 0, out.stderr
     assert "site-packages" in out.stdout
+
+
+def test_mero_mcp_py_copied_alone_says_its_siblings_are_missing(tmp_path):
+    """The three modules travel together; alone, the script answers initialize, then names what is missing.
+    `-S` keeps site-packages (and this checkout's editable install, which would supply node.py) out of reach."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(str(SERVER), str(alone / "mero_mcp.py"))
+    env = minimal_env(tmp_path, {"CALIMERO_NODE_URL": "http://127.0.0.1:9",
+                                 "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
+    command = [sys.executable, "-S", str(alone / "mero_mcp.py")]
+    check = subprocess.run(command + ["--check"], capture_output=True, text=True, timeout=30, env=env)
+    missing = "node.py is missing from %s: mero_mcp.py, abi.py and node.py travel together." % alone
+    assert check.returncode == 1 and missing in check.stderr and "Traceback" not in check.stderr
+    server = McpServer(env, command=command)
+    try:
+        server.initialize()
+        result = server.call_tool("node_status")
+        assert result["isError"] is True
+        assert result["content"][-1]["text"].startswith("Error: ") and ".py is missing from %s" % alone \
+            in result["content"][-1]["text"]
+        assert server.call_tool("list_applications")["isError"] is True
+    finally:
+        server.close()
+    assert "Traceback" not in server.stderr
