@@ -959,6 +959,15 @@ def by_package(apps):
     return {app["package"]: app for app in apps}
 
 
+def test_only_node_py_knows_the_node_paths():
+    """The admin API lives in node.py: the server's tool handlers hold no path and read no answer shape."""
+    source = (ROOT / "mero_mcp.py").read_text(encoding="utf-8")
+    for path in ('"/admin-api', '"/auth/', "'/admin-api", "'/auth/", "/jsonrpc"):
+        assert path not in source, path
+    for shape_reading in ("as_object(", "isinstance(page, list)", '.get("apps"', '.get("contexts"'):
+        assert shape_reading not in source, shape_reading
+
+
 def test_admin_api_reads_return_what_they_promise(tmp_path, plain):
     client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
     assert client.health() == {"status": "alive"}
