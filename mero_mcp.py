@@ -755,11 +755,6 @@ def context_id_of(server, value):
     return context_id
 
 
-def as_object(answer):
-    # Every answer read here is an object on current nodes; an empty or odd body must not become a crash.
-    return answer if isinstance(answer, dict) else {}
-
-
 def hex_of(value):
     """A byte array (list of ints) as lowercase hex; anything else unchanged."""
     if isinstance(value, list) and all(isinstance(b, int) and 0 <= b <= 255 for b in value):
@@ -814,10 +809,10 @@ def verbose_app_row(app):
     return row
 
 
-@tool("list_namespaces", "Namespaces on this node: each with its namespaceId, target application, name and "
-      "member, context and subgroup counts.", annotations=READ_ONLY)
+@tool("list_namespaces", "Namespaces on this node: {namespaces: [...]}, each with its namespaceId, target "
+      "application, name and member, context and subgroup counts.", annotations=READ_ONLY)
 def list_namespaces(args, call):
-    return every_page(call.server.node, "/admin-api/namespaces", lambda page: page if isinstance(page, list) else [])
+    return {"namespaces": call.server.node.namespaces()}
 
 
 @tool("list_contexts", "Contexts on this node, optionally filtered to one application. Pass verbose to also get "
@@ -831,23 +826,8 @@ def list_contexts(args, call):
     if args.get("application") is not None:
         contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
     else:
-        contexts = every_page(server.node, "/admin-api/contexts", lambda page: as_object(page).get("contexts") or [])
+        contexts = server.node.contexts()
     return {"contexts": [context_row(c, args.get("verbose")) for c in contexts]}
-
-
-PAGE_LIMIT = 1000              # the node's largest page; its default is 100 (node-api.md §3.3, §3.6)
-MAX_OFFSET = 100000            # the node clamps larger offsets, which would repeat the last page forever
-
-
-def every_page(node, path, rows_of):
-    """Every row of a paginated node list (contexts, namespaces), read a full page at a time."""
-    rows = []
-    while len(rows) <= MAX_OFFSET:
-        page = rows_of(node.get(path, params={"offset": len(rows), "limit": PAGE_LIMIT}))
-        rows.extend(page)
-        if len(page) < PAGE_LIMIT:
-            break
-    return rows
 
 
 def context_row(context, verbose):
@@ -880,13 +860,8 @@ def create_context(args, call):
     server = call.server
     app = server.apps.resolve(args["application"])
     service = require_service(app, args.get("service"))
-    body = {"applicationId": app.id, "groupId": group}
-    if args.get("name") is not None:
-        body["name"] = args["name"]
-    if service is not None:
-        body["serviceName"] = service
-    body["initializationParams"] = init_parameters(server, app, service, args.get("args"), args["application"])
-    return server.node.post("/admin-api/contexts", body)
+    init = init_parameters(server, app, service, args.get("args"), args["application"])
+    return server.node.create_context(app.id, group, init, name=args.get("name"), service=service)
 
 
 def target_group(args):
@@ -963,7 +938,7 @@ def top_level_key(path):
       {"context": text_property("Context id (or an alias of it on this node).")}, required=("context",))
 def join_context(args, call):
     context_id = context_id_of(call.server, args["context"])
-    return call.server.node.post("/admin-api/contexts/%s/join" % quoted(context_id), {})
+    return call.server.node.join_context(context_id)
 
 
 @tool("delete_context", "Delete a context from this node, including its data. Also the way to clear a context "
@@ -971,7 +946,7 @@ def join_context(args, call):
       {"context": text_property("Context id or alias.")}, required=("context",), annotations=DESTRUCTIVE)
 def delete_context(args, call):
     context_id = context_id_of(call.server, args["context"])
-    return call.server.node.delete("/admin-api/contexts/" + quoted(context_id))
+    return call.server.node.delete_context(context_id)
 
 
 @tool("create_alias", "Create a human-friendly alias for a context id; every tool that takes a context then "
@@ -980,7 +955,7 @@ def delete_context(args, call):
        "contextId": text_property("The context id the alias names.")},
       required=("alias", "contextId"))
 def create_alias(args, call):
-    call.server.node.post("/admin-api/alias/create/context", {"alias": args["alias"], "contextId": args["contextId"]})
+    call.server.node.create_alias(args["alias"], args["contextId"])
     return 'Alias "%s" now resolves to context %s.' % (args["alias"], args["contextId"])
 
 
@@ -1006,7 +981,7 @@ def lookup_alias(args, call):
       required=("coords",), toolset="blobs")
 def install_application(args, call):
     package, version = package_and_version(args["coords"])
-    answer = call.server.node.post("/admin-api/install-application", {"package": package, "version": version})
+    answer = call.server.node.install_application(package, version)
     call.server.apps.refresh()              # logs, never raises: the install itself succeeded
     return answer
 
@@ -1026,7 +1001,7 @@ def package_and_version(coords):
       required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
 def uninstall_application(args, call):
     app = call.server.apps.resolve(args["application"])
-    answer = call.server.node.delete("/admin-api/applications/" + quoted(app.id))
+    answer = call.server.node.uninstall_application(app.id)
     call.server.apps.refresh()
     return answer
 
@@ -1038,12 +1013,8 @@ def uninstall_application(args, call):
       required=("data",), toolset="blobs")
 def upload_blob(args, call):
     data = decoded_base64(args["data"])
-    params = {}
-    if args.get("hash") is not None:
-        params["hash"] = args["hash"]
-    if args.get("context") is not None:
-        params["context_id"] = context_id_of(call.server, args["context"])
-    return blob_record(call.server.node.put_bytes("/admin-api/blobs", data, params))
+    context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
+    return call.server.node.upload_blob(data, args.get("hash"), context)
 
 
 def decoded_base64(text):
@@ -1055,27 +1026,16 @@ def decoded_base64(text):
         raise ToolError("data is not valid base64 (%s). Encode the blob bytes with standard base64." % error)
 
 
-def blob_record(blob):
-    """One blob as the agent sees it: camelCase, whichever casing this node release used."""
-    blob = as_object(blob)
-    record = {"blobId": blob.get("blobId", blob.get("blob_id"))}
-    for key in ("size", "deleted"):
-        if key in blob:
-            record[key] = blob[key]
-    return record
-
-
 @tool("list_blobs", "Blobs stored on this node: {blobs: [{blobId, size}]}.", annotations=READ_ONLY, toolset="blobs")
 def list_blobs(args, call):
-    answer = as_object(call.server.node.get("/admin-api/blobs"))
-    return {"blobs": [blob_record(b) for b in answer.get("blobs") or []]}
+    return {"blobs": call.server.node.blobs()}
 
 
 @tool("delete_blob", "Delete a blob from this node. A blob that an installed application uses cannot be deleted. "
       "Returns {blobId, deleted}.",
       {"blob": text_property("Blob id.")}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
 def delete_blob(args, call):
-    return blob_record(call.server.node.delete("/admin-api/blobs/" + quoted(args["blob"])))
+    return call.server.node.delete_blob(args["blob"])
 
 
 # ── Fixed tools: governance ───────────────────────────────────────────────────────────────────────
@@ -1083,19 +1043,6 @@ def delete_blob(args, call):
 NAMESPACE_ID = text_property("Namespace id.")
 GROUP_ID = text_property("Group id.")
 VISIBILITIES = ("open", "restricted")
-# What some older nodes require on namespace and group creation (reference §2.1); sent only when a node asks.
-UPGRADE_POLICY = {"upgradePolicy": "LazyOnAccess"}
-
-
-def create_with_policy(node, path, body):
-    """Current core reads creation bodies as closed sets and knows no upgradePolicy; some older releases
-    required it (mero-js still sends it). Send without it, and again with it only when the node asks."""
-    try:
-        return node.post(path, body)
-    except node_module().NodeError as error:
-        if error.status in (400, 422) and "upgradePolicy" in str(error):
-            return node.post(path, dict(UPGRADE_POLICY, **body))
-        raise
 
 
 @tool("create_namespace", "Create a namespace for an application. Returns {namespaceId}; create_context then "
@@ -1106,25 +1053,21 @@ def create_with_policy(node, path, body):
       required=("application",), toolset="governance")
 def create_namespace(args, call):
     app = call.server.apps.resolve(args["application"])
-    body = {"applicationId": app.id}
-    if args.get("name") is not None:
-        body["name"] = args["name"]
-    return create_with_policy(call.server.node, "/admin-api/namespaces", body)
+    return call.server.node.create_namespace(app.id, name=args.get("name"))
 
 
 @tool("delete_namespace", "Delete a namespace. Its contexts outlive it and stay uncallable until delete_context "
       "removes them, so delete the contexts first. Returns {isDeleted}.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def delete_namespace(args, call):
-    # Core refuses this DELETE without a JSON body (node-api §1.2).
-    return call.server.node.delete("/admin-api/namespaces/" + quoted(args["namespace"]), {})
+    return call.server.node.delete_namespace(args["namespace"])
 
 
 @tool("invite_to_namespace", "Create an invitation to join a namespace. Returns the invitation object: hand it, "
       "unchanged, to join_namespace on the joining node.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
-    return call.server.node.post("/admin-api/namespaces/%s/invite" % quoted(args["namespace"]), {})
+    return call.server.node.invite_to_namespace(args["namespace"])
 
 
 @tool("join_namespace", "Join a namespace using an invitation minted by invite_to_namespace. Pass that invitation "
@@ -1137,14 +1080,10 @@ def invite_to_namespace(args, call):
        "groupName": text_property("Optional local name for the namespace on this node.")},
       required=("namespace", "invitation"), toolset="governance")
 def join_namespace(args, call):
+    # The parsed dict keeps the sender's key order: the invitation goes out as it was signed.
     invitation, group_name = signed_invitation(args["invitation"])
-    body = {"invitation": invitation}             # the parsed dict keeps the sender's key order
     group_name = args["groupName"] if args.get("groupName") is not None else group_name
-    if group_name is not None:
-        body["groupName"] = group_name
-    path = "/admin-api/namespaces/%s/join" % quoted(args["namespace"])
-    # A join waits on peer discovery (node-api §3.6).
-    return call.server.node.post(path, body, timeout=node_module().JOIN_TIMEOUT)
+    return call.server.node.join_namespace(args["namespace"], invitation, group_name)
 
 
 def signed_invitation(given):
@@ -1163,23 +1102,14 @@ def signed_invitation(given):
 @tool("leave_namespace", "Leave a namespace: this node stops being a member.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
-    call.server.node.post("/admin-api/namespaces/%s/leave" % quoted(args["namespace"]), {})
+    call.server.node.leave_namespace(args["namespace"])
     return "Left namespace %s." % args["namespace"]
 
 
 @tool("list_group_members", "Members of a group: {members: [{identity, role, name?}], selfIdentity?}.",
       {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
-    pages = []                      # the node pages members like contexts (default 100); keep each page whole
-
-    def members_of(page):
-        pages.append(as_object(page))
-        return pages[-1].get("members") or []
-    members = {"members": every_page(call.server.node, "/admin-api/groups/%s/members" % quoted(args["group"]),
-                                     members_of)}
-    if pages and pages[0].get("selfIdentity") is not None:
-        members["selfIdentity"] = pages[0]["selfIdentity"]
-    return members
+    return call.server.node.group_members(args["group"])
 
 
 @tool("add_group_members", "Add members to a group, each with a role.",
@@ -1191,7 +1121,7 @@ def list_group_members(args, call):
       required=("group", "members"), toolset="governance")
 def add_group_members(args, call):
     members = [{"identity": m["identity"], "role": m["role"]} for m in args["members"]]
-    call.server.node.post("/admin-api/groups/%s/members" % quoted(args["group"]), {"members": members})
+    call.server.node.add_group_members(args["group"], members)
     added = ", ".join("%s (%s)" % (m["identity"], m["role"]) for m in members)
     return "Added %s to group %s." % (added, args["group"])
 
@@ -1207,43 +1137,25 @@ def add_group_members(args, call):
        "parent": text_property("Group id to nest under; omit to create directly in the namespace.")},
       required=("namespace",), toolset="governance")
 def create_group(args, call):
+    node = call.server.node
     if args.get("parent") is None:
-        return create_group_in_namespace(call.server.node, args)
-    return create_nested_group(call.server.node, args)
-
-
-def create_group_in_namespace(node, args):
-    body = {}
-    if args.get("name") is not None:
-        body["groupName"] = args["name"]
-    body["visibility"] = args.get("visibility") or "open"
-    answer = as_object(node.post("/admin-api/namespaces/%s/groups" % quoted(args["namespace"]), body))
-    return {"groupId": answer.get("groupId")}
+        return {"groupId": node.create_group(args["namespace"], args.get("name"), args.get("visibility") or "open")}
+    return create_nested_group(node, args)
 
 
 def create_nested_group(node, args):
     """Core's nested create takes the parent's application and no visibility: the group is born restricted."""
     parent = args["parent"]
-    info = as_object(node.get("/admin-api/groups/" + quoted(parent)))
-    body = {"applicationId": info.get("targetApplicationId")}
-    if args.get("name") is not None:
-        body["name"] = args["name"]
-    body["parentGroupId"] = parent
-    group_id = as_object(create_with_policy(node, "/admin-api/groups", body)).get("groupId")
+    group_id = node.create_nested_group(parent, args.get("name"))
     visibility = args.get("visibility")
     if visibility is not None and visibility != "restricted":
         try:
-            set_visibility(node, group_id, visibility)
+            node.set_group_visibility(group_id, visibility)
         except node_module().NodeError as error:
             # Name the group that now exists, so the agent finishes the job instead of creating a second one.
             raise ToolError("Group %s was created under %s but its visibility was not set; retry "
                             "set_group_visibility. %s" % (group_id, parent, error))
     return {"groupId": group_id}
-
-
-def set_visibility(node, group, visibility):
-    node.put("/admin-api/groups/%s/settings/subgroup-visibility" % quoted(group),
-             {"subgroupVisibility": visibility})
 
 
 @tool("set_group_visibility", "Make a group open (namespace members can join it) or restricted (members must be "
@@ -1253,7 +1165,7 @@ def set_visibility(node, group, visibility):
                       "description": "open: namespace members can join; restricted: members must be added."}},
       required=("group", "visibility"), toolset="governance")
 def set_group_visibility(args, call):
-    set_visibility(call.server.node, args["group"], args["visibility"])
+    call.server.node.set_group_visibility(args["group"], args["visibility"])
     return "Group %s is now %s." % (args["group"], args["visibility"])
 
 
@@ -1266,17 +1178,15 @@ def set_group_visibility(args, call):
       required=("group",), toolset="governance")
 def set_group_metadata(args, call):
     node, group = call.server.node, args["group"]
-    path = "/admin-api/groups/%s/metadata" % quoted(group)
     # The node replaces the whole record, name included, so an omitted name is read back first.
-    name = args["name"] if args.get("name") is not None else current_group_name(node, path)
-    body = {"name": name} if name is not None else {}
-    body["data"] = args.get("data") or {}
-    node.put(path, body)
+    name = args["name"] if args.get("name") is not None else current_group_name(node, group)
+    node.set_group_metadata(group, name, args.get("data") or {})
     return "Metadata of group %s replaced." % group
 
 
-def current_group_name(node, path):
-    return as_object(node.get(path)).get("name")
+def current_group_name(node, group):
+    record = node.group_metadata(group)
+    return record.get("name") if record else None
 
 
 @tool("join_open_group", "Join an open group through membership of its parent namespace or group (join via "
@@ -1284,7 +1194,7 @@ def current_group_name(node, path):
       "it.",
       {"group": GROUP_ID}, required=("group",), toolset="governance")
 def join_open_group(args, call):
-    return call.server.node.post("/admin-api/groups/%s/join-via-inheritance" % quoted(args["group"]), {})
+    return call.server.node.join_open_group(args["group"])
 
 
 # ── Apps: installed applications, the catalog, handles, admission ────────────────────────────────
@@ -1292,12 +1202,6 @@ def join_open_group(args, call):
 def is_hex_id(value):
     """Core hex-encodes every 32-byte id (node-api.md §0): 64 lowercase hex characters."""
     return isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef")
-
-
-def quoted(value):
-    """One path segment: ids are hex, but a typo must not be able to reach another route."""
-    from urllib.parse import quote
-    return quote(value, safe="")
 
 
 RETRY_TEXT = "Call select_app for %s and retry with the returned app_handle."
@@ -1340,6 +1244,7 @@ class AppRecord(namedtuple("AppRecord", "id package version signer_id name descr
     def guide_uri(self):
         if not self.guide or not self.version:
             return None
+        quoted = node_module().quoted        # a uri segment, quoted as node paths are
         return "calimero://apps/%s/%s/guide" % (quoted(self.id), quoted(self.version))
 
     @cached_property
@@ -1580,16 +1485,6 @@ class Refusal(ToolError):
     """A refused call: guide blocks, then the retry text, and nothing ran (reference §3.0)."""
 
 
-def unless_absent(statuses, read):
-    """read(), or None when the node answers with one of `statuses`: its way of saying "no such thing"."""
-    try:
-        return read()
-    except node_module().NodeError as error:
-        if error.status in statuses:
-            return None
-        raise
-
-
 class Apps:
     """The installed applications as this server sees them: live resolution, the catalog, admission."""
 
@@ -1632,8 +1527,7 @@ class Apps:
         return self.memo(("installed",), self.read_installed)
 
     def read_installed(self):
-        listed = self.node.get("/admin-api/applications")
-        records = [app_record(raw) for raw in as_object(listed).get("apps", []) if isinstance(raw, dict)]
+        records = [app_record(raw) for raw in self.node.applications()]
         return [self.with_services(app) for app in records]
 
     def with_services(self, app):
@@ -1654,9 +1548,8 @@ class Apps:
         return self.memo(("app", app_id), lambda: self.read_app(app_id))
 
     def read_app(self, app_id):
-        found = unless_absent((404,), lambda: self.node.get("/admin-api/applications/%s" % quoted(app_id)))
-        raw = as_object(found).get("application")
-        return app_record(raw) if isinstance(raw, dict) else None
+        raw = self.node.application(app_id)
+        return app_record(raw) if raw is not None else None
 
     def resolve(self, name):
         if not isinstance(name, str) or not name.strip():
@@ -1669,8 +1562,7 @@ class Apps:
         cached = self.manifests.get(key)
         if cached is not None:
             return cached
-        params = {"service_name": service} if service else None
-        raw = self.node.get("/admin-api/applications/%s/abi" % quoted(app.id), params=params)
+        raw = self.node.abi(app.id, service)
         try:
             manifest = abi.parse_manifest(raw, app.key + ("/" + service if service else ""))
         except abi.AbiError as error:
@@ -1734,7 +1626,7 @@ class Apps:
         try:
             self.load()
         except Exception as error:
-            log.warning("app list refresh failed: %s", error)
+            log.warning("app list refresh failed: %s (the current app tools stay)", error)
 
     def read_units(self, apps):
         """One unit per service (or one for the app); ABIs fetched concurrently; a bad one is skipped."""
@@ -1788,29 +1680,17 @@ class Apps:
 
     # ---- contexts ----
     def contexts_of(self, app):
-        found = self.node.get("/admin-api/contexts/for-application/%s" % quoted(app.id))
-        return [c for c in as_object(found).get("contexts", []) if isinstance(c, dict)]
+        return self.node.contexts_of(app.id)
 
     def context_by_id(self, context_id):
-        return self.memo(("context", context_id), lambda: self.read_context(context_id))
-
-    def read_context(self, context_id):
-        found = unless_absent((400, 404), lambda: self.node.get("/admin-api/contexts/%s" % quoted(context_id)))
-        return found if isinstance(found, dict) and found.get("id") else None
+        return self.memo(("context", context_id), lambda: self.node.context(context_id))
 
     def context_id(self, value):
         """The id a context argument names: an id as given, else what the alias resolves to (None if nothing)."""
         return value if is_hex_id(value) else self.lookup_alias(value)
 
     def lookup_alias(self, name):
-        return self.memo(("alias", name), lambda: self.read_alias(name))
-
-    def read_alias(self, name):
-        # 400, 404 and 422 all mean a string no alias could be.
-        found = unless_absent((400, 404, 422),
-                              lambda: self.node.post("/admin-api/alias/lookup/context/%s" % quoted(name), {}))
-        value = as_object(found).get("value")
-        return value if isinstance(value, str) and value else None
+        return self.memo(("alias", name), lambda: self.node.lookup_alias(name))
 
     def resolve_context(self, value, app, label):
         """A context id or alias that must belong to `app` (reference §3.8 texts); aliases are read live."""

@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 log = logging.getLogger("mero-mcp")
 if not log.handlers:      # the server's own stderr lines and these share one format
@@ -38,6 +38,8 @@ PROBE_PORTS = (2528, 2428, 2529, 2429)   # desktop app, merod CLI convention, th
 PROBE_TIMEOUT = 2.0
 DEFAULT_TIMEOUT = 10.0
 JOIN_TIMEOUT = 65.0                      # namespace join waits for peers (§1.4)
+PAGE_LIMIT = 1000                        # the node's largest page; its default is 100 (node-api §3.3, §3.6)
+MAX_OFFSET = 100000                      # the node clamps larger offsets, which would repeat the last page forever
 POOL_CONNECTIONS = 4
 POOL_MAXSIZE = 48                        # call_many fans out to 32 at once, plus headroom
 LOCK_STALE_SECONDS = 30.0                # refresh lock protocol (§1.2)
@@ -57,6 +59,9 @@ LISTEN_ADDR = re.compile(r"/ip4/(?:127\.0\.0\.1|0\.0\.0\.0)/tcp/(\d+)|/ip6/::1/t
 TOML_HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\]?\s*(?:#.*)?$")
 ABI_ROUTE = re.compile(r"/admin-api/applications/[^/]+/abi$")
 BYTE_LIST = re.compile(r"\[[\d,\s]+\]")
+
+# What some older nodes require on namespace and group creation (reference §2.1); sent only when a node asks.
+UPGRADE_POLICY = {"upgradePolicy": "LazyOnAccess"}
 
 OLD_NODE_ABI = ("This node's merod does not support the ABI endpoint (GET /admin-api/applications/:id/abi). "
                 "Upgrade merod to a release that includes it.")
@@ -84,6 +89,11 @@ class NodeError(Exception):
 
     def __str__(self):
         return self.message
+
+
+class UnexpectedAnswer(NodeError):
+    """A 2xx answer of the wrong shape or not JSON (a proxy's page, another server, a broken release). A NodeError
+    like any other; `check` tells it apart to say the server at the url is not a Calimero node."""
 
 
 # ── Environment and the state directory (§1.1, §1.2) ─────────────────────────────────────────────
@@ -800,9 +810,9 @@ def decode_json(response, url: str):
     try:
         value = json.loads(content)
     except ValueError:
-        raise NodeError("Unreadable response from %s: HTTP %d with a body that is not valid JSON (%d bytes; "
-                        "garbled or cut off)" % (display_url(url), response.status_code, len(content)),
-                        hint=_unreadable_hint(display_url(_base_of(url)))) from None
+        raise UnexpectedAnswer("Unreadable response from %s: HTTP %d with a body that is not valid JSON (%d bytes; "
+                               "garbled or cut off)" % (display_url(url), response.status_code, len(content)),
+                               hint=_unreadable_hint(display_url(_base_of(url)))) from None
     return unwrap(value)
 
 
@@ -885,6 +895,105 @@ def function_call_message(data) -> Optional[str]:
 
 def _compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# ── Answer shapes: every admin answer is checked before a caller sees it (node-api §3, §0.5) ──────
+
+class WrongShape(Exception):
+    """Raised by the checks below; `str()` is what the answer should have been. Never leaves node.py."""
+
+
+def quoted(value: str) -> str:
+    """One path segment: ids are hex, but a typo must not be able to reach another route."""
+    return quote(value, safe="")
+
+
+def _named(key: str) -> str:
+    return '%s "%s"' % ("an" if key[:1] in "aeiou" else "a", key)
+
+
+def _is_text(value) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+class Answer:
+    """One admin answer: `value` is its JSON with `{"data": …}` unwrapped, `body` the bytes that came back.
+    The methods return the part a caller needs, or raise WrongShape saying what was expected. Fields a release
+    may omit are left to the caller (node-api: "read defensively"); containers and ids are checked here."""
+
+    def __init__(self, value, body: bytes):
+        self.value = value
+        self.body = body
+
+    def object(self, id_key: Optional[str] = None) -> Dict[str, Any]:
+        """The answer as an object; with `id_key`, that field must be a non-empty string."""
+        value = self.value
+        if not isinstance(value, dict) or (id_key and not _is_text(value.get(id_key))):
+            raise WrongShape("an object with %s string" % _named(id_key) if id_key else "an object")
+        return value
+
+    def id(self, key: str) -> str:
+        """The id at `key` of an answer object (`{"groupId": "…"}`)."""
+        return self.object(key)[key]
+
+    def flag(self, key: str) -> Dict[str, Any]:
+        """The answer as an object whose `key` is a boolean (isDeleted)."""
+        if not isinstance(self.value, dict) or not isinstance(self.value.get(key), bool):
+            raise WrongShape("an object with %s boolean" % _named(key))
+        return self.value
+
+    def inner(self, key: str, id_key: str) -> Dict[str, Any]:
+        """The object at `key` (`{"application": {…}}`), carrying `id_key` as a string."""
+        inner = self.value.get(key) if isinstance(self.value, dict) else None
+        if not isinstance(inner, dict) or not _is_text(inner.get(id_key)):
+            raise WrongShape('an object whose "%s" is an object with %s string' % (key, _named(id_key)))
+        return inner
+
+    def rows(self, key: Optional[str], *id_keys) -> List[Dict[str, Any]]:
+        """The list at `key` (the answer itself when None); every entry an object with one of `id_keys`."""
+        container = "a list" if key is None else "an object with %s list" % _named(key)
+        rows = self.value if key is None else self.value.get(key) if isinstance(self.value, dict) else None
+        if not isinstance(rows, list):
+            raise WrongShape(container)
+        if not all(isinstance(row, dict) and any(_is_text(row.get(k)) for k in id_keys) for row in rows):
+            raise WrongShape("%s of objects, each with %s string" % (container, _named(id_keys[0])))
+        return rows
+
+    def blob(self) -> Dict[str, Any]:
+        """A blob record, its id as `blob_id` (rc.25 and later) or `blobId` (some clients' mapping)."""
+        value = self.value
+        if not isinstance(value, dict) or not (_is_text(value.get("blob_id")) or _is_text(value.get("blobId"))):
+            raise WrongShape('an object with a "blob_id" string')
+        return blob_record(value)
+
+    def alias_value(self) -> Optional[str]:
+        """`{"value": "<context id>"}`, or `{"value": null}` for an alias that does not exist."""
+        value = self.value.get("value", False) if isinstance(self.value, dict) else False
+        if value is not None and not _is_text(value):
+            raise WrongShape('an object with a "value" string or null')
+        return value
+
+    def metadata(self) -> Optional[Dict[str, Any]]:
+        """A metadata record (its `name` a string or null), or None for `{"data": null}`."""
+        record = self.optional_object()
+        if record is not None and record.get("name") is not None and not isinstance(record["name"], str):
+            raise WrongShape('an object whose "name" is a string or null, or null')
+        return record
+
+    def optional_object(self) -> Optional[Dict[str, Any]]:
+        """An object, or None for `{"data": null}`: what writes answer (`{}`, `{"data": null}`, a record)."""
+        if self.value is not None and not isinstance(self.value, dict):
+            raise WrongShape("an object or null")
+        return self.value
+
+
+def blob_record(blob: Dict[str, Any]) -> Dict[str, Any]:
+    """One blob as the server shows it: camelCase, whichever casing this node release used (§3.5)."""
+    record = {"blobId": blob.get("blobId") or blob.get("blob_id")}
+    for key in ("size", "deleted"):
+        if key in blob:
+            record[key] = blob[key]
+    return record
 
 
 # ── Node: connect, request, refresh ───────────────────────────────────────────────────────────────
@@ -979,9 +1088,6 @@ class Node:
         return self._request("PUT", path, data=bytes(data), content_type="application/octet-stream",
                              params=params, timeout=timeout)
 
-    def health(self) -> Dict[str, Any]:
-        return self.get("/admin-api/health")
-
     def execute(self, context_id: str, method: str, args, timeout=None):
         """Run an app method (node-api §4): the method's output, or NodeError with the app's own message."""
         body = {"jsonrpc": "2.0", "id": next(self._ids), "method": "execute",
@@ -998,7 +1104,255 @@ class Node:
         result = reply.get("result")
         return result["output"] if isinstance(result, dict) and "output" in result else result
 
+    # ---- the admin API (node-api §3, §0.5): one method per node operation the server uses ----
+    # Each knows its path, its body (current nodes refuse unknown keys) and the shape of its answer, and returns
+    # plain values or raises NodeError: an answer of the wrong shape never turns into an empty list upstream.
+
+    def health(self) -> Dict[str, Any]:
+        """`{"status": "alive"}` (§3.1)."""
+        return self._call("GET", "/admin-api/health", lambda a: a.object("status"))
+
+    # applications (§3.2)
+    def applications(self) -> List[Dict[str, Any]]:
+        """The installed applications' records, each with its `id` (lists may omit `services`)."""
+        return self._call("GET", "/admin-api/applications", lambda a: a.rows("apps", "id"))
+
+    def application(self, app_id: str) -> Optional[Dict[str, Any]]:
+        """One application's full record (with `services`), or None when the node has none of that id."""
+        return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id),
+                                    lambda a: a.inner("application", "id"))
+
+    def abi(self, app_id: str, service: Optional[str] = None) -> Dict[str, Any]:
+        """The application's embedded ABI manifest (of one service, for a multi-service bundle)."""
+        return self._call("GET", "/admin-api/applications/%s/abi" % quoted(app_id), Answer.object,
+                          params={"service_name": service} if service else None)
+
+    def install_application(self, package: str, version: str) -> Dict[str, Any]:
+        """Install package@version from the node's own registry: `{applicationId}`."""
+        return self._call("POST", "/admin-api/install-application", lambda a: a.object("applicationId"),
+                          body={"package": package, "version": version})
+
+    def uninstall_application(self, app_id: str) -> Dict[str, Any]:
+        """`{applicationId}`; the node succeeds for an id it does not know."""
+        return self._call("DELETE", "/admin-api/applications/" + quoted(app_id), lambda a: a.object("applicationId"))
+
+    # contexts (§3.3)
+    def contexts(self) -> List[Dict[str, Any]]:
+        """Every context on the node (all pages), each with its `id`."""
+        return self._every_page("/admin-api/contexts", lambda a: a.rows("contexts", "id"))
+
+    def contexts_of(self, app_id: str) -> List[Dict[str, Any]]:
+        """The contexts of one application (one answer, not paged), each with its `id`."""
+        return self._call("GET", "/admin-api/contexts/for-application/" + quoted(app_id),
+                          lambda a: a.rows("contexts", "id"))
+
+    def context(self, context_id: str) -> Optional[Dict[str, Any]]:
+        """One context, or None when the node knows no such context (404; 400 for a string no id could be)."""
+        return self._absent_as_none((400, 404), "GET", "/admin-api/contexts/" + quoted(context_id),
+                                    lambda a: a.object("id"))
+
+    def create_context(self, application_id: str, group_id: str, initialization_params: List[int],
+                       name: Optional[str] = None, service: Optional[str] = None) -> Dict[str, Any]:
+        """`{contextId, memberPublicKey, ...}`; initialization_params are the UTF-8 bytes of init's JSON args."""
+        body = {"applicationId": application_id, "groupId": group_id}
+        if name is not None:
+            body["name"] = name
+        if service is not None:
+            body["serviceName"] = service
+        body["initializationParams"] = initialization_params
+        return self._call("POST", "/admin-api/contexts", lambda a: a.object("contextId"), body=body)
+
+    def join_context(self, context_id: str) -> Dict[str, Any]:
+        """`{contextId, memberPublicKey}`: join through group membership."""
+        return self._call("POST", "/admin-api/contexts/%s/join" % quoted(context_id),
+                          lambda a: a.object("contextId"), body={})
+
+    def delete_context(self, context_id: str) -> Dict[str, Any]:
+        """`{isDeleted}` (false for a context the node does not know)."""
+        return self._call("DELETE", "/admin-api/contexts/" + quoted(context_id), lambda a: a.flag("isDeleted"))
+
+    # aliases (§3.4)
+    def create_alias(self, alias: str, context_id: str) -> None:
+        self._call("POST", "/admin-api/alias/create/context", Answer.optional_object,
+                   body={"alias": alias, "contextId": context_id})
+
+    def lookup_alias(self, name: str) -> Optional[str]:
+        """The context id an alias names, or None: a miss is `{"value": null}`, and 400, 404 and 422 all mean
+        a string no alias could be."""
+        return self._absent_as_none((400, 404, 422), "POST", "/admin-api/alias/lookup/context/" + quoted(name),
+                                    Answer.alias_value, body={})
+
+    # blobs (§3.5): records come back camelCase, whichever casing this release used
+    def upload_blob(self, data: bytes, blob_hash: Optional[str] = None, context_id: Optional[str] = None):
+        """`{blobId, size}`; the node refuses bytes that do not match `blob_hash`."""
+        params = {}
+        if blob_hash is not None:
+            params["hash"] = blob_hash
+        if context_id is not None:
+            params["context_id"] = context_id
+        return self._call("PUT", "/admin-api/blobs", Answer.blob, data=bytes(data),
+                          content_type="application/octet-stream", params=params)
+
+    def blobs(self) -> List[Dict[str, Any]]:
+        """`[{blobId, size}]`: the root blobs stored on the node."""
+        rows = self._call("GET", "/admin-api/blobs", lambda a: a.rows("blobs", "blob_id", "blobId"))
+        return [blob_record(row) for row in rows]
+
+    def delete_blob(self, blob_id: str) -> Dict[str, Any]:
+        """`{blobId, deleted}`; the node refuses (403) a blob an installed application uses."""
+        return self._call("DELETE", "/admin-api/blobs/" + quoted(blob_id), Answer.blob)
+
+    # namespaces (§3.6)
+    def namespaces(self) -> List[Dict[str, Any]]:
+        """Every namespace (all pages), each with its `namespaceId`."""
+        return self._every_page("/admin-api/namespaces", lambda a: a.rows(None, "namespaceId"))
+
+    def create_namespace(self, application_id: str, name: Optional[str] = None) -> Dict[str, Any]:
+        """`{namespaceId}`."""
+        body = {"applicationId": application_id}
+        if name is not None:
+            body["name"] = name
+        return self._create_with_policy("/admin-api/namespaces", body, lambda a: a.object("namespaceId"))
+
+    def delete_namespace(self, namespace_id: str) -> Dict[str, Any]:
+        """`{isDeleted}`. Core refuses this DELETE without a JSON body (§1.2)."""
+        return self._call("DELETE", "/admin-api/namespaces/" + quoted(namespace_id), lambda a: a.flag("isDeleted"),
+                          body={})
+
+    def invite_to_namespace(self, namespace_id: str) -> Dict[str, Any]:
+        """The signed invitation, bare or wrapped as `{invitation, groupName}` depending on the release."""
+        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), Answer.object, body={})
+
+    def join_namespace(self, namespace_id: str, invitation: Dict[str, Any],
+                       group_name: Optional[str] = None) -> Dict[str, Any]:
+        """Join with a signed invitation, passed through unchanged; waits JOIN_TIMEOUT for peer discovery."""
+        body = {"invitation": invitation}
+        if group_name is not None:
+            body["groupName"] = group_name
+        return self._call("POST", "/admin-api/namespaces/%s/join" % quoted(namespace_id), Answer.object,
+                          body=body, timeout=JOIN_TIMEOUT)
+
+    def leave_namespace(self, namespace_id: str) -> None:
+        self._call("POST", "/admin-api/namespaces/%s/leave" % quoted(namespace_id), Answer.optional_object, body={})
+
+    # groups (§3.7)
+    def create_group(self, namespace_id: str, name: Optional[str], visibility: str) -> str:
+        """A subgroup directly in a namespace; its `groupId`."""
+        body = {}
+        if name is not None:
+            body["groupName"] = name
+        body["visibility"] = visibility
+        return self._call("POST", "/admin-api/namespaces/%s/groups" % quoted(namespace_id),
+                          lambda a: a.id("groupId"), body=body)
+
+    def create_nested_group(self, parent_id: str, name: Optional[str] = None) -> str:
+        """A group under `parent_id`, for the parent's application; core creates it restricted. Its `groupId`."""
+        info = self._call("GET", "/admin-api/groups/" + quoted(parent_id), lambda a: a.object("targetApplicationId"))
+        body = {"applicationId": info["targetApplicationId"]}
+        if name is not None:
+            body["name"] = name
+        body["parentGroupId"] = parent_id
+        return self._create_with_policy("/admin-api/groups", body, lambda a: a.id("groupId"))
+
+    def group_members(self, group_id: str) -> Dict[str, Any]:
+        """`{members: [{identity, role, name?}], selfIdentity?}`, every page read; older releases put
+        selfIdentity on each page."""
+        pages = []
+
+        def members_of(answer):
+            pages.append(answer.value)
+            return answer.rows("members", "identity")
+        members = {"members": self._every_page("/admin-api/groups/%s/members" % quoted(group_id), members_of)}
+        if pages[0].get("selfIdentity") is not None:
+            members["selfIdentity"] = pages[0]["selfIdentity"]
+        return members
+
+    def add_group_members(self, group_id: str, members: List[Dict[str, str]]) -> None:
+        """members: `[{identity, role}]`."""
+        self._call("POST", "/admin-api/groups/%s/members" % quoted(group_id), Answer.optional_object,
+                   body={"members": members})
+
+    def group_metadata(self, group_id: str) -> Optional[Dict[str, Any]]:
+        """`{name, data, updatedAt, updatedBy}`, or None for a group that has none."""
+        return self._call("GET", "/admin-api/groups/%s/metadata" % quoted(group_id), Answer.metadata)
+
+    def set_group_metadata(self, group_id: str, name: Optional[str], data: Dict[str, str]) -> None:
+        """Replace the whole record, name included (a missing name erases it)."""
+        body = {"name": name} if name is not None else {}
+        body["data"] = data
+        self._call("PUT", "/admin-api/groups/%s/metadata" % quoted(group_id), Answer.optional_object, body=body)
+
+    def set_group_visibility(self, group_id: str, visibility: str) -> None:
+        self._call("PUT", "/admin-api/groups/%s/settings/subgroup-visibility" % quoted(group_id),
+                   Answer.optional_object, body={"subgroupVisibility": visibility})
+
+    def join_open_group(self, group_id: str) -> Dict[str, Any]:
+        """Join through membership of the parent (join via inheritance): `{groupId, memberPublicKey, wasInherited}`."""
+        return self._call("POST", "/admin-api/groups/%s/join-via-inheritance" % quoted(group_id),
+                          lambda a: a.object("groupId"), body={})
+
+    # ---- the admin API's plumbing ----
+    def _call(self, method, path, shape, body=None, params=None, data=None, content_type=None, timeout=None):
+        """Send one admin request and return `shape(answer)`; a wrong shape is an UnexpectedAnswer."""
+        answer = self._exchange(method, path, body, params, data, content_type, timeout)
+        try:
+            return shape(answer)
+        except WrongShape as expected:
+            raise self._unexpected(method, path, str(expected), answer.body) from None
+
+    def _unexpected(self, method, path, expected, body) -> NodeError:
+        text = " ".join(self._redacted(body.decode("utf-8", "replace")).split())    # one line, for logs too
+        said = ("with an unexpected body (expected %s): %s" % (expected, text[:BODY_EXCERPT]) if text
+                else "with an empty body (expected %s)" % expected)
+        hint = _unreadable_hint(display_url(self._base))
+        if method != "GET":                # only the answer is known to be wrong: the request may have worked
+            hint = ("The node may have carried it out anyway: check before repeating it. If this keeps happening, "
+                    "check that %s is a Calimero node (merod) and read its log." % display_url(self._base))
+        return UnexpectedAnswer("The node answered %s %s %s" % (method, path, said), hint=hint)
+
+    def _redacted(self, text: str) -> str:
+        """An echoing proxy may quote our headers back: no token or password of ours reaches a message."""
+        tokens = self._tokens or {}
+        for secret in (tokens.get("access_token"), tokens.get("refresh_token"),
+                       self._credentials[1] if self._credentials else None):
+            if secret:
+                text = text.replace(secret, "[redacted]")
+        return text
+
+    def _absent_as_none(self, statuses, method, path, shape, **request):
+        """_call, or None when the node answers one of `statuses`: its way of saying "no such thing"."""
+        try:
+            return self._call(method, path, shape, **request)
+        except NodeError as error:
+            if error.status in statuses:
+                return None
+            raise
+
+    def _every_page(self, path, rows_of) -> List[Dict[str, Any]]:
+        """Every row of a paginated list (contexts, namespaces, members), read a full page at a time."""
+        rows = []
+        while len(rows) <= MAX_OFFSET:
+            page = self._call("GET", path, rows_of, params={"offset": len(rows), "limit": PAGE_LIMIT})
+            rows.extend(page)
+            if len(page) < PAGE_LIMIT:
+                break
+        return rows
+
+    def _create_with_policy(self, path, body, shape):
+        """Current core reads creation bodies as closed sets and knows no upgradePolicy; some older releases
+        required it (mero-js still sends it). Send without it, and again with it only when the node asks."""
+        try:
+            return self._call("POST", path, shape, body=body)
+        except NodeError as error:
+            if error.status in (400, 422) and "upgradePolicy" in str(error):
+                return self._call("POST", path, shape, body=dict(UPGRADE_POLICY, **body))
+            raise
+
     def _request(self, method, path, body=None, params=None, data=None, content_type=None, timeout=None):
+        return self._exchange(method, path, body, params, data, content_type, timeout).value
+
+    def _exchange(self, method, path, body=None, params=None, data=None, content_type=None, timeout=None):
+        """One request; the answer with its raw body, for the admin API's shape checks."""
         self.connect()
         url = self._base + path
         timeout = self._timeout if timeout is None else timeout
@@ -1010,7 +1364,7 @@ class Node:
         response = self._send_authenticated(send)
         if not 200 <= response.status_code < 300:
             raise self._refusal(response, url)
-        return decode_json(response, url)
+        return Answer(decode_json(response, url), response.content)
 
     def _send(self, method, url, token, data, content_type, params, timeout):
         requests = _requests()
@@ -1241,6 +1595,10 @@ _MODE_TEXT = {
 }
 
 
+NOT_A_NODE_FIX = ("Point CALIMERO_NODE_URL at a Calimero node (merod), e.g. http://localhost:2528; a proxy in front of "
+                  "one must pass /admin-api through unchanged.")
+
+
 class _Report:
     """Lines of plain text, and the problems found, each with one fix."""
 
@@ -1286,15 +1644,18 @@ def check(env: Mapping[str, str], out, ports=None) -> int:
     try:
         node._connect_to(location, handoff)
         step = "Health"
-        health = node.health()
-        report.line(step, health.get("status", "unknown") if isinstance(health, dict) else str(health))
+        report.line(step, node.health()["status"])
         step = "Apps"
-        listing = node.get("/admin-api/applications")
+        apps = node.applications()
     except NodeError as error:
         report.line(step, "failed: %s" % error)
-        report.problem(str(error), error.fix or "Check the node's log, then run mero-mcp --check again.")
+        if isinstance(error, UnexpectedAnswer) or (step == "Health" and error.status in (404, 405)):
+            report.problem("%s answers HTTP but is not a Calimero node: %s" % (display_url(location.url), error),
+                           NOT_A_NODE_FIX)
+        else:
+            report.problem(str(error), error.fix or "Check the node's log, then run mero-mcp --check again.")
         return report.finish()
-    _report_apps(report, node, (listing.get("apps") if isinstance(listing, dict) else None) or [])
+    _report_apps(report, node, apps)
     return report.finish()
 
 
@@ -1332,10 +1693,9 @@ def _report_apps(report, node, apps):
 def _services_of(node, app) -> List[str]:
     """Service names of a multi-service app; the list carries them in newer releases, else the app record."""
     services = app.get("services")
-    if services is None and app.get("id"):
+    if services is None:
         try:
-            record = node.get("/admin-api/applications/%s" % app["id"]) or {}
-            services = (record.get("application") or record).get("services")
+            services = (node.application(app["id"]) or {}).get("services")
         except NodeError:
             services = None
     return sorted(services) if isinstance(services, dict) and len(services) > 1 else []
@@ -1345,10 +1705,9 @@ def _tool_count(report, node, abi, app, label, service) -> str:
     """How many tools the app's ABI generates: every method but `init` and those taking `app_handle`."""
     if abi is None:
         return "tools unknown"
-    params = {"service_name": service} if service else None
     where = label + ("/" + service if service else "")
     try:
-        manifest = abi.parse_manifest(node.get("/admin-api/applications/%s/abi" % app.get("id"), params), where)
+        manifest = abi.parse_manifest(node.abi(app["id"], service), where)
     except NodeError as error:
         report.problem("%s: %s" % (where, error), error.fix or "Rebuild the application with `cargo mero build` "
                                                                "so it embeds its ABI, then reinstall it.", False)

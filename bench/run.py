@@ -38,6 +38,8 @@ INSTALLED_SERVER = [PYTHON, "-c", "import sys; sys.path.insert(0, %r); import me
                     % str(ROOT)]
 SDK_SERVER = [PYTHON, str(ROOT / "bench" / "sdk_server.py")]
 ECHO_ONE_LINE = [PYTHON, "-c", "import sys; sys.stdout.write(sys.stdin.readline()); sys.stdout.flush()"]
+# The design card's main use: a checkout run by the distribution's Python (Debian: python3-requests, -jsonschema).
+SYSTEM_PYTHON = "/usr/bin/python3"
 PROTOCOL_VERSION = "2025-11-25"
 COLD_SPAWNS = 30
 LIST_REPEATS = 60
@@ -171,6 +173,16 @@ def tools_listed_at_start(env, stderr):
         session.close()
 
 
+def median_spawn_times(variants, env, stderr):
+    for command in variants.values():
+        spawn_to_answer(command, env, stderr)          # warm the page cache and .pyc files first
+    times = {name: [] for name in variants}
+    for _ in range(COLD_SPAWNS):                       # round-robin: noise lands on every variant alike
+        for name, command in variants.items():
+            times[name].append(spawn_to_answer(command, env, stderr))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def bench_cold_start(home, stderr):
     with sample_double() as double:
         env = server_env(home, double.url)
@@ -178,13 +190,27 @@ def bench_cold_start(home, stderr):
         variants = {"bare": ECHO_ONE_LINE, "ours": SERVER, "installed": INSTALLED_SERVER}
         if sdk_installed():
             variants["sdk"] = SDK_SERVER + [str(tool_count)]
-        for command in variants.values():
-            spawn_to_answer(command, env, stderr)      # warm the page cache and .pyc files first
-        times = {name: [] for name in variants}
-        for _ in range(COLD_SPAWNS):                   # round-robin: noise lands on all three alike
-            for name, command in variants.items():
-                times[name].append(spawn_to_answer(command, env, stderr))
-    return tool_count, {name: statistics.median(values) for name, values in times.items()}
+        return tool_count, median_spawn_times(variants, env, stderr)
+
+
+def system_python_problem():
+    """Why /usr/bin/python3 cannot stand for the distribution's Python here, or None."""
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        return "%s is absent" % SYSTEM_PYTHON
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import requests, jsonschema"], capture_output=True)
+    if probe.returncode != 0:
+        return "%s lacks requests or jsonschema (apt-get install python3-requests python3-jsonschema)" % SYSTEM_PYTHON
+    return None
+
+
+def bench_system_cold_start(home, stderr):
+    """mero_mcp.py on /usr/bin/python3 against that interpreter's own bare echo: {name: seconds}, or why not."""
+    problem = system_python_problem()
+    if problem:
+        return problem
+    with sample_double() as double:
+        variants = {"bare": [SYSTEM_PYTHON] + ECHO_ONE_LINE[1:], "ours": [SYSTEM_PYTHON, SERVER[1]]}
+        return median_spawn_times(variants, server_env(home, double.url), stderr)
 
 
 # ── 2–5. One server with the 1,000-tool catalog ────────────────────────────────────────────────────
@@ -558,6 +584,17 @@ def cold_start_rows(tool_count, cold):
     ]
 
 
+def system_cold_start_rows(cold):
+    if isinstance(cold, str):
+        return [row("cold start on %s" % SYSTEM_PYTHON, "skipped: " + cold, "<= 2x", None)]
+    return [
+        row("cold start: %s bare echo" % SYSTEM_PYTHON, ms(cold["bare"]), "", None),
+        row("cold start: mero_mcp.py on %s" % SYSTEM_PYTHON, ms(cold["ours"]), "", None),
+        row("  ours / bare, %s" % SYSTEM_PYTHON, "%.2fx" % (cold["ours"] / cold["bare"]), "<= 2x",
+            cold["ours"] <= 2 * cold["bare"]),
+    ]
+
+
 def call_many_rows(f, kind, label):
     one, many = f["one_" + kind], f["many_" + kind]
     return [
@@ -637,6 +674,9 @@ def main():
         with open(Path(home) / "stderr.log", "wb") as stderr:
             print("cold start: %d spawns each of bare python, mero_mcp.py, SDK server …" % COLD_SPAWNS, flush=True)
             tool_count, cold = bench_cold_start(home, stderr)
+            print("cold start: %d spawns each of bare %s and mero_mcp.py on it …" % (COLD_SPAWNS, SYSTEM_PYTHON),
+                  flush=True)
+            system_cold = bench_system_cold_start(home, stderr)
             print("catalog: %d apps x %d methods …" % (APPS, METHODS_PER_APP), flush=True)
             figures = bench_catalog(home, stderr)
             print("where a call's time goes: %d calls in process …" % OWN_WORK_CALLS, flush=True)
@@ -644,8 +684,8 @@ def main():
             print("start-up footprint, imports, the distribution's python3 …", flush=True)
             footprint = bench_footprint(home, stderr)
             installed_rss = installed_catalog_rss(home, stderr)
-    print_table(cold_start_rows(tool_count, cold) + catalog_rows(figures) + own_work_rows(own_work)
-                + footprint_rows(footprint, installed_rss))
+    print_table(cold_start_rows(tool_count, cold) + system_cold_start_rows(system_cold) + catalog_rows(figures)
+                + own_work_rows(own_work) + footprint_rows(footprint, installed_rss))
     print("wall time %.0f s" % (time.monotonic() - started))
     return 0
 

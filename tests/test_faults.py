@@ -244,3 +244,265 @@ def test_a_too_deep_output_fails_only_its_call_many_item(session, double):
     items = json.loads(text_of(server.call_tool("call_many", {"calls": [{"app_handle": handle, "method": "entries"}]})))
     assert items == [{"ok": False, "error": "Error: entries ran, but its output is nested too deeply to decode "
                                             "(more levels than Python's JSON decoder allows)"}]
+# ── answers of the wrong shape: an error naming the request, never an empty or made-up result ─────
+
+SURPRISE = {"json": {"data": "surprise"}}
+
+
+def unexpected(request_line, expected, body='{"data":"surprise"}'):
+    return "Error: The node answered %s with an unexpected body (expected %s): %s" % (request_line, expected, body)
+
+
+def ids_of(double):
+    kv = double._app_key("com.calimero.kv-store")
+    namespace = next(g for g in double._groups.values() if g["parent"] is None)["id"]
+    context = next(iter(double._contexts))
+    return {"kv": kv, "ns": namespace, "ctx": context}
+
+
+WRONG_READS = [   # (tool, arguments, the request that gets the surprise, what its answer should have been)
+    ("list_applications", {}, "GET /admin-api/applications", 'an object with an "apps" list'),
+    ("list_namespaces", {}, "GET /admin-api/namespaces", "a list"),
+    ("list_contexts", {}, "GET /admin-api/contexts", 'an object with a "contexts" list'),
+    ("list_contexts", {"application": "kv-store"}, "GET /admin-api/contexts/for-application/{kv}",
+     'an object with a "contexts" list'),
+    ("list_blobs", {}, "GET /admin-api/blobs", 'an object with a "blobs" list'),
+    ("list_group_members", {"group": "{ns}"}, "GET /admin-api/groups/{ns}/members", 'an object with a "members" list'),
+    ("lookup_alias", {"name": "demo"}, "POST /admin-api/alias/lookup/context/demo",
+     'an object with a "value" string or null'),
+    ("select_app", {"app": "kv-store"}, "GET /admin-api/contexts/for-application/{kv}",
+     'an object with a "contexts" list'),
+    ("describe_app", {"app": "kv-store"}, "GET /admin-api/contexts/for-application/{kv}",
+     'an object with a "contexts" list'),
+]
+
+
+@pytest.mark.parametrize("tool, arguments, request_line, expected", WRONG_READS,
+                         ids=["%s %s" % (w[0], sorted(w[1])) for w in WRONG_READS])
+def test_a_wrong_shaped_answer_is_an_error_not_an_empty_result(session, double, tool, arguments, request_line,
+                                                               expected):
+    server, handle = session
+    ids = ids_of(double)
+    request_line = request_line.format(**ids)
+    arguments = {key: value.format(**ids) for key, value in arguments.items()}
+    double.faults.update(dict(SURPRISE, paths=[request_line.split(" ", 1)[1]]))
+    result = server.call_tool(tool, arguments)
+    assert result.get("isError") is True, result
+    text = text_of(result)
+    assert text.startswith(unexpected(request_line, expected)), text
+    assert "check that %s is a Calimero node" % double.url in text
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
+@pytest.mark.parametrize("tool, arguments, path, answer, request_line, expected", [
+    ("upload_blob", {"data": "aGVsbG8="}, "/admin-api/blobs", {"data": {"blob_id": None, "size": 5}},
+     "PUT /admin-api/blobs", 'an object with a "blob_id" string'),
+    ("delete_blob", {"blob": "ab" * 32}, "/admin-api/blobs/", {"blob_id": None, "deleted": True},
+     "DELETE /admin-api/blobs/" + "ab" * 32, 'an object with a "blob_id" string'),
+    ("create_group", {"namespace": "{ns}"}, "/admin-api/namespaces/{ns}/groups", {"data": {"groupId": None}},
+     "POST /admin-api/namespaces/{ns}/groups", 'an object with a "groupId" string'),
+])
+def test_a_null_id_is_never_reported_as_success(session, double, tool, arguments, path, answer, request_line,
+                                                expected):
+    server, handle = session
+    ids = ids_of(double)
+    arguments = {key: value.format(**ids) for key, value in arguments.items()}
+    double.faults.update({"json": answer, "paths": [path.format(**ids)]})
+    result = server.call_tool(tool, arguments)
+    assert result.get("isError") is True, result
+    text = text_of(result)
+    assert text.startswith(unexpected(request_line.format(**ids), expected, json.dumps(answer, separators=(",", ":"))))
+    assert "The node may have carried it out anyway: check before repeating it." in text
+
+
+def test_create_group_with_parent_says_what_came_back_when_the_id_is_missing(session, double):
+    """The group exists, but the node's answer lacks its id: an isError the agent can act on, not -32603."""
+    server, _ = session
+    parent = ids_of(double)["ns"]
+    create = double._h_create_group
+
+    def created_without_an_id(request):
+        create(request)
+        return {"data": {"created": True}}
+    double._h_create_group = created_without_an_id
+    before = len(double._groups)
+    result = server.call_tool("create_group", {"namespace": parent, "parent": parent, "visibility": "open"})
+    assert result.get("isError") is True, result
+    assert text_of(result).startswith(unexpected("POST /admin-api/groups", 'an object with a "groupId" string',
+                                                 '{"data":{"created":true}}'))
+    assert "may have carried it out anyway" in text_of(result)
+    assert len(double._groups) == before + 1
+    assert double.requests_to("PUT") == []                     # no visibility call for a group of unknown id
+
+
+def test_select_app_with_a_context_lacking_its_id(session, double):
+    server, handle = session
+    kv = ids_of(double)["kv"]
+    answer = {"data": {"contexts": [{"applicationId": kv, "name": "no id"}]}}
+    double.faults.update({"json": answer, "paths": ["/admin-api/contexts/for-application/"]})
+    result = server.call_tool("select_app", {"app": "kv-store"})
+    assert result.get("isError") is True, result
+    assert text_of(result).startswith(unexpected(
+        "GET /admin-api/contexts/for-application/" + kv,
+        'an object with a "contexts" list of objects, each with an "id" string', json.dumps(answer, separators=(",", ":"))))
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
+@pytest.mark.parametrize("read", ["context", "application"])
+def test_app_calls_report_a_wrong_shaped_read_instead_of_sending_the_agent_to_select_app(session, double, read):
+    """Admission reads the context and the app record live: a wrong shape is the node's fault, and a refusal
+    ("call select_app and retry") would loop the agent back to select_app for ever."""
+    server, handle = session
+    ids = ids_of(double)
+    path = "/admin-api/contexts/%s" % ids["ctx"] if read == "context" else "/admin-api/applications/%s" % ids["kv"]
+    double.faults.update(dict(SURPRISE, paths=[path]))
+    calls = [("kv_store_len", {"app_handle": handle}), ("call", {"app_handle": handle, "method": "len"})]
+    if read == "context":
+        calls.append(("call", {"app": "kv-store", "context": ids["ctx"], "method": "len"}))
+    for tool, arguments in calls:
+        result = server.call_tool(tool, arguments)
+        assert result.get("isError") is True, (tool, result)
+        assert text_of(result).startswith("Error: The node answered GET %s with an unexpected body" % path), result
+        assert "select_app" not in text_of(result)
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
+def test_set_group_metadata_never_erases_the_name_it_could_not_read(session, double):
+    server, _ = session
+    group = double.add_group(namespace=ids_of(double)["ns"], metadata={"name": "keep me", "data": {"a": "1"}})
+    path = "/admin-api/groups/%s/metadata" % group
+    double.faults.update(dict(SURPRISE, paths=[path], times=1))         # only the read: the write would succeed
+    result = server.call_tool("set_group_metadata", {"group": group, "data": {"b": "2"}})
+    assert result.get("isError") is True, result
+    assert text_of(result).startswith(unexpected("GET " + path, "an object or null"))
+    assert double.requests_to("PUT", path) == [] and double._groups[group]["metadata"]["name"] == "keep me"
+    done = server.call_tool("set_group_metadata", {"group": group, "data": {"b": "2"}})
+    assert not done.get("isError") and double._groups[group]["metadata"]["name"] == "keep me"
+    assert double._groups[group]["metadata"]["data"] == {"b": "2"}
+
+
+# ── a failed catalog re-read keeps the catalog ────────────────────────────────────────────────────
+
+def app_tools(server):
+    return sorted(name for name in server.tool_names() if name.startswith(("kv_store_", "counter_", "bell_")))
+
+
+def list_changes(server):
+    server.request("ping")                       # every notification sent before the answer has been read
+    return [n for n in server.notifications if n.get("method", "").endswith("/list_changed")]
+
+
+def refresh_failures(server):
+    return [line for line in server.stderr_lines if "app list refresh failed" in line]
+
+
+def test_a_failed_catalog_reread_keeps_the_tools_and_announces_nothing(start_server, server_env, double):
+    """After install_application, on a catalog miss and on the 30 s poll; the next good read goes on as usual."""
+    from node_double import counter_spec
+    bell = dict(counter_spec(), package="com.example.bell", version="1.0.0")
+    double.registry["com.example.bell@1.0.0"] = bell
+    server = start_server(server_env)
+    deadline = time.monotonic() + 20
+    while "kv_store_len" not in server.tool_names():
+        assert time.monotonic() < deadline, server.stderr
+        time.sleep(0.1)
+    started = time.monotonic()
+    tools, changes = app_tools(server), len(list_changes(server))
+    wanted = ('app list refresh failed: The node answered GET /admin-api/applications with an unexpected body '
+              '(expected an object with an "apps" list): {"data":"surprise"} (the current app tools stay)\n')
+
+    # 1. install_application: the install succeeds, the re-read after it does not
+    double.faults.update(dict(SURPRISE, paths=["/admin-api/applications"]))
+    installed = server.tool_json("install_application", {"coords": "com.example.bell@1.0.0"})
+    assert installed == {"applicationId": double._app_key("com.example.bell")}
+    assert app_tools(server) == tools and len(list_changes(server)) == changes
+    assert refresh_failures(server) == ["[mero-mcp] " + wanted]
+
+    # 2. a catalog miss (describe_app meets the new app): the list reads well, then the re-read does not
+    double.faults.clear()
+    read_abi = double._h_get_abi
+
+    def then_break_the_list(request):
+        double.faults.update(dict(SURPRISE, paths=["/admin-api/applications"]))
+        return read_abi(request)
+    double._h_get_abi = then_break_the_list
+    described = server.call_tool("describe_app", {"app": "com.example.bell"})
+    assert not described.get("isError"), described
+    double._h_get_abi = read_abi
+    assert app_tools(server) == tools and len(list_changes(server)) == changes
+    assert refresh_failures(server) == ["[mero-mcp] " + wanted] * 2
+
+    # 3. the poll (every 30 s from the first read) meets the same answer
+    deadline = started + 45
+    while len(refresh_failures(server)) < 3:
+        assert time.monotonic() < deadline, "no poll within 45 s: %s" % server.stderr
+        time.sleep(0.2)
+    assert app_tools(server) == tools and len(list_changes(server)) == changes
+    assert "Traceback" not in server.stderr
+
+    # 4. the next good read proceeds as usual: the new app's tools arrive, announced once
+    double.faults.clear()
+    assert not server.call_tool("describe_app", {"app": "com.example.bell"}).get("isError")
+    assert len(list_changes(server)) == changes + 2               # tools and resources
+    assert set(app_tools(server)) > set(tools) and any(n.startswith("bell_") for n in app_tools(server))
+
+
+# ── --check: a Calimero node, or something else answering HTTP ────────────────────────────────────
+
+def run_check(server_env):
+    from mcp_client import SERVER
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(SERVER), "--check"], env=server_env, capture_output=True, text=True,
+                          timeout=LONG)
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    return done
+
+
+NOT_A_NODE = {
+    "html page": {"garbage": True},
+    "a list": {"json": [1, 2, 3]},
+    "json of another service": {"json": {"data": {"status": "alive", "service": "something else"}}},
+    "apps holding non-objects": {"json": {"data": {"apps": [1, "two", None]}}, "paths": ["/admin-api/applications"]},
+    "apps holding records without ids": {"json": {"data": {"apps": [{"name": "x"}]}},
+                                         "paths": ["/admin-api/applications"]},
+    "404 everywhere": {"status": 404, "body": "<html><h1>Not Found</h1></html>"},
+    "plain text": {"status": 200, "body": "hello from nginx"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_A_NODE))
+def test_check_tells_a_calimero_node_from_another_http_server(server_env, double, name):
+    double.faults.update(NOT_A_NODE[name])
+    done = run_check(server_env)
+    assert done.returncode == 1, done.stdout
+    assert "  - %s answers HTTP but is not a Calimero node: " % double.url in done.stdout, done.stdout
+    assert "Fix: Point CALIMERO_NODE_URL at a Calimero node (merod)" in done.stdout
+    assert "OK, the server can work" not in done.stdout
+
+
+def test_check_against_a_static_web_server(server_env, tmp_path):
+    import functools
+    import http.server
+    import threading
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<h1>hi</h1>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))
+    handler.log_message = lambda *args: None
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d" % web.server_address[1]
+        done = run_check(dict(server_env, CALIMERO_NODE_URL=url))
+    finally:
+        web.shutdown()
+        web.server_close()
+    assert done.returncode == 1 and "%s answers HTTP but is not a Calimero node" % url in done.stdout, done.stdout
+
+
+def test_check_still_passes_a_healthy_node(server_env, double):
+    done = run_check(server_env)
+    assert done.returncode == 0 and "Result:    OK, the server can work with this node." in done.stdout, done.stdout

@@ -190,7 +190,7 @@ def test_list_applications_verbose_returns_full_records_without_the_guide(server
 
 
 def test_list_namespaces_is_the_node_list(server, double):
-    namespaces = server.tool_json("list_namespaces")
+    namespaces = server.tool_json("list_namespaces")["namespaces"]      # wrapped, as list_contexts is
     assert [n["namespaceId"] for n in namespaces] == [namespace_of(double)]
     assert namespaces[0]["name"] == "demo-team"
     asked = [r["query"] for r in double.requests_to("GET", "/admin-api/namespaces") if r["path"] == "/admin-api/namespaces"]

@@ -950,6 +950,195 @@ def test_importing_node_does_not_import_requests(tmp_path):
     assert out.stdout.strip() == "False", out.stderr
 
 
+# ── The admin API: one method per operation, every answer's shape checked (node-api §3, §0.5) ────
+
+SURPRISE = {"json": {"data": "surprise"}}
+
+
+def by_package(apps):
+    return {app["package"]: app for app in apps}
+
+
+def test_only_node_py_knows_the_node_paths():
+    """The admin API lives in node.py: the server's tool handlers hold no path and read no answer shape."""
+    source = (ROOT / "mero_mcp.py").read_text(encoding="utf-8")
+    for path in ('"/admin-api', '"/auth/', "'/admin-api", "'/auth/", "/jsonrpc"):
+        assert path not in source, path
+    for shape_reading in ("as_object(", "isinstance(page, list)", '.get("apps"', '.get("contexts"'):
+        assert shape_reading not in source, shape_reading
+
+
+def test_admin_api_reads_return_what_they_promise(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    assert client.health() == {"status": "alive"}
+    apps = by_package(client.applications())
+    kv = apps["com.calimero.kv-store"]
+    assert set(apps) == {"com.calimero.kv-store", "com.example.counter"}
+    assert client.application(kv["id"])["id"] == kv["id"]
+    assert client.application("0" * 64) is None                    # 404: no such application
+    assert client.abi(kv["id"])["schema_version"] == "wasm-abi/1"
+    contexts = client.contexts()
+    assert [c["id"] for c in client.contexts_of(kv["id"])] == [c["id"] for c in contexts]
+    assert client.context(contexts[0]["id"])["applicationId"] == kv["id"]
+    assert client.context("0" * 64) is None and client.context("not-an-id") is None
+    assert client.lookup_alias("demo") == contexts[0]["id"]
+    assert client.lookup_alias("nope") is None and client.lookup_alias("no such alias!") is None
+    assert [n["name"] for n in client.namespaces()] == ["demo-team"]
+    asked = [e["query"] for e in requests_to(plain, "/admin-api/namespaces")]
+    assert asked == [{"offset": "0", "limit": "1000"}]
+
+
+def test_admin_api_writes_send_their_bodies(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    blob = client.upload_blob(b"hello")
+    assert blob == {"blobId": hashlib.sha256(b"hello").hexdigest(), "size": 5}      # camelCase, whatever the node
+    assert blob in client.blobs()
+    assert client.delete_blob(blob["blobId"]) == {"blobId": blob["blobId"], "deleted": True}
+    namespace = client.namespaces()[0]["namespaceId"]
+    group = client.create_group(namespace, "crew", "open")
+    nested = client.create_nested_group(group, "inner")
+    assert requests_to(plain, "/admin-api/groups")[-1]["json"] == {
+        "applicationId": plain._app_key("com.calimero.kv-store"), "name": "inner", "parentGroupId": group}
+    client.set_group_visibility(nested, "open")
+    client.set_group_metadata(group, "named", {"k": "v"})
+    assert client.group_metadata(group)["name"] == "named" and client.group_metadata(nested) is None
+    client.add_group_members(group, [{"identity": "a" * 64, "role": "Member"}])
+    assert {"identity": "a" * 64, "role": "Member"} in client.group_members(group)["members"]
+    assert client.delete_namespace(namespace) == {"isDeleted": True}
+
+
+def test_a_wrong_shaped_answer_names_the_operation_and_quotes_the_body(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    plain.faults.update(SURPRISE)
+    with pytest.raises(node.UnexpectedAnswer) as caught:
+        client.applications()
+    assert str(caught.value) == ('The node answered GET /admin-api/applications with an unexpected body (expected an '
+                                 'object with an "apps" list): {"data":"surprise"}')
+    assert caught.value.hint == ("Retry; if this keeps happening, check that %s is a Calimero node (merod) and read "
+                                 "its log." % plain.url)
+
+
+@pytest.mark.parametrize("answer, expected", [
+    ({"data": {"apps": [{"id": "x"}, 1, "two"]}}, 'an object with an "apps" list of objects, each with an "id" string'),
+    ({"data": {"apps": [{"package": "no id"}]}}, 'an object with an "apps" list of objects, each with an "id" string'),
+    ({"data": [{"id": "x"}]}, 'an object with an "apps" list'),
+    ({"apps": None}, 'an object with an "apps" list'),
+])
+def test_rows_and_their_ids_are_checked(tmp_path, plain, answer, expected):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    plain.faults.update({"json": answer})
+    with pytest.raises(node.UnexpectedAnswer) as caught:
+        client.applications()
+    assert "(expected %s): %s" % (expected, json.dumps(answer, separators=(",", ":"))) in str(caught.value)
+
+
+KV_ID = sample_double()._app_key("com.calimero.kv-store")
+ANY_ID = "ab" * 32
+OPERATIONS = [   # (what the client calls, the request it makes, what the answer should have been)
+    (lambda c: c.health(), "GET /admin-api/health", 'an object with a "status" string'),
+    (lambda c: c.application(KV_ID), "GET /admin-api/applications/" + KV_ID,
+     'an object whose "application" is an object with an "id" string'),
+    (lambda c: c.abi(KV_ID), "GET /admin-api/applications/%s/abi" % KV_ID, "an object"),
+    (lambda c: c.install_application("com.x", "1.0.0"), "POST /admin-api/install-application",
+     'an object with an "applicationId" string'),
+    (lambda c: c.uninstall_application(KV_ID), "DELETE /admin-api/applications/" + KV_ID,
+     'an object with an "applicationId" string'),
+    (lambda c: c.contexts(), "GET /admin-api/contexts", 'an object with a "contexts" list'),
+    (lambda c: c.contexts_of(KV_ID), "GET /admin-api/contexts/for-application/" + KV_ID,
+     'an object with a "contexts" list'),
+    (lambda c: c.context(ANY_ID), "GET /admin-api/contexts/" + ANY_ID, 'an object with an "id" string'),
+    (lambda c: c.create_context(KV_ID, ANY_ID, []), "POST /admin-api/contexts", 'an object with a "contextId" string'),
+    (lambda c: c.join_context(ANY_ID), "POST /admin-api/contexts/%s/join" % ANY_ID,
+     'an object with a "contextId" string'),
+    (lambda c: c.delete_context(ANY_ID), "DELETE /admin-api/contexts/" + ANY_ID, 'an object with an "isDeleted" boolean'),
+    (lambda c: c.create_alias("a", ANY_ID), "POST /admin-api/alias/create/context", "an object or null"),
+    (lambda c: c.lookup_alias("demo"), "POST /admin-api/alias/lookup/context/demo",
+     'an object with a "value" string or null'),
+    (lambda c: c.upload_blob(b"x"), "PUT /admin-api/blobs", 'an object with a "blob_id" string'),
+    (lambda c: c.blobs(), "GET /admin-api/blobs", 'an object with a "blobs" list'),
+    (lambda c: c.delete_blob(ANY_ID), "DELETE /admin-api/blobs/" + ANY_ID, 'an object with a "blob_id" string'),
+    (lambda c: c.namespaces(), "GET /admin-api/namespaces", "a list"),
+    (lambda c: c.create_namespace(KV_ID), "POST /admin-api/namespaces", 'an object with a "namespaceId" string'),
+    (lambda c: c.delete_namespace(ANY_ID), "DELETE /admin-api/namespaces/" + ANY_ID,
+     'an object with an "isDeleted" boolean'),
+    (lambda c: c.invite_to_namespace(ANY_ID), "POST /admin-api/namespaces/%s/invite" % ANY_ID, "an object"),
+    (lambda c: c.join_namespace(ANY_ID, {}), "POST /admin-api/namespaces/%s/join" % ANY_ID, "an object"),
+    (lambda c: c.leave_namespace(ANY_ID), "POST /admin-api/namespaces/%s/leave" % ANY_ID, "an object or null"),
+    (lambda c: c.create_group(ANY_ID, None, "open"), "POST /admin-api/namespaces/%s/groups" % ANY_ID,
+     'an object with a "groupId" string'),
+    (lambda c: c.create_nested_group(ANY_ID), "GET /admin-api/groups/" + ANY_ID,
+     'an object with a "targetApplicationId" string'),
+    (lambda c: c.group_members(ANY_ID), "GET /admin-api/groups/%s/members" % ANY_ID, 'an object with a "members" list'),
+    (lambda c: c.add_group_members(ANY_ID, []), "POST /admin-api/groups/%s/members" % ANY_ID, "an object or null"),
+    (lambda c: c.group_metadata(ANY_ID), "GET /admin-api/groups/%s/metadata" % ANY_ID, "an object or null"),
+    (lambda c: c.set_group_metadata(ANY_ID, None, {}), "PUT /admin-api/groups/%s/metadata" % ANY_ID,
+     "an object or null"),
+    (lambda c: c.set_group_visibility(ANY_ID, "open"),
+     "PUT /admin-api/groups/%s/settings/subgroup-visibility" % ANY_ID, "an object or null"),
+    (lambda c: c.join_open_group(ANY_ID), "POST /admin-api/groups/%s/join-via-inheritance" % ANY_ID,
+     'an object with a "groupId" string'),
+]
+
+
+@pytest.mark.parametrize("operation, request_line, expected", OPERATIONS, ids=[o[1] for o in OPERATIONS])
+def test_every_operation_checks_its_answer(tmp_path, plain, operation, request_line, expected):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    plain.faults.update(SURPRISE)
+    with pytest.raises(node.UnexpectedAnswer) as caught:
+        operation(client)
+    assert str(caught.value) == 'The node answered %s with an unexpected body (expected %s): {"data":"surprise"}' % (
+        request_line, expected)
+    writes = not request_line.startswith("GET ")
+    assert ("may have carried it out anyway" in caught.value.hint) is writes
+
+
+def test_an_excerpt_is_one_line_of_300_characters_and_an_empty_body_says_so(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    plain.faults.update({"status": 200, "body": '{"data":\n  {"apps": "%s"}}' % ("x" * 400)})
+    with pytest.raises(node.UnexpectedAnswer) as caught:
+        client.applications()
+    excerpt = str(caught.value).split("list): ", 1)[1]
+    assert excerpt == ('{"data": {"apps": "%s"}}' % ("x" * 400))[:300] and "\n" not in str(caught.value)
+    plain.faults.update({"status": 200, "body": ""})
+    with pytest.raises(node.UnexpectedAnswer) as caught:
+        client.health()
+    assert str(caught.value) == ('The node answered GET /admin-api/health with an empty body (expected an object '
+                                 'with a "status" string)')
+
+
+def test_an_echoing_proxy_never_gets_our_token_into_a_message(tmp_path, authed):
+    env, access, refresh = token_env(tmp_path, authed)
+    client = Node(env)
+    authed.faults.update({"json": {"headers": {"Authorization": "Bearer " + access}, "refresh": refresh}})
+    with pytest.raises(node.UnexpectedAnswer) as caught:
+        client.applications()
+    assert access not in str(caught.value) and refresh not in str(caught.value)
+    assert '"Authorization":"Bearer [redacted]"' in str(caught.value)
+
+
+def test_creation_retries_with_upgrade_policy_only_when_an_older_node_asks(tmp_path):
+    with sample_double(legacy_upgrade_policy=True) as old:
+        client = Node(make_env(tmp_path, CALIMERO_NODE_URL=old.url))
+        created = client.create_namespace(old._app_key("com.calimero.kv-store"), name="again")
+        assert created["namespaceId"] in [n["namespaceId"] for n in client.namespaces()]
+        sent = [e["json"] for e in requests_to(old, "/admin-api/namespaces") if e["method"] == "POST"]
+        assert sent == [{"applicationId": old._app_key("com.calimero.kv-store"), "name": "again"},
+                        {"upgradePolicy": "LazyOnAccess", "applicationId": old._app_key("com.calimero.kv-store"),
+                         "name": "again"}]
+
+
+def test_group_members_reads_every_page(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    namespace = client.namespaces()[0]["namespaceId"]
+    accounts = ["%064x" % n for n in range(1, 1502)]
+    client.add_group_members(namespace, [{"identity": a, "role": "Member"} for a in accounts])
+    members = client.group_members(namespace)["members"]
+    assert {m["identity"] for m in members} >= set(accounts) and len(members) == len(accounts) + 1
+    asked = [e["query"]["offset"] for e in requests_to(plain, "/admin-api/groups/%s/members" % namespace)
+             if e["method"] == "GET"]
+    assert asked == ["0", "1000"]
+
+
 # ── check (`mero-mcp --check`) ───────────────────────────────────────────────────────────────────
 
 def multi_service_spec():
