@@ -633,6 +633,12 @@ def is_read_only(method: Dict[str, Any]) -> bool:
 # Embedded auth (§1.5, §2): HS256 JWTs, login, refresh with single-use refresh tokens, revocation
 # ---------------------------------------------------------------------------------------------------------------
 
+def grant_covers(grant: str, permission: str) -> bool:
+    """`admin` covers everything; `context` covers `context:list`; a `[scope]` is left to the handler."""
+    base = grant.split("[", 1)[0]
+    return base == "admin" or permission == base or permission.startswith(base + ":")
+
+
 def may_execute(grants: List[str], context_id: str, method: str) -> bool:
     """Whether a token's grants cover this call (core `crates/server/src/execute.rs`): `admin`,
     `context:execute`, or `context:execute[<context>,<user>,<method>]` with empty parts meaning any."""
@@ -737,7 +743,7 @@ class AuthService:
 
     def guard(self, token: Optional[str], permission: str = "admin") -> Optional[Reply]:
         """What the guard answers for a protected route (§1.5); None lets the request through. `admin`
-        satisfies every route; /jsonrpc also admits any `context:execute` grant (execute checks its scope)."""
+        satisfies every route, a route's own permission (scope aside: execute checks its scope) the mapped ones."""
         if token is None:
             return empty_reply(401)
         claims = self.decode(token)
@@ -747,8 +753,7 @@ class AuthService:
             return empty_reply(401, {"X-Auth-Error": "token_expired"})
         if self.family_of(claims) in self.revoked_families:
             return empty_reply(403, {"X-Auth-Error": "token_revoked"})
-        granted = claims.get("permissions") or []
-        if "admin" not in granted and not any(p == permission or p.startswith(permission + "[") for p in granted):
+        if not any(grant_covers(grant, permission) for grant in claims.get("permissions") or []):
             return empty_reply(403, {"X-Auth-Error": "permission_denied"})
         return None
 
@@ -792,7 +797,9 @@ class Route:
         self.access = access
         self.bad_id = bad_id or {}
         self.closed = closed            # the body's known fields when it is a closed set (§0.5.1)
-        self.permission = permission    # what a token must grant besides `admin` (§1.5)
+        # what a token must grant, `admin` or this (core's validator.rs maps a few read routes; the rest of
+        # /admin-api is admin only, §1.5)
+        self.permission = permission
         regex = re.sub(r":([a-z_]+)", r"(?P<\1>[^/]+)", pattern)
         self.regex = re.compile("^" + regex + "$")
 
@@ -815,9 +822,9 @@ ROUTES = [
     Route("GET", "/admin-api/identity", "identity"),
     Route("GET", "/admin-api/peers", "peers"),
     # applications (§3.2)
-    Route("GET", "/admin-api/applications", "list_applications"),
-    Route("GET", "/admin-api/applications/:application_id", "get_application"),
-    Route("GET", "/admin-api/applications/:application_id/abi", "get_abi"),
+    Route("GET", "/admin-api/applications", "list_applications", permission="application:list"),
+    Route("GET", "/admin-api/applications/:application_id", "get_application", permission="application:list"),
+    Route("GET", "/admin-api/applications/:application_id/abi", "get_abi", permission="application:list"),
     Route("GET", "/admin-api/applications/:application_id/versions", "application_versions"),
     Route("DELETE", "/admin-api/applications/:application_id", "uninstall_application"),
     Route("POST", "/admin-api/install-application", "install_application", body="validated", closed=INSTALL_FIELDS),
@@ -826,10 +833,11 @@ ROUTES = [
     Route("GET", "/admin-api/packages/:package/versions", "package_versions"),
     Route("GET", "/admin-api/packages/:package/latest", "package_latest"),
     # contexts (§3.3)
-    Route("GET", "/admin-api/contexts", "list_contexts"),
+    Route("GET", "/admin-api/contexts", "list_contexts", permission="context:list"),
     Route("POST", "/admin-api/contexts", "create_context", body="validated", closed=CONTEXT_CREATE_FIELDS),
-    Route("GET", "/admin-api/contexts/for-application/:application_id", "contexts_for_application"),
-    Route("GET", "/admin-api/contexts/:context_id", "get_context"),
+    Route("GET", "/admin-api/contexts/for-application/:application_id", "contexts_for_application",
+          permission="context:list"),
+    Route("GET", "/admin-api/contexts/:context_id", "get_context", permission="context:list"),
     Route("DELETE", "/admin-api/contexts/:context_id", "delete_context"),
     Route("POST", "/admin-api/contexts/:context_id/join", "join_context", bad_id={
         "context_id": "Invalid context id format: expected base58 or hex-encoded 32 bytes"}),
@@ -839,7 +847,7 @@ ROUTES = [
     Route("GET", "/admin-api/contexts/:context_id/group", "context_group"),
     # aliases (§3.4)
     Route("POST", "/admin-api/alias/create/:kind", "create_alias", body="axum"),
-    Route("POST", "/admin-api/alias/lookup/:kind/:name", "lookup_alias"),
+    Route("POST", "/admin-api/alias/lookup/:kind/:name", "lookup_alias", permission="context:alias:lookup"),
     Route("GET", "/admin-api/alias/list/:kind", "list_aliases"),
     Route("POST", "/admin-api/alias/delete/:kind/:name", "delete_alias"),
     # blobs (§3.5)
