@@ -154,6 +154,8 @@ def _warn_once(message):
 
 def display_url(url: str) -> str:
     """A URL fit for a message: no query string, fragment or userinfo (they may carry credentials, §6)."""
+    if "@" in url:                       # request paths are percent-encoded, so an `@` marks userinfo, and a
+        return _without_secrets(url)     # password with `/`, `?` or `#` in it would fool urlsplit
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -168,13 +170,19 @@ def display_url(url: str) -> str:
 
 
 def _without_secrets(url: str) -> str:
-    """For a URL urlsplit cannot read: cut the query, the fragment and any `user:password@`."""
-    url = url.split("?", 1)[0].split("#", 1)[0]
+    """For a URL urlsplit cannot be trusted with: what follows the last `@`, without query and fragment."""
     scheme, separator, rest = url.partition("://")
     if not separator:
-        return url.rsplit("@", 1)[-1]
-    authority, slash, path = rest.partition("/")
-    return scheme + separator + authority.rsplit("@", 1)[-1] + slash + path
+        scheme, rest = "", url
+    rest = rest.rsplit("@", 1)[-1].split("?", 1)[0].split("#", 1)[0]
+    return scheme + separator + rest
+
+
+def url_extras(value: str) -> List[str]:
+    """What a node address must not carry: credentials, a query, a fragment (requests would send userinfo as
+    HTTP Basic in place of the Bearer token, and a query would swallow every path appended to the base)."""
+    found = [("user:password@", "@"), ("a query (?...)", "?"), ("a fragment (#...)", "#")]
+    return [what for what, mark in found if mark in value]
 
 
 def _origin(value) -> str:
@@ -223,6 +231,14 @@ def same_node(a: Optional[str], b: Optional[str]) -> bool:
 
 
 def _checked_node_url(value: str) -> str:
+    """The node's address from CALIMERO_NODE_URL; refused when it is not http(s), or when it carries credentials,
+    a query or a fragment (messages show it only through display_url)."""
+    extras = url_extras(value)
+    if extras:                            # first: with a password in it, urlsplit may misread the rest
+        fix = ("Set CALIMERO_NODE_URL to the node's address alone (%s), and give credentials in CALIMERO_USERNAME "
+               "and CALIMERO_PASSWORD, or CALIMERO_AUTH_TOKEN." % display_url(value))
+        raise NodeError("CALIMERO_NODE_URL carries %s, which this server refuses: it must hold only the node's "
+                        "address. %s" % (" and ".join(extras), fix), fix=fix)
     try:
         parts = urlsplit(value)
         parts.port
@@ -265,6 +281,9 @@ def read_handoff(directory: str) -> Tuple[Optional[Handoff], Optional[str]]:
     node_url = data.get("nodeUrl")
     if node_url is not None and not is_loopback_url(node_url):
         return _ignored("%s points at %s, which is not a local node; ignoring the file." % (path, _origin(node_url)))
+    if node_url is not None and url_extras(node_url):
+        return _ignored("%s gives a nodeUrl that carries %s; ignoring the file." % (path, " and ".join(
+            url_extras(node_url))))
     token = data.get("accessToken")
     if not isinstance(token, str) or not token.strip():
         return _ignored("%s has no accessToken; ignoring it." % path)
