@@ -101,10 +101,31 @@ def heavy(name):
         with _loading:
             module = _loaded.get(name)
             if module is None:
-                module = __import__(name)
-                module.preload()
+                try:
+                    module = __import__(name)
+                    module.preload()
+                except ImportError as error:     # every tool that needs it says which package, and how to fix
+                    raise MissingLibrary(import_failure(name, error)) from None
                 _loaded[name] = module
     return module
+
+
+class MissingLibrary(ToolError):
+    """node.py or abi.py, or a package they need, cannot be imported: a tool's isError, not an internal error."""
+
+
+PACKAGE_OF = {"node": "requests", "abi": "jsonschema"}
+
+
+def import_failure(name, error):
+    """Why `name` cannot be loaded: a runtime package is missing (node.py words that), or one of our own files."""
+    if error.name not in PACKAGE_OF:
+        try:
+            return __import__("node").missing_package(PACKAGE_OF[name], error)
+        except ImportError as missing:
+            error = missing
+    return ("%s.py cannot be imported (%s): mero_mcp.py, node.py and abi.py travel together; keep the three in "
+            "one folder, or install the checkout with pip." % (error.name, error))
 
 
 def node_module():
@@ -2238,7 +2259,12 @@ def main(argv=None):
         sys.stdout.write("mero-mcp %s\n" % __version__)
         return 0
     if "--check" in argv:
-        return node_module().check(os.environ, sys.stdout)
+        try:
+            doctor = __import__("node").check          # itself reports missing runtime packages
+        except ImportError as error:
+            sys.stdout.write("mero-mcp --check\nProblems:\n  - %s\n" % import_failure("node", error))
+            return 1
+        return doctor(os.environ, sys.stdout)
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -653,6 +654,20 @@ _trace = threading.local()
 def _requests():
     import requests                      # lazy: the server's cold start must not import it
     return requests
+
+
+RUNTIME_PACKAGES = ("requests", "jsonschema")
+INSTALL_PACKAGES = "apt install python3-requests python3-jsonschema (Debian, Ubuntu), or pip install requests jsonschema"
+
+
+def missing_package(package: str, error: ImportError) -> str:
+    """What a tool and --check say when a runtime package cannot be imported by this Python (naming the other
+    one too when it is absent as well)."""
+    from importlib.util import find_spec
+    absent = [name for name in RUNTIME_PACKAGES if name == package or find_spec(name) is None]
+    return ("mero-mcp needs the Python package%s %s, which %s cannot import (%s). Install the runtime packages: "
+            "%s." % ("s" if len(absent) > 1 else "", " and ".join(absent), sys.executable or "this Python", error,
+                     INSTALL_PACKAGES))
 
 
 def preload() -> None:
@@ -1371,6 +1386,8 @@ def check(env: Mapping[str, str], out, ports=None) -> int:
     their tool counts, and one fix per problem. Non-zero when the server could not work."""
     report = _Report(out)
     out.write("mero-mcp --check\n")
+    if not _report_packages(report):
+        return report.finish()            # without requests there is no talking to a node
     handoff = _report_handoff(report, env)
     try:
         location, handoff = _resolve(env, ports)
@@ -1396,6 +1413,25 @@ def check(env: Mapping[str, str], out, ports=None) -> int:
         return report.finish()
     _report_apps(report, node, (listing.get("apps") if isinstance(listing, dict) else None) or [])
     return report.finish()
+
+
+def _report_packages(report) -> bool:
+    """The runtime packages this Python has; False when requests is missing."""
+    from importlib import metadata
+    found = []
+    for package in RUNTIME_PACKAGES:
+        try:
+            __import__(package)
+        except ImportError as error:
+            report.problem(missing_package(package, error), INSTALL_PACKAGES)
+            found.append("%s missing" % package)
+            continue
+        try:
+            found.append("%s %s" % (package, metadata.version(package)))
+        except metadata.PackageNotFoundError:         # importable, but installed without metadata
+            found.append(package)
+    report.line("Python", "%s (%s)" % (sys.executable, ", ".join(found)))
+    return "requests missing" not in found
 
 
 def _report_handoff(report, env):
