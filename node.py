@@ -605,6 +605,9 @@ def auth_plan(env, handoff: Optional[Handoff], node_url: Optional[str]):
     """
     if handoff and (handoff.node_url is None or same_node(handoff.node_url, node_url)):
         return "handoff", (handoff.access_token, handoff.refresh_token)
+    orphan = password_without_username(env)
+    if orphan:
+        _warn_once(orphan)
     token = setting(env, "CALIMERO_AUTH_TOKEN")
     if token:
         return "token", (token, setting(env, "CALIMERO_REFRESH_TOKEN") or "")
@@ -612,6 +615,20 @@ def auth_plan(env, handoff: Optional[Handoff], node_url: Optional[str]):
                                               or setting(env, "CALIMERO_PASSWORD_FILE")):
         return "credentials", None
     return "none", None
+
+
+ORPHAN_PASSWORD_FIX = "Set CALIMERO_USERNAME to the account the password belongs to, or unset the password."
+
+
+def password_without_username(env) -> Optional[str]:
+    """A password with no username to go with it is not a login: say so (the value itself never)."""
+    if setting(env, "CALIMERO_USERNAME"):
+        return None
+    given = [name for name in ("CALIMERO_PASSWORD", "CALIMERO_PASSWORD_FILE") if setting(env, name)]
+    if not given:
+        return None
+    return ("%s is set but CALIMERO_USERNAME is not, so there is no login and the password is not used"
+            % " and ".join(given))
 
 
 def read_password(env) -> str:
@@ -1389,6 +1406,9 @@ def check(env: Mapping[str, str], out, ports=None) -> int:
     if not _report_packages(report):
         return report.finish()            # without requests there is no talking to a node
     handoff = _report_handoff(report, env)
+    orphan = password_without_username(env)
+    if orphan:
+        report.problem(orphan, ORPHAN_PASSWORD_FIX, fatal=False)
     try:
         location, handoff = _resolve(env, ports)
     except NodeError as error:

@@ -218,3 +218,32 @@ def test_a_node_url_carrying_credentials_is_refused_and_never_shown(tmp_path, fo
     assert "CALIMERO_NODE_URL carries" in server.stderr          # said once at start, by the catalog's first read
     for where, output in places.items():
         assert URL_SECRET not in output and "p/w" not in output, where
+
+
+@pytest.mark.parametrize("variable", ["CALIMERO_PASSWORD", "CALIMERO_PASSWORD_FILE"])
+def test_a_password_without_a_username_is_warned_about_once_and_in_check(tmp_path, variable):
+    """Without CALIMERO_USERNAME there is no login: today's silence left the agent with "no credentials"."""
+    double = sample_double().start()
+    secret_file = tmp_path / "password"
+    secret_file.write_text(PASSWORD)
+    value = PASSWORD if variable == "CALIMERO_PASSWORD" else secret_file
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state", variable: value})
+    warning = "%s is set but CALIMERO_USERNAME is not, so there is no login and the password is not used" % variable
+    server = McpServer(env)
+    try:
+        server.initialize()
+        assert server.tool_json("node_status")["authMode"] == "none"
+        server.tool_json("list_namespaces")
+        server.tool_json("node_status")
+    finally:
+        server.close()
+        check = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+                               timeout=60)
+        double.stop()
+    assert server.stderr.count(warning) == 1, server.stderr
+    assert "  - %s\n    Fix: Set CALIMERO_USERNAME to the account the password belongs to, or unset the " \
+           "password.\n" % warning in check.stdout, check.stdout
+    assert check.returncode == 0                      # a warning: the node itself works without auth
+    assert_nowhere({PASSWORD}, {"stderr": server.stderr, "stdout": b"".join(server.raw_lines).decode(),
+                                "--check": check.stdout + check.stderr})
