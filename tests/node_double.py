@@ -91,6 +91,8 @@ NOT_A_MEMBER = "node is not a member of group '{}'"                       # §1.
 NOT_AN_ADMIN = "node is not an admin of group '{}'"
 SUBGROUP_NEEDS_ADMIN = "creating a subgroup needs admin of namespace '{}'"
 LAST_ADMIN = "node is the last admin of group '{}'; make another member admin first"
+GROUP_EXISTS = "group '{}' already exists"
+GROUP_HAS_CONTEXTS = "group '{}' has registered contexts; delete or detach them first"
 INVITATION_SPENT = "invitation already consumed or expired"
 LEAVE_NAMESPACE_AS_GROUP = "group '{}' is a namespace: leave it through /admin-api/namespaces/{{id}}/leave"
 INVITATION_INVALID = "invitation is invalid: its signature does not verify"
@@ -1957,7 +1959,10 @@ class NodeDouble:
         with self._lock:
             if "namespace_id" in request.params:
                 self._namespace_or_404(group_id)
-            self._require_admin(self._group_or_404(group_id))
+            group = self._group_or_404(group_id)
+            self._require_admin(group)
+            if group["parent"] is not None and any(c["groupId"] == group_id for c in self._contexts.values()):
+                raise error_reply(409, GROUP_HAS_CONTEXTS.format(group_id))   # a namespace's outlive it
             doomed = self._descendants(group_id)
             for doomed_id in doomed:
                 self._groups.pop(doomed_id, None)
@@ -2104,6 +2109,8 @@ class NodeDouble:
             app_id = normalise_hex64(body.get("applicationId"))
             if parent_id is None and app_id not in self._apps:
                 raise error_reply(404, APPLICATION_ID_NOT_FOUND.format(body.get("applicationId")))
+            if normalise_hex64(body.get("groupId")) in self._groups:
+                raise error_reply(409, GROUP_EXISTS.format(body["groupId"]))
             group_id = self.add_group(parent=normalise_hex64(parent_id) if parent_id else None,
                                       app_id=app_id, name=body.get("name"),
                                       group_id=normalise_hex64(body.get("groupId")), visibility="restricted")

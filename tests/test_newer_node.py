@@ -4,7 +4,6 @@ words plus what to do about it."""
 from __future__ import annotations
 
 import base64
-import json
 import time
 
 import pytest

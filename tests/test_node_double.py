@@ -902,6 +902,18 @@ def test_the_last_admin_cannot_leave_while_others_stay(node):
     assert call(node, "POST", "/admin-api/groups/%s/leave" % group).status == 200
 
 
+def test_group_conflicts_are_409s(node):
+    namespace = namespace_of(node)
+    group = node.add_group(namespace=namespace)
+    taken = call(node, "POST", "/admin-api/groups", {"applicationId": kv_id(), "parentGroupId": namespace,
+                                                     "groupId": group})
+    assert (taken.status, taken.json()) == (409, {"error": "group '%s' already exists" % group})
+    node.add_context(kv_id(), group_id=group)
+    busy = call(node, "DELETE", "/admin-api/groups/" + group, {})
+    assert (busy.status, busy.json()) == (409, {"error": "group '%s' has registered contexts; delete or detach "
+                                                         "them first" % group})
+
+
 def invitation_of(node, namespace, **body):
     return call(node, "POST", "/admin-api/namespaces/%s/invite" % namespace, body).json()["data"]["invitation"]
 
