@@ -52,7 +52,7 @@ AUTHORITY_NOT_YET = (
 MISSING_CONTENT_TYPE = "Expected request with `Content-Type: application/json`"
 NO_USABLE_ABI = "application has no usable embedded ABI (absent or malformed); rebuild it with `cargo mero build`"
 VISIBILITY_ERROR = "Field 'subgroup_visibility' has invalid format: must be 'open' or 'restricted'"
-ROLES = ("Admin", "Member", "ReadOnly", "ReadOnlyTee")
+ROLES = ("Admin", "Member", "ReadOnly", "ReadOnlyTee", "RelayTee")   # RelayTee since rc.83 (§0.5.7)
 ACCESS_TTL = 3600          # §2.2
 REFRESH_TTL = 2_592_000    # §2.2 (30 days)
 CORS_HEADERS = {
@@ -820,7 +820,6 @@ ROUTES = [
     Route("GET", "/admin-api/health", "health", access="public"),
     Route("GET", "/admin-api/ready", "ready", access="public"),
     Route("GET", "/admin-api/is-authed", "is_authed", access="public"),
-    Route("GET", "/admin-api/certificate", "certificate", access="public"),
     Route("GET", "/admin-api/identity", "identity"),
     Route("GET", "/admin-api/peers", "peers"),
     # applications (§3.2)
@@ -1571,9 +1570,6 @@ class NodeDouble:
     def _h_is_authed(self, request):
         return {"data": {"status": "alive"}}
 
-    def _h_certificate(self, request):
-        return text_reply(404, "Certificate not found")
-
     def _h_identity(self, request):
         return {"data": {"accountId": NODE_ACCOUNT, "deviceId": NODE_DEVICE, "publicKey": NODE_PUBLIC_KEY,
                          "accountRootPublicKey": NODE_ACCOUNT, "holdsAccountRoot": True, "deviceCertified": True}}
@@ -1898,7 +1894,8 @@ class NodeDouble:
         app = self._apps.get(group["applicationId"])
         view = {"namespaceId": group["id"],
                 "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
-                "targetApplicationId": group["applicationId"], "createdAt": group["createdAt"]}
+                "targetApplicationId": group["applicationId"], "createdAt": group["createdAt"],
+                "founding": {"founderAccountId": NODE_ACCOUNT, "salt": hex_id("founding:" + group["id"])}}
         if group["name"]:
             view["name"] = group["name"]
         view.update(self._group_counts(group))
@@ -2121,7 +2118,8 @@ class NodeDouble:
             group = self._group_or_404(request.params["group_id"])
             app = self._apps.get(group["applicationId"])
             info = {"groupId": group["id"], "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
-                    "targetApplicationId": group["applicationId"]}
+                    "targetApplicationId": group["applicationId"], "namespaceId": self._lineage(group)[-1]["id"],
+                    "ownerOpCounter": 0}   # both since rc.83 (§0.5.7)
             counts = self._group_counts(group)
             info.update({"memberCount": counts["memberCount"], "contextCount": counts["contextCount"],
                          "defaultCapabilities": 0, "subgroupVisibility": group["visibility"]})
@@ -2182,8 +2180,8 @@ class NodeDouble:
         if member["role"] not in ROLES:
             return "Invalid JSON data: unknown variant `{}`, expected one of `Admin`, `Member`, `ReadOnly`".format(
                 member["role"])
-        if member["role"] == "ReadOnlyTee":
-            return "role ReadOnlyTee cannot be assigned directly"
+        if member["role"] in ("ReadOnlyTee", "RelayTee"):   # granted through TEE attestation only
+            return "role {} cannot be assigned directly".format(member["role"])
         return None
 
     def _h_set_visibility(self, request):
@@ -2550,11 +2548,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.auth:
         options["auth"] = DEMO_AUTH
     double = sample_double(**options) if args.sample else NodeDouble(**options)
-    double.start()
-    print("READY {}".format(double.url), flush=True)
-    stopping = threading.Event()
+    stopping = threading.Event()          # handlers first: a SIGTERM right after READY must stop it quietly
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    double.start()
+    print("READY {}".format(double.url), flush=True)
     while not stopping.wait(0.2):
         pass
     double.stop()

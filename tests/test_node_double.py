@@ -902,6 +902,22 @@ def test_the_last_admin_cannot_leave_while_others_stay(node):
     assert call(node, "POST", "/admin-api/groups/%s/leave" % group).status == 200
 
 
+def test_current_shapes_of_namespaces_groups_and_roles(node):
+    """§0.5.7: namespace rows carry `founding`, group info `namespaceId` and `ownerOpCounter`; RelayTee is a role
+    only attestation grants; the certificate route is gone (a bodyless 404)."""
+    namespace = namespace_of(node)
+    row = call(node, "GET", "/admin-api/namespaces").json()["data"][0]
+    group = node.add_group(namespace=namespace)
+    info = call(node, "GET", "/admin-api/groups/" + group).json()["data"]
+    relay = call(node, "POST", "/admin-api/groups/%s/members" % namespace,
+                 {"members": [{"identity": hex_id("r"), "role": "RelayTee"}]})
+    gone = call(node, "GET", "/admin-api/certificate")
+    assert row["founding"]["founderAccountId"] == NODE_ACCOUNT and len(row["founding"]["salt"]) == 64
+    assert (info["namespaceId"], info["ownerOpCounter"]) == (namespace, 0)
+    assert (relay.status, relay.json()) == (400, {"error": "role RelayTee cannot be assigned directly"})
+    assert (gone.status, gone.body) == (404, b"")
+
+
 def test_group_conflicts_are_409s(node):
     namespace = namespace_of(node)
     group = node.add_group(namespace=namespace)
