@@ -127,3 +127,23 @@ def test_with_requests_but_not_jsonschema_the_tools_name_jsonschema(bare_python,
     check = run_check(bare_python, env)
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
     assert "jsonschema missing" in check.stdout and "Health:    alive" in check.stdout, check.stdout
+
+
+def test_mero_mcp_py_copied_alone_says_its_siblings_are_missing(bare_python, tmp_path):
+    """The import failure that is not a package: node.py and abi.py left behind (the bare venv, because the
+    test venv holds this checkout installed in editable mode)."""
+    import shutil
+    shutil.copy(ROOT / "mero_mcp.py", tmp_path / "mero_mcp.py")
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": "http://127.0.0.1:9"})
+    check = subprocess.run([str(bare_python), str(tmp_path / "mero_mcp.py"), "--check"], env=env, cwd=str(tmp_path),
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
+    assert "node.py cannot be imported (No module named 'node'): mero_mcp.py, node.py and abi.py travel together" \
+        in check.stdout
+    server = McpServer(env, command=[str(bare_python), str(tmp_path / "mero_mcp.py")])
+    try:
+        server.initialize()
+        text = server.call_tool("node_status")["content"][-1]["text"]
+    finally:
+        server.close()
+    assert text.startswith("Error: ") and "travel together" in text, text
