@@ -92,8 +92,6 @@ class ToolError(Exception):
 
 _loaded = {}
 _loading = threading.Lock()
-MISSING_SIBLING = ("%s.py is missing from %s: mero_mcp.py, abi.py and node.py travel together. Copy all three into "
-                   "one directory, or run `pip install .` in the checkout.")
 
 
 def heavy(name):
@@ -109,13 +107,29 @@ def heavy(name):
             if module is None:
                 try:
                     module = __import__(name)
-                except ModuleNotFoundError as error:
-                    if error.name != name:
-                        raise
-                    raise ToolError(MISSING_SIBLING % (name, os.path.dirname(os.path.abspath(__file__)))) from None
-                module.preload()
+                    module.preload()
+                except ImportError as error:     # every tool that needs it says which package, and how to fix
+                    raise MissingLibrary(import_failure(name, error)) from None
                 _loaded[name] = module
     return module
+
+
+class MissingLibrary(ToolError):
+    """node.py or abi.py, or a package they need, cannot be imported: a tool's isError, not an internal error."""
+
+
+PACKAGE_OF = {"node": "requests", "abi": "jsonschema"}
+
+
+def import_failure(name, error):
+    """Why `name` cannot be loaded: a runtime package is missing (node.py words that), or one of our own files."""
+    if error.name not in PACKAGE_OF:
+        try:
+            return __import__("node").missing_package(PACKAGE_OF[name], error)
+        except ImportError as missing:
+            error = missing
+    return ("%s.py cannot be imported (%s): mero_mcp.py, node.py and abi.py travel together; keep the three in "
+            "one folder, or install the checkout with pip." % (error.name, error))
 
 
 def node_module():
@@ -2254,10 +2268,11 @@ def main(argv=None):
         return 0
     if "--check" in argv:
         try:
-            return node_module().check(os.environ, sys.stdout)
-        except ToolError as error:       # node.py is not beside this file
-            sys.stderr.write("mero-mcp: %s\n" % error.text)
+            doctor = __import__("node").check          # itself reports missing runtime packages
+        except ImportError as error:
+            sys.stdout.write("mero-mcp --check\nProblems:\n  - %s\n" % import_failure("node", error))
             return 1
+        return doctor(os.environ, sys.stdout)
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

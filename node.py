@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -164,6 +165,8 @@ def _warn_once(message):
 
 def display_url(url: str) -> str:
     """A URL fit for a message: no query string, fragment or userinfo (they may carry credentials, §6)."""
+    if "@" in url:                       # request paths are percent-encoded, so an `@` marks userinfo, and a
+        return _without_secrets(url)     # password with `/`, `?` or `#` in it would fool urlsplit
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -178,13 +181,19 @@ def display_url(url: str) -> str:
 
 
 def _without_secrets(url: str) -> str:
-    """For a URL urlsplit cannot read: cut the query, the fragment and any `user:password@`."""
-    url = url.split("?", 1)[0].split("#", 1)[0]
+    """For a URL urlsplit cannot be trusted with: what follows the last `@`, without query and fragment."""
     scheme, separator, rest = url.partition("://")
     if not separator:
-        return url.rsplit("@", 1)[-1]
-    authority, slash, path = rest.partition("/")
-    return scheme + separator + authority.rsplit("@", 1)[-1] + slash + path
+        scheme, rest = "", url
+    rest = rest.rsplit("@", 1)[-1].split("?", 1)[0].split("#", 1)[0]
+    return scheme + separator + rest
+
+
+def url_extras(value: str) -> List[str]:
+    """What a node address must not carry: credentials, a query, a fragment (requests would send userinfo as
+    HTTP Basic in place of the Bearer token, and a query would swallow every path appended to the base)."""
+    found = [("user:password@", "@"), ("a query (?...)", "?"), ("a fragment (#...)", "#")]
+    return [what for what, mark in found if mark in value]
 
 
 def _origin(value) -> str:
@@ -233,6 +242,14 @@ def same_node(a: Optional[str], b: Optional[str]) -> bool:
 
 
 def _checked_node_url(value: str) -> str:
+    """The node's address from CALIMERO_NODE_URL; refused when it is not http(s), or when it carries credentials,
+    a query or a fragment (messages show it only through display_url)."""
+    extras = url_extras(value)
+    if extras:                            # first: with a password in it, urlsplit may misread the rest
+        fix = ("Set CALIMERO_NODE_URL to the node's address alone (%s), and give credentials in CALIMERO_USERNAME "
+               "and CALIMERO_PASSWORD, or CALIMERO_AUTH_TOKEN." % display_url(value))
+        raise NodeError("CALIMERO_NODE_URL carries %s, which this server refuses: it must hold only the node's "
+                        "address. %s" % (" and ".join(extras), fix), fix=fix)
     try:
         parts = urlsplit(value)
         parts.port
@@ -275,6 +292,9 @@ def read_handoff(directory: str) -> Tuple[Optional[Handoff], Optional[str]]:
     node_url = data.get("nodeUrl")
     if node_url is not None and not is_loopback_url(node_url):
         return _ignored("%s points at %s, which is not a local node; ignoring the file." % (path, _origin(node_url)))
+    if node_url is not None and url_extras(node_url):
+        return _ignored("%s gives a nodeUrl that carries %s; ignoring the file." % (path, " and ".join(
+            url_extras(node_url))))
     token = data.get("accessToken")
     if not isinstance(token, str) or not token.strip():
         return _ignored("%s has no accessToken; ignoring it." % path)
@@ -424,14 +444,19 @@ def list_nodes(env: Mapping[str, str], active_url: Optional[str], ports=None) ->
 
 # ── Tokens: JWT claims, the cache file, the refresh lock (§1.2, §1.4) ─────────────────────────────
 
-def jwt_claim(token: Optional[str], claim: str) -> Optional[float]:
-    """A numeric claim (`iat`, `exp`) from a JWT's payload, or None when it cannot be read."""
+def jwt_claims(token: Optional[str]) -> Optional[Dict[str, Any]]:
+    """A JWT's payload (unverified), or None when it cannot be read."""
     try:
         payload = token.split(".")[1]
         data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        value = data[claim]
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+    except (AttributeError, IndexError, TypeError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
+
+
+def jwt_claim(token: Optional[str], claim: str) -> Optional[float]:
+    """A numeric claim (`iat`, `exp`) from a JWT's payload, or None when it cannot be read."""
+    value = (jwt_claims(token) or {}).get(claim)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value
@@ -590,6 +615,9 @@ def auth_plan(env, handoff: Optional[Handoff], node_url: Optional[str]):
     """
     if handoff and (handoff.node_url is None or same_node(handoff.node_url, node_url)):
         return "handoff", (handoff.access_token, handoff.refresh_token)
+    orphan = password_without_username(env)
+    if orphan:
+        _warn_once(orphan)
     token = setting(env, "CALIMERO_AUTH_TOKEN")
     if token:
         return "token", (token, setting(env, "CALIMERO_REFRESH_TOKEN") or "")
@@ -597,6 +625,20 @@ def auth_plan(env, handoff: Optional[Handoff], node_url: Optional[str]):
                                               or setting(env, "CALIMERO_PASSWORD_FILE")):
         return "credentials", None
     return "none", None
+
+
+ORPHAN_PASSWORD_FIX = "Set CALIMERO_USERNAME to the account the password belongs to, or unset the password."
+
+
+def password_without_username(env) -> Optional[str]:
+    """A password with no username to go with it is not a login: say so (the value itself never)."""
+    if setting(env, "CALIMERO_USERNAME"):
+        return None
+    given = [name for name in ("CALIMERO_PASSWORD", "CALIMERO_PASSWORD_FILE") if setting(env, name)]
+    if not given:
+        return None
+    return ("%s is set but CALIMERO_USERNAME is not, so there is no login and the password is not used"
+            % " and ".join(given))
 
 
 def read_password(env) -> str:
@@ -639,6 +681,20 @@ _trace = threading.local()
 def _requests():
     import requests                      # lazy: the server's cold start must not import it
     return requests
+
+
+RUNTIME_PACKAGES = ("requests", "jsonschema")
+INSTALL_PACKAGES = "apt install python3-requests python3-jsonschema (Debian, Ubuntu), or pip install requests jsonschema"
+
+
+def missing_package(package: str, error: ImportError) -> str:
+    """What a tool and --check say when a runtime package cannot be imported by this Python (naming the other
+    one too when it is absent as well)."""
+    from importlib.util import find_spec
+    absent = [name for name in RUNTIME_PACKAGES if name == package or find_spec(name) is None]
+    return ("mero-mcp needs the Python package%s %s, which %s cannot import (%s). Install the runtime packages: "
+            "%s." % ("s" if len(absent) > 1 else "", " and ".join(absent), sys.executable or "this Python", error,
+                     INSTALL_PACKAGES))
 
 
 def preload() -> None:
@@ -763,9 +819,10 @@ def _base_of(url):
 
 def http_error(status: int, reason: Optional[str], body: bytes, url: str,
                auth_error: Optional[str] = None) -> NodeError:
-    """A non-2xx answer: the node's own words when it gave any, else the status line and the url (§6)."""
+    """A non-2xx answer: the node's own words when it gave any, else the status line and the url (§6); with
+    what an agent can do about it when the node's refusal is one it can act on (node-api §0.5)."""
     shown = display_url(url)
-    retryable = status == 503
+    retryable = status in (503, 504)
     try:
         phrase = http.HTTPStatus(status).phrase
     except ValueError:
@@ -778,11 +835,52 @@ def http_error(status: int, reason: Optional[str], body: bytes, url: str,
         message = "%s from %s - the node returned no message" % (status_line, shown)
         return NodeError(message, status, retryable, auth_error=auth_error, hint=_server_error_hint(status, url))
     said = node_message(text)
-    if said:                             # the node's own words; only "not yet" gets advice added (and the url)
+    advice = None if auth_error else node_advice(status, urlsplit(url).path, said or text)
+    if said:                             # the node's own words; "not yet" gets advice added (and the url)
         return NodeError(said, status, retryable, auth_error=auth_error,
-                         hint=_server_error_hint(status, url) if retryable else None)
+                         hint=advice or (_server_error_hint(status, url) if retryable else None))
     return NodeError("%s from %s - the node said: %s" % (status_line, shown, text[:BODY_EXCERPT]),
-                     status, retryable, auth_error=auth_error, hint=_server_error_hint(status, url))
+                     status, retryable, auth_error=auth_error, hint=advice or _server_error_hint(status, url))
+
+
+# What an agent can do about the node's typed refusals (node-api §0.5.2, §0.5.3): (status, route or None,
+# words in the node's text, advice). `{0}` is the group or namespace the node's text names.
+JOIN_ROUTE = re.compile(r"/admin-api/namespaces/[^/]+/join$")
+INSTALL_ROUTE = re.compile(r"/admin-api/install-application$")
+NAMED_GROUP = re.compile(r"(group|namespace) '([^']*)'")
+_ADVICE = (
+    (504, JOIN_ROUTE, "", "No member of the namespace answered the join: retry join_namespace with the same "
+                          "invitation once the inviting node (or another member) is online."),
+    (503, JOIN_ROUTE, "", "The join went out but is not complete yet: wait a few seconds, check list_namespaces, "
+                          "and retry join_namespace with the same invitation if the namespace is not there."),
+    (409, None, "invitation", "This invitation cannot be used (again): ask a member of the namespace for a new "
+                              "one (invite_to_namespace on their node) and join with that."),
+    (400, JOIN_ROUTE, "invitation", "Pass the invitation object exactly as invite_to_namespace returned it, to "
+                                    "the namespace it was made for."),
+    (409, None, "last admin", "Make another member Admin first (add_group_members with role Admin), then retry."),
+    (403, None, "not a member", "This node is not a member of {0}: join it first (join_namespace with an "
+                                "invitation, or join_open_group for an open subgroup)."),
+    (403, None, "admin", "This needs the Admin role in {0} (or a group above it), which this node lacks: ask an "
+                         "admin there to give it that role (add_group_members with role Admin)."),
+    (403, None, "not eligible", "join_open_group joins only an open group inside a namespace or group this node "
+                                "belongs to: ask an admin of {0} to add this node (add_group_members) instead."),
+    (502, INSTALL_ROUTE, "dht registry mode", "This node cannot install by package@version: install the "
+                                              "application from a local .mpk bundle on the node (meroctl), or "
+                                              "through governance."),
+    (502, INSTALL_ROUTE, "no application published", "Check the package and version: the node's registry has no "
+                                                     "such release, and install_application takes them exactly as "
+                                                     "published."),
+)
+
+
+def node_advice(status: int, path: str, text: str) -> Optional[str]:
+    """The next step for a refusal the node explained (its own text stays the message); None otherwise."""
+    lowered = text.lower()
+    for code, route, words, advice in _ADVICE:
+        if code == status and (route is None or route.search(path)) and words in lowered:
+            named = NAMED_GROUP.search(text)
+            return advice.format("%s %s" % named.groups() if named else "that group")
+    return None
 
 
 def node_message(text: str) -> Optional[str]:
@@ -834,11 +932,20 @@ _RPC_TEXTS = {
     "GroupKeyPending": "Context {context} is still waiting for its group key; retry shortly (GroupKeyPending)",
     "UpgradeInProgress": "Context {context} is being upgraded: writes fail until it finishes, reads still work "
                          "(UpgradeInProgress)",
+    "ReadOnlyWriteRefused": "This node only reads context {context}: its role there cannot write, so {method} was "
+                            "refused and nothing changed (ReadOnlyWriteRefused)",
     "ParseError": "The node could not parse the call to {method} (ParseError)",
     "SerdeError": "Method {method} returned a value that is not JSON (SerdeError)",
     "InternalError": "The node failed internally while running {method} (InternalError)",
 }
 _RETRYABLE_RPC = frozenset({"Uninitialized", "GroupKeyPending", "UpgradeInProgress"})
+_RPC_ADVICE = {
+    "ReadOnlyWriteRefused": "Reads work here; run the write on a node whose role in the context's group writes "
+                            "(Member or Admin), or ask a group admin to give this node such a role.",
+}
+NO_EXECUTE_GRANT = "does not grant context:execute"
+EXECUTE_GRANT_ADVICE = ("The token this server uses may not call {method} in context {context}: sign in with one "
+                        "whose permissions include context:execute for it (an admin login's do).")
 
 
 def rpc_error(error, context_id: str, method: str) -> NodeError:
@@ -849,13 +956,16 @@ def rpc_error(error, context_id: str, method: str) -> NodeError:
     data = error.get("data")
     if kind == "FunctionCallError":
         decoded = function_call_message(data)
-        return NodeError(decoded if decoded else "FunctionCallError: %s" % _compact(data))
+        advice = EXECUTE_GRANT_ADVICE.format(method=method, context=context_id) \
+            if isinstance(data, str) and NO_EXECUTE_GRANT in data else None
+        return NodeError(decoded if decoded else "FunctionCallError: %s" % _compact(data), hint=advice)
     if not kind:
         return NodeError("JSON-RPC error %s: %s" % (error.get("code", "?"), error.get("message") or _compact(data)))
     template = _RPC_TEXTS.get(kind, kind)
     text = template.format(context=context_id, method=method)
-    detail = _rpc_detail(data)
-    return NodeError(text + (": " + detail if detail else ""), retryable=kind in _RETRYABLE_RPC)
+    detail = "" if kind in _RPC_ADVICE else _rpc_detail(data)      # its data only names the context again
+    return NodeError(text + (": " + detail if detail else ""), retryable=kind in _RETRYABLE_RPC,
+                     hint=_RPC_ADVICE.get(kind))
 
 
 def _rpc_detail(data) -> str:
@@ -1379,6 +1489,11 @@ class Node:
                            _auth_error(response))
         # Only the auth guard's answers get login advice: a 403 without x-auth-error is the node's own
         # refusal (a blob an app still uses, a group this node may not join) and its text says why.
+        token = self._access_token()
+        if response.status_code == 401 and token and not error.auth_error and not response.content.strip():
+            advice = auth_advice(self._mode)
+            return NodeError("%s Sign in again: %s%s" % (no_longer_accepted(token, url), advice[0].lower(),
+                                                          advice[1:]), 401, fix=advice)
         if response.status_code == 401 or (response.status_code == 403 and error.auth_error):
             advice = auth_advice(self._mode)
             return NodeError("%s. %s" % (error.message.rstrip("."), advice), error.status, fix=advice,
@@ -1465,6 +1580,9 @@ class Node:
     def _after_failed_refresh(self, failed_token, error) -> Dict[str, Any]:
         """A refresh the node refused never clears tokens, unless it says the family is revoked (§1.4)."""
         advice = auth_advice(self._mode)
+        if self._mode == "token" and "do not belong to the same" in str(error):    # "key" since rc.83
+            advice = ("CALIMERO_AUTH_TOKEN and CALIMERO_REFRESH_TOKEN come from different logins: set both from "
+                      "the same fresh login.")
         failure = NodeError("The access token expired and could not be refreshed: %s. %s"
                             % (str(error).rstrip("."), advice), 401, fix=advice)
         return self._recover_or_raise(failed_token, error.auth_error, error.status, self._base + "/auth/refresh",
@@ -1523,7 +1641,14 @@ class Node:
         response = self._send("POST", url, None, json.dumps(body).encode("utf-8"), "application/json",
                               None, self._timeout)
         if not 200 <= response.status_code < 300:
-            raise http_error(response.status_code, response.reason, response.content, url, _auth_error(response))
+            error = http_error(response.status_code, response.reason, response.content, url, _auth_error(response))
+            if response.status_code == 429:      # the login throttle (node-api §0.5.6)
+                wait = response.headers.get("Retry-After", "").strip()
+                error.retryable = True
+                error.hint = ("The node refuses logins for %s after repeated failures: wait, then retry (and check "
+                              "CALIMERO_PASSWORD if it keeps failing)." % ("%s s" % wait if wait.isdigit()
+                                                                           else "a while"))
+            raise error
         data = decode_json(response, url)
         access = data.get("access_token") if isinstance(data, dict) else None
         if not isinstance(access, str) or not access:
@@ -1554,6 +1679,16 @@ class Node:
         return auth_plan(self._env, handoff, None)[0]
 
 
+def no_longer_accepted(token: str, url: str) -> str:
+    """A plain 401 to a token: the node no longer verifies it. Tokens without `key_id` predate rc.83, whose
+    nodes stop accepting them once upgraded (node-api §0.5.6)."""
+    why = ("it carries no key_id claim, so an older node release minted it and the node was upgraded since"
+           if "key_id" not in (jwt_claims(token) or {"key_id": None})
+           else "e.g. the node was upgraded or re-initialised since the token was minted")
+    return ("The node at %s does not accept this session's access token (HTTP 401, no reason given): %s."
+            % (display_url(_base_of(url)), why))
+
+
 def _auth_error(response) -> Optional[str]:
     value = response.headers.get("x-auth-error")
     return value.strip().lower() if value else None
@@ -1575,7 +1710,8 @@ def _login_error(error: NodeError, base: str) -> NodeError:
     message = str(error)
     if not message.startswith("Authentication failed"):
         message = "Authentication failed: " + message
-    return NodeError(message, error.status, error.retryable, fix=fix, auth_error=error.auth_error)
+    return NodeError(message, error.status, error.retryable, fix=error.hint or fix, auth_error=error.auth_error,
+                     hint=error.hint)
 
 
 # ── check: the `mero-mcp --check` doctor ──────────────────────────────────────────────────────────
@@ -1629,7 +1765,12 @@ def check(env: Mapping[str, str], out, ports=None) -> int:
     their tool counts, and one fix per problem. Non-zero when the server could not work."""
     report = _Report(out)
     out.write("mero-mcp --check\n")
+    if not _report_packages(report):
+        return report.finish()            # without requests there is no talking to a node
     handoff = _report_handoff(report, env)
+    orphan = password_without_username(env)
+    if orphan:
+        report.problem(orphan, ORPHAN_PASSWORD_FIX, fatal=False)
     try:
         location, handoff = _resolve(env, ports)
     except NodeError as error:
@@ -1657,6 +1798,25 @@ def check(env: Mapping[str, str], out, ports=None) -> int:
         return report.finish()
     _report_apps(report, node, apps)
     return report.finish()
+
+
+def _report_packages(report) -> bool:
+    """The runtime packages this Python has; False when requests is missing."""
+    from importlib import metadata
+    found = []
+    for package in RUNTIME_PACKAGES:
+        try:
+            __import__(package)
+        except ImportError as error:
+            report.problem(missing_package(package, error), INSTALL_PACKAGES)
+            found.append("%s missing" % package)
+            continue
+        try:
+            found.append("%s %s" % (package, metadata.version(package)))
+        except metadata.PackageNotFoundError:         # importable, but installed without metadata
+            found.append(package)
+    report.line("Python", "%s (%s)" % (sys.executable, ", ".join(found)))
+    return "requests missing" not in found
 
 
 def _report_handoff(report, env):

@@ -52,7 +52,7 @@ AUTHORITY_NOT_YET = (
 MISSING_CONTENT_TYPE = "Expected request with `Content-Type: application/json`"
 NO_USABLE_ABI = "application has no usable embedded ABI (absent or malformed); rebuild it with `cargo mero build`"
 VISIBILITY_ERROR = "Field 'subgroup_visibility' has invalid format: must be 'open' or 'restricted'"
-ROLES = ("Admin", "Member", "ReadOnly", "ReadOnlyTee")
+ROLES = ("Admin", "Member", "ReadOnly", "ReadOnlyTee", "RelayTee")   # RelayTee since rc.83 (§0.5.7)
 ACCESS_TTL = 3600          # §2.2
 REFRESH_TTL = 2_592_000    # §2.2 (30 days)
 CORS_HEADERS = {
@@ -61,9 +61,57 @@ CORS_HEADERS = {
 }
 
 
-# Request bodies current core reads as closed sets (crates/server/primitives: deny_unknown_fields).
+# Request bodies current core reads as closed sets (§0.5.1: deny_unknown_fields on every request type but alias
+# create, POST /namespaces/:ns/groups and delete context). The field lists are the request structs' own.
 NAMESPACE_CREATE_FIELDS = ("applicationId", "name", "appKey", "bytecodeId")
 GROUP_CREATE_FIELDS = ("applicationId", "parentGroupId", "name", "groupId", "appKey", "bytecodeId")
+INSTALL_FIELDS = ("package", "version")
+CONTEXT_CREATE_FIELDS = ("applicationId", "groupId", "serviceName", "contextSeed", "initializationParams",
+                         "identitySecret", "name")
+EMPTY_FIELDS = ()                                        # DELETE /namespaces/:id and /groups/:id take `{}`
+MEMBERS_FIELDS = ("members",)
+MEMBER_FIELDS = ("identity", "role")                     # each entry of add-members
+METADATA_FIELDS = ("name", "data")
+VISIBILITY_FIELDS = ("subgroupVisibility",)
+INVITE_FIELDS = ("expirationTimestamp", "recursive")
+JOIN_FIELDS = ("invitation", "groupName")
+LOGIN_FIELDS = ("auth_method", "public_key", "client_name", "permissions", "timestamp", "provider_data")
+REFRESH_FIELDS = ("access_token", "refresh_token")
+LOGOUT_FIELDS = ("refresh_token",)
+RPC_PAYLOAD_FIELDS = ("method", "params")                # RequestPayload: adjacently tagged, beside jsonrpc/id
+EXECUTE_FIELDS = ("contextId", "method", "argsJson")     # ExecutionRequest
+
+# Typed errors of current releases (§0.5.2), `{"error": "<text>"}`. Texts node-api.md quotes are verbatim; the
+# others follow core's style (lowercase, the caller's id echoed in quotes) where the spec names only the case.
+GROUP_NOT_FOUND = "group '{}' not found"
+CONTEXT_NOT_FOUND = "context '{}' not found"
+NAMESPACE_NOT_FOUND = "namespace '{}' not found"
+APPLICATION_ID_NOT_FOUND = "application '{}' not found"
+NOT_A_MEMBER = "node is not a member of group '{}'"                       # §1.2, verbatim
+NOT_AN_ADMIN = "node is not an admin of group '{}'"
+SUBGROUP_NEEDS_ADMIN = "creating a subgroup needs admin of namespace '{}'"
+LAST_ADMIN = "node is the last admin of group '{}'; make another member admin first"
+GROUP_EXISTS = "group '{}' already exists"
+GROUP_HAS_CONTEXTS = "group '{}' has registered contexts; delete or detach them first"
+INVITATION_SPENT = "invitation already consumed or expired"
+LEAVE_NAMESPACE_AS_GROUP = "group '{}' is a namespace: leave it through /admin-api/namespaces/{{id}}/leave"
+INVITATION_INVALID = "invitation is invalid: its signature does not verify"
+JOIN_NO_PEER = ("could not reach any member of this namespace to complete the join; make sure the inviting node is "
+                "online and retry")                                       # §1.2, verbatim (504)
+JOIN_KEY_PENDING = ("the join went out and the key is on its way: namespace '{}' key delivery timed out; retry once "
+                    "it has arrived")                                     # 503
+JOIN_NOT_ENDORSED = "a member answered but has not endorsed the join to namespace '{}' yet; retry shortly"  # 503
+# Install failures of current releases are 502 text/plain (§0.5.3), verbatim.
+REGISTRY_MISS = "the configured Http source has no application published at {}@{}"
+DHT_REGISTRY_MODE = ("this node is in dht registry mode, which cannot install by package@version; install from a "
+                     "local .mpk bundle or via governance instead")
+RAW_WASM_ABI = "application is raw wasm, which never runs; reinstall it as a signed bundle"    # §0.5.4
+READ_ONLY_ROLES = ("ReadOnly", "ReadOnlyTee", "RelayTee")              # a write there is refused (§0.5.5)
+NO_EXECUTE_GRANT = "this caller's token does not grant context:execute for this call"         # §0.5.5
+LOGIN_THROTTLED = "Too many failed login attempts; please try again later"                    # §0.5.6
+REFRESH_MISMATCH = "Access and refresh tokens do not belong to the same key"                  # §0.5.6
+LOGIN_ATTEMPTS = 5             # failed logins per (auth_method, public_key) before 429
+RETRY_AFTER_SECONDS = 60
 
 
 def hex_id(label: str) -> str:
@@ -438,6 +486,13 @@ def serde_one_of(names: List[str]) -> str:
     return "one of " + ", ".join(quoted)
 
 
+def serde_unknown_field(key: str, fields) -> str:
+    """serde's refusal of a key a `deny_unknown_fields` struct does not know."""
+    if not fields:
+        return "unknown field `{}`, there are no fields".format(key)
+    return "unknown field `{}`, expected {}".format(key, serde_one_of(list(fields)))
+
+
 NO_INPUT = object()   # create-context with `initializationParams: []`: the guest reads zero bytes
 
 
@@ -452,7 +507,7 @@ def decode_arguments(manifest: Dict[str, Any], method: Dict[str, Any], args: Any
     if params:
         message, column = _argument_problem(types, params, args, text)
     elif isinstance(args, dict) and args:
-        message, column = "unknown field `{}`, there are no fields".format(next(iter(args))), len(text)
+        message, column = serde_unknown_field(next(iter(args)), ()), len(text)
     else:
         return
     if message is None:
@@ -473,7 +528,7 @@ def _argument_problem(types: TypeSystem, params: list, args: Any, text: str) -> 
         quoted_key = json.dumps(key, ensure_ascii=False)
         key_end = text.find(quoted_key + ":") + len(quoted_key)
         if key not in by_name:
-            return "unknown field `{}`, expected {}".format(key, serde_one_of(list(by_name))), key_end
+            return serde_unknown_field(key, list(by_name)), key_end
         found = types.problem(by_name[key]["type"], value, bool(by_name[key].get("nullable")))
         if found:
             return found, key_end + 1 + len(compact_json(value))
@@ -610,6 +665,25 @@ def is_read_only(method: Dict[str, Any]) -> bool:
 # Embedded auth (§1.5, §2): HS256 JWTs, login, refresh with single-use refresh tokens, revocation
 # ---------------------------------------------------------------------------------------------------------------
 
+def grant_covers(grant: str, permission: str) -> bool:
+    """`admin` covers everything; `context` covers `context:list`; a `[scope]` is left to the handler."""
+    base = grant.split("[", 1)[0]
+    return base == "admin" or permission == base or permission.startswith(base + ":")
+
+
+def may_execute(grants: List[str], context_id: str, method: str) -> bool:
+    """Whether a token's grants cover this call (core `crates/server/src/execute.rs`): `admin`,
+    `context:execute`, or `context:execute[<context>,<user>,<method>]` with empty parts meaning any."""
+    for grant in grants:
+        if grant in ("admin", "context:execute"):
+            return True
+        if grant.startswith("context:execute[") and grant.endswith("]"):
+            parts = grant[len("context:execute["):-1].split(",") + ["", "", ""]
+            if parts[0] in ("", context_id) and parts[2] in ("", method):
+                return True
+    return False
+
+
 def b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
@@ -619,15 +693,23 @@ def b64url_decode(text: str) -> bytes:
 
 
 class AuthService:
-    """Token bookkeeping. Every token's jti maps to its serial, family and (for refresh tokens) use."""
+    """Token bookkeeping. Every token's jti maps to its serial, family and (for refresh tokens) use.
+
+    config: users {name: password}, access_ttl, refresh_ttl, login_attempts (failed logins before a 429), and
+    legacy_tokens: play a node from before rc.83, whose tokens carry no `key_id` claim; `upgrade()` then turns
+    it into a current one, and the tokens it minted stop verifying (§0.5.6).
+    """
 
     def __init__(self, config: Dict[str, Any]):
         self.users: Dict[str, str] = dict(config.get("users") or {})
         self.access_ttl = int(config.get("access_ttl", ACCESS_TTL))
         self.refresh_ttl = int(config.get("refresh_ttl", REFRESH_TTL))
+        self.login_attempts = int(config.get("login_attempts", LOGIN_ATTEMPTS))
+        self.legacy_tokens = bool(config.get("legacy_tokens", False))
         self.secret = os.urandom(32)
         self.tokens: Dict[str, Dict[str, Any]] = {}
         self.revoked_families: set = set()
+        self.failed_logins: Dict[Tuple[str, str], int] = {}
         self.serial = 0
         self.expired_upto = 0   # access tokens with serial <= this count as expired
 
@@ -640,6 +722,8 @@ class AuthService:
         jti = uuid.uuid4().hex   # unique even for two tokens minted in the same second
         claims = {"sub": subject, "iss": "calimero-auth", "aud": "calimero-node", "exp": now + ttl, "iat": now,
                   "jti": jti, "token_type": token_type, "permissions": list(permissions)}
+        if not self.legacy_tokens:
+            claims["key_id"] = subject   # required since rc.83
         if node_url:
             claims["node_url"] = node_url
         self.serial += 1
@@ -662,7 +746,25 @@ class AuthService:
             claims = json.loads(b64url_decode(parts[1]))
         except (ValueError, UnicodeError):
             return None
-        return claims if isinstance(claims, dict) and claims.get("jti") in self.tokens else None
+        if not isinstance(claims, dict) or claims.get("jti") not in self.tokens:
+            return None
+        if not self.legacy_tokens and "key_id" not in claims:
+            return None   # minted before the upgrade: a current node no longer verifies it
+        return claims
+
+    def upgrade(self) -> None:
+        """The node now runs a release whose tokens carry `key_id`: the ones it minted before stop verifying."""
+        self.legacy_tokens = False
+
+    def throttled(self, key: Tuple[str, str]) -> bool:
+        """The login limiter (§2.1): once over budget every attempt is refused, and counted too."""
+        if self.failed_logins.get(key, 0) < self.login_attempts:
+            return False
+        self.failed_logins[key] += 1
+        return True
+
+    def failed_login(self, key: Tuple[str, str]) -> None:
+        self.failed_logins[key] = self.failed_logins.get(key, 0) + 1
 
     def is_expired(self, claims: Dict[str, Any]) -> bool:
         info = self.tokens[claims["jti"]]
@@ -671,8 +773,9 @@ class AuthService:
     def family_of(self, claims: Dict[str, Any]) -> str:
         return self.tokens[claims["jti"]]["family"]
 
-    def guard(self, token: Optional[str]) -> Optional[Reply]:
-        """What the guard answers for a protected route (§1.5); None lets the request through."""
+    def guard(self, token: Optional[str], permission: str = "admin") -> Optional[Reply]:
+        """What the guard answers for a protected route (§1.5); None lets the request through. `admin`
+        satisfies every route, a route's own permission (scope aside: execute checks its scope) the mapped ones."""
         if token is None:
             return empty_reply(401)
         claims = self.decode(token)
@@ -682,9 +785,13 @@ class AuthService:
             return empty_reply(401, {"X-Auth-Error": "token_expired"})
         if self.family_of(claims) in self.revoked_families:
             return empty_reply(403, {"X-Auth-Error": "token_revoked"})
-        if "admin" not in (claims.get("permissions") or []):
+        if not any(grant_covers(grant, permission) for grant in claims.get("permissions") or []):
             return empty_reply(403, {"X-Auth-Error": "permission_denied"})
         return None
+
+    def grants(self, token: Optional[str]) -> List[str]:
+        claims = self.decode(token) if token else None
+        return list(claims.get("permissions") or []) if claims else []
 
     def expire_all_access(self) -> None:
         self.expired_upto = self.serial
@@ -713,13 +820,18 @@ def auth_failure(status: int, message: str, headers: Optional[Dict[str, str]] = 
 
 class Route:
     def __init__(self, method: str, pattern: str, handler: str, body: str = "optional", access: str = "protected",
-                 bad_id: Optional[Dict[str, str]] = None):
+                 bad_id: Optional[Dict[str, str]] = None, closed: Optional[Tuple[str, ...]] = None,
+                 permission: str = "admin"):
         self.method = method
         self.pattern = pattern
         self.handler = handler
         self.body = body
         self.access = access
         self.bad_id = bad_id or {}
+        self.closed = closed            # the body's known fields when it is a closed set (§0.5.1)
+        # what a token must grant, `admin` or this (core's validator.rs maps a few read routes; the rest of
+        # /admin-api is admin only, §1.5)
+        self.permission = permission
         regex = re.sub(r":([a-z_]+)", r"(?P<\1>[^/]+)", pattern)
         self.regex = re.compile("^" + regex + "$")
 
@@ -738,25 +850,25 @@ ROUTES = [
     Route("GET", "/admin-api/health", "health", access="public"),
     Route("GET", "/admin-api/ready", "ready", access="public"),
     Route("GET", "/admin-api/is-authed", "is_authed", access="public"),
-    Route("GET", "/admin-api/certificate", "certificate", access="public"),
     Route("GET", "/admin-api/identity", "identity"),
     Route("GET", "/admin-api/peers", "peers"),
     # applications (§3.2)
-    Route("GET", "/admin-api/applications", "list_applications"),
-    Route("GET", "/admin-api/applications/:application_id", "get_application"),
-    Route("GET", "/admin-api/applications/:application_id/abi", "get_abi"),
+    Route("GET", "/admin-api/applications", "list_applications", permission="application:list"),
+    Route("GET", "/admin-api/applications/:application_id", "get_application", permission="application:list"),
+    Route("GET", "/admin-api/applications/:application_id/abi", "get_abi", permission="application:list"),
     Route("GET", "/admin-api/applications/:application_id/versions", "application_versions"),
     Route("DELETE", "/admin-api/applications/:application_id", "uninstall_application"),
-    Route("POST", "/admin-api/install-application", "install_application", body="validated"),
+    Route("POST", "/admin-api/install-application", "install_application", body="validated", closed=INSTALL_FIELDS),
     Route("POST", "/admin-api/install-dev-application", "install_dev_application", body="validated"),
     Route("GET", "/admin-api/packages", "list_packages"),
     Route("GET", "/admin-api/packages/:package/versions", "package_versions"),
     Route("GET", "/admin-api/packages/:package/latest", "package_latest"),
     # contexts (§3.3)
-    Route("GET", "/admin-api/contexts", "list_contexts"),
-    Route("POST", "/admin-api/contexts", "create_context", body="validated"),
-    Route("GET", "/admin-api/contexts/for-application/:application_id", "contexts_for_application"),
-    Route("GET", "/admin-api/contexts/:context_id", "get_context"),
+    Route("GET", "/admin-api/contexts", "list_contexts", permission="context:list"),
+    Route("POST", "/admin-api/contexts", "create_context", body="validated", closed=CONTEXT_CREATE_FIELDS),
+    Route("GET", "/admin-api/contexts/for-application/:application_id", "contexts_for_application",
+          permission="context:list"),
+    Route("GET", "/admin-api/contexts/:context_id", "get_context", permission="context:list"),
     Route("DELETE", "/admin-api/contexts/:context_id", "delete_context"),
     Route("POST", "/admin-api/contexts/:context_id/join", "join_context", bad_id={
         "context_id": "Invalid context id format: expected base58 or hex-encoded 32 bytes"}),
@@ -766,7 +878,7 @@ ROUTES = [
     Route("GET", "/admin-api/contexts/:context_id/group", "context_group"),
     # aliases (§3.4)
     Route("POST", "/admin-api/alias/create/:kind", "create_alias", body="axum"),
-    Route("POST", "/admin-api/alias/lookup/:kind/:name", "lookup_alias"),
+    Route("POST", "/admin-api/alias/lookup/:kind/:name", "lookup_alias", permission="context:alias:lookup"),
     Route("GET", "/admin-api/alias/list/:kind", "list_aliases"),
     Route("POST", "/admin-api/alias/delete/:kind/:name", "delete_alias"),
     # blobs (§3.5)
@@ -777,34 +889,38 @@ ROUTES = [
     Route("DELETE", "/admin-api/blobs/:blob_id", "delete_blob"),
     # namespaces (§3.6)
     Route("GET", "/admin-api/namespaces", "list_namespaces"),
-    Route("POST", "/admin-api/namespaces", "create_namespace", body="validated"),
+    Route("POST", "/admin-api/namespaces", "create_namespace", body="validated", closed=NAMESPACE_CREATE_FIELDS),
     Route("GET", "/admin-api/namespaces/for-application/:application_id", "namespaces_for_application",
           bad_id={"application_id": "Invalid application id"}),
     Route("GET", "/admin-api/namespaces/:namespace_id", "get_namespace"),
-    Route("DELETE", "/admin-api/namespaces/:namespace_id", "delete_group", body="validated"),
-    Route("POST", "/admin-api/namespaces/:namespace_id/invite", "invite_namespace", body="validated"),
-    Route("POST", "/admin-api/namespaces/:namespace_id/join", "join_namespace", body="validated"),
+    Route("DELETE", "/admin-api/namespaces/:namespace_id", "delete_group", body="validated", closed=EMPTY_FIELDS),
+    Route("POST", "/admin-api/namespaces/:namespace_id/invite", "invite_namespace", body="validated",
+          closed=INVITE_FIELDS),
+    Route("POST", "/admin-api/namespaces/:namespace_id/join", "join_namespace", body="validated", closed=JOIN_FIELDS),
     Route("POST", "/admin-api/namespaces/:namespace_id/leave", "leave_namespace"),
     Route("GET", "/admin-api/namespaces/:namespace_id/groups", "namespace_groups"),
     Route("POST", "/admin-api/namespaces/:namespace_id/groups", "create_namespace_group", body="axum"),
     # groups (§3.7)
-    Route("POST", "/admin-api/groups", "create_group", body="validated"),
+    Route("POST", "/admin-api/groups", "create_group", body="validated", closed=GROUP_CREATE_FIELDS),
     Route("GET", "/admin-api/groups/:group_id", "group_info"),
-    Route("DELETE", "/admin-api/groups/:group_id", "delete_group", body="validated"),
+    Route("DELETE", "/admin-api/groups/:group_id", "delete_group", body="validated", closed=EMPTY_FIELDS),
     Route("GET", "/admin-api/groups/:group_id/subgroups", "subgroups"),
     Route("GET", "/admin-api/groups/:group_id/contexts", "group_contexts"),
     Route("GET", "/admin-api/groups/:group_id/members", "group_members"),
-    Route("POST", "/admin-api/groups/:group_id/members", "add_group_members", body="validated"),
-    Route("PUT", "/admin-api/groups/:group_id/settings/subgroup-visibility", "set_visibility", body="validated"),
+    Route("POST", "/admin-api/groups/:group_id/members", "add_group_members", body="validated", closed=MEMBERS_FIELDS),
+    Route("PUT", "/admin-api/groups/:group_id/settings/subgroup-visibility", "set_visibility", body="validated",
+          closed=VISIBILITY_FIELDS),
     Route("GET", "/admin-api/groups/:group_id/metadata", "get_group_metadata"),
-    Route("PUT", "/admin-api/groups/:group_id/metadata", "set_group_metadata", body="validated"),
+    Route("PUT", "/admin-api/groups/:group_id/metadata", "set_group_metadata", body="validated",
+          closed=METADATA_FIELDS),
     Route("POST", "/admin-api/groups/:group_id/join-via-inheritance", "join_via_inheritance"),
     Route("POST", "/admin-api/groups/:group_id/leave", "leave_group"),
     # JSON-RPC (§4)
-    Route("POST", "/jsonrpc", "jsonrpc", body="axum"),
+    Route("POST", "/jsonrpc", "jsonrpc", body="axum", permission="context:execute"),
     # embedded auth (§2)
-    Route("POST", "/auth/token", "auth_token", body="auth", access="auth"),
-    Route("POST", "/auth/refresh", "auth_refresh", body="auth", access="auth"),
+    Route("POST", "/auth/token", "auth_token", body="auth", access="auth", closed=LOGIN_FIELDS),
+    Route("POST", "/auth/refresh", "auth_refresh", body="auth", access="auth", closed=REFRESH_FIELDS),
+    Route("POST", "/auth/logout", "auth_logout", body="auth", access="auth", closed=LOGOUT_FIELDS),
     Route("GET", "/auth/health", "auth_health", access="auth"),
     Route("GET", "/auth/providers", "auth_providers", access="auth"),
     Route("GET", "/admin/identity", "auth_identity", access="auth-protected"),
@@ -983,9 +1099,10 @@ class NodeDouble:
     """The fake node. All state sits behind one lock; handlers hold it only while they touch state.
 
     Constructor specs are plain dicts:
-      apps        app specs (package, version, signer_id, id?, metadata?, abi | services, abi_error?, behaviour?)
-      namespaces  {"app": id-or-package, "name"?, "id"?}
-      groups      {"namespace": id, "name"?, "id"?, "visibility"?, "metadata"?, "member"?: bool}
+      apps        app specs (package, version, signer_id, id?, metadata?, abi | services, abi_error?, raw_wasm?,
+                  behaviour?)
+      namespaces  {"app": id-or-package, "name"?, "id"?, "role"?: this node's (Admin), "member"?: bool}
+      groups      {"namespace": id, "name"?, "id"?, "visibility"?, "metadata"?, "member"?: bool, "role"?}
       contexts    {"app": id-or-package, "id"?, "service"?, "group"?, "name"?, "state"?: kv dict,
                    "heads"?: int, "uninitialized"?: bool}
       aliases     {alias: context id}
@@ -998,6 +1115,13 @@ class NodeDouble:
       status     answer this status: with "body" (text/plain), "json" or "raw" (JSON text sent as is, for
                  bodies json.dumps cannot make), else the node's own text
                  (503 → the "authority … not yet resolvable" error, 500 → Internal server error)
+
+    states a test sets to reach the typed errors of current releases (§0.5):
+      join_outcome    None (joins succeed), "no_peer" (504), "key_pending" or "not_endorsed" (503)
+      registry_mode   "http" (installs from `registry`; a miss is a 502) or "dht" (every install is a 502)
+      expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
+      auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
+    refusals lists every closed-set refusal (§0.5.1) as {method, path, field}: tests assert it stays empty.
     """
 
     def __init__(self, apps=(), contexts=(), aliases=None, namespaces=(), groups=(), registry=None,
@@ -1014,6 +1138,10 @@ class NodeDouble:
         self.handler_errors: List[str] = []   # tracebacks of handler crashes (answered 500)
         self.list_services = list_services
         self.legacy_upgrade_policy = legacy_upgrade_policy
+        self.refusals: List[Dict[str, Any]] = []
+        self.join_outcome: Optional[str] = None
+        self.registry_mode = "http"
+        self._invitations: Dict[str, Dict[str, Any]] = {}   # secret salt (hex) -> {"spent": bool}
         self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
         self._auth = AuthService(auth) if auth is not None else None
         self._inflight = 0
@@ -1098,7 +1226,8 @@ class NodeDouble:
             record = {
                 "id": app_id, "package": spec.get("package", ""), "version": spec.get("version", ""),
                 "signer_id": signer, "metadata": spec.get("metadata"), "abi": abi, "services": services,
-                "abi_error": spec.get("abi_error"), "behaviour": behaviour, "history": history,
+                "abi_error": spec.get("abi_error"), "raw_wasm": bool(spec.get("raw_wasm")),
+                "behaviour": behaviour, "history": history,
             }
             record["size"] = 4096 + 7 * len(compact_json(manifests))
             self._apps[app_id] = record
@@ -1225,12 +1354,13 @@ class NodeDouble:
         with self._lock:
             self._aliases["context"][alias] = context_id
 
-    def add_namespace(self, app_id, name=None, namespace_id=None) -> str:
-        return self.add_group(app_id=app_id, name=name, group_id=namespace_id, visibility="open")
+    def add_namespace(self, app_id, name=None, namespace_id=None, role="Admin", member=True) -> str:
+        return self.add_group(app_id=app_id, name=name, group_id=namespace_id, visibility="open", role=role,
+                              member=member)
 
     def add_group(self, namespace=None, app_id=None, name=None, group_id=None, visibility="restricted",
-                  metadata=None, parent=None, member=True) -> str:
-        """A namespace (no parent) or a subgroup; this node's account joins it as Admin unless member=False."""
+                  metadata=None, parent=None, member=True, role="Admin") -> str:
+        """A namespace (no parent) or a subgroup; this node's account joins it with `role` unless member=False."""
         parent = parent or namespace
         with self._lock:
             if parent is not None:
@@ -1239,9 +1369,33 @@ class NodeDouble:
             self._groups[group_id] = {
                 "id": group_id, "parent": parent, "applicationId": self._app_key(app_id), "name": name,
                 "visibility": visibility, "metadata": metadata, "createdAt": int(time.time()),
-                "members": {NODE_ACCOUNT: "Admin"} if member else {},
+                "members": {NODE_ACCOUNT: role} if member else {},
             }
         return group_id
+
+    def set_role(self, group_id: str, role: str, account: str = NODE_ACCOUNT) -> None:
+        """Give an account (this node's by default) a role in a group, e.g. ReadOnly for a read-only replica."""
+        with self._lock:
+            self._groups[group_id]["members"][account] = role
+
+    def _lineage(self, group: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """The group, then its parent, up to the namespace."""
+        chain = [group]
+        while chain[-1]["parent"] in self._groups and len(chain) < 64:
+            chain.append(self._groups[chain[-1]["parent"]])
+        return chain
+
+    def _role_in(self, group: Dict[str, Any]) -> Optional[str]:
+        """This node's role: its own row in the group, else the nearest ancestor's."""
+        return next((g["members"][NODE_ACCOUNT] for g in self._lineage(group) if NODE_ACCOUNT in g["members"]), None)
+
+    def _require_admin(self, group: Dict[str, Any]) -> None:
+        """Governing a group takes Admin there or in a group above it (403s of §0.5.2)."""
+        if any(g["members"].get(NODE_ACCOUNT) == "Admin" for g in self._lineage(group)):
+            return
+        if self._role_in(group) is None:
+            raise error_reply(403, NOT_A_MEMBER.format(group["id"]))
+        raise error_reply(403, NOT_AN_ADMIN.format(group["id"]))
 
     # -- auth helpers (embedded mode only) ----------------------------------------------------------------------
 
@@ -1258,9 +1412,21 @@ class NodeDouble:
         with self._lock:
             self._require_auth().revoke_all()
 
-    def issue_tokens(self, username: str = "admin") -> Tuple[str, str]:
+    def issue_tokens(self, username: str = "admin", permissions=("admin",)) -> Tuple[str, str]:
         with self._lock:
-            return self._require_auth().mint_pair(hex_id("root-key:" + username), ["admin"], uuid.uuid4().hex)
+            return self._require_auth().mint_pair(hex_id("root-key:" + username), list(permissions),
+                                                  uuid.uuid4().hex)
+
+    def upgrade_node(self) -> None:
+        """Restart as a current release: tokens the older node minted (no `key_id`) stop verifying (§0.5.6)."""
+        with self._lock:
+            self._require_auth().upgrade()
+
+    def expire_invitations(self) -> None:
+        """Every invitation minted so far is past its validity (join answers 409, §0.5.2)."""
+        with self._lock:
+            for entry in self._invitations.values():
+                entry["spent"] = True
 
     # -- request pipeline -----------------------------------------------------------------------------------------
 
@@ -1290,7 +1456,7 @@ class NodeDouble:
         route, refusal = self._route(request)
         if route is None:
             return refusal
-        for check in (self._guard, decode_body, check_id_params):
+        for check in (self._guard, decode_body, self._closed_body, check_id_params):
             refusal = check(route, request)
             if refusal is not None:
                 return refusal
@@ -1314,7 +1480,40 @@ class NodeDouble:
         if self._auth is None or route.access in ("public", "auth"):
             return None   # proxy mode has no guard at all; public routes never are guarded (§1.4–1.5)
         with self._lock:
-            return self._auth.guard(request.bearer_token())
+            return self._auth.guard(request.bearer_token(), route.permission)
+
+    def _closed_body(self, route: Route, request: Request) -> Optional[Reply]:
+        """A key a closed request body does not know is a 400 with serde's text, never dropped (§0.5.1)."""
+        body = request.json
+        if route.closed is None or not isinstance(body, dict):
+            return None
+        fields = route.closed
+        if self.legacy_upgrade_policy and route.handler in ("create_namespace", "create_group"):
+            fields += ("upgradePolicy",)
+        found = self._unknown_key(body, fields, "")
+        members = body.get("members") if route.handler == "add_group_members" else None
+        for index, member in enumerate(members if isinstance(members, list) else []):
+            if found is None and isinstance(member, dict):   # each member is a closed set too
+                found = self._unknown_key(member, MEMBER_FIELDS, "members[%d]." % index)
+        if found is None:
+            return None
+        where, key, known = found
+        message = serde_unknown_field(key, known)
+        self._record_refusal(request, where + key)
+        if route.body == "auth":   # the auth crate's own extractor (§2)
+            return json_reply(400, {"error": "Invalid JSON: " + message, "status": 400})
+        column = request.body.decode("utf-8", "replace").find(json.dumps(key)) + len(json.dumps(key))   # its quote
+        return error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+                                "{} at line 1 column {}".format(message, column))
+
+    @staticmethod
+    def _unknown_key(body: Dict[str, Any], fields: Tuple[str, ...], where: str):
+        key = next((k for k in body if k not in fields), None)
+        return None if key is None else (where, key, fields)
+
+    def _record_refusal(self, request: Request, field: str) -> None:
+        with self._lock:
+            self.refusals.append({"method": request.method, "path": request.path, "field": field})
 
     def _call_handler(self, route: Route, request: Request) -> Reply:
         try:
@@ -1404,9 +1603,6 @@ class NodeDouble:
     def _h_is_authed(self, request):
         return {"data": {"status": "alive"}}
 
-    def _h_certificate(self, request):
-        return text_reply(404, "Certificate not found")
-
     def _h_identity(self, request):
         return {"data": {"accountId": NODE_ACCOUNT, "deviceId": NODE_DEVICE, "publicKey": NODE_PUBLIC_KEY,
                          "accountRootPublicKey": NODE_ACCOUNT, "holdsAccountRoot": True, "deviceCertified": True}}
@@ -1434,6 +1630,8 @@ class NodeDouble:
     def _h_get_abi(self, request):
         with self._lock:
             record = self._app_or_404(request.params["application_id"])
+            if record["raw_wasm"]:
+                raise error_reply(400, RAW_WASM_ABI)
             if record["abi_error"]:
                 raise error_reply(400, record["abi_error"])
             manifest = self._select_abi(record, request.query.get("service_name"))
@@ -1474,17 +1672,15 @@ class NodeDouble:
 
     def _h_install_application(self, request):
         body = request.json
-        for key in body:
-            if key not in ("package", "version"):
-                raise error_reply(400, "unknown field `{}`, expected `package` or `version`".format(key))
         absent = missing_field(body, ("package", "version"))
         if absent:
-            raise error_reply(400, "missing field `{}`".format(absent))
-        coords = "{}@{}".format(body["package"], body["version"])
-        spec = self.registry.get(coords)
-        if spec is None:   # §0: the node only fetches from its own registry; failures are text/plain 500
-            raise text_reply(500, "Registry returned HTTP 404 Not Found for {}: has no application published at "
-                             "{}/api/v2/bundles/{}/{}".format(coords, REGISTRY_URL, body["package"], body["version"]))
+            raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+                                   "missing field `{}` at line 1 column {}".format(absent, len(request.body)))
+        if self.registry_mode == "dht":   # §0.5.3: such a node cannot install by coordinates at all
+            raise text_reply(502, DHT_REGISTRY_MODE)
+        spec = self.registry.get("{}@{}".format(body["package"], body["version"]))
+        if spec is None:   # §0.5.3: the node only fetches from its own registry; a miss is a text/plain 502
+            raise text_reply(502, REGISTRY_MISS.format(body["package"], body["version"]))
         app_id = self.add_app(dict(spec, package=body["package"], version=body["version"]))
         return {"data": {"applicationId": app_id}}
 
@@ -1567,7 +1763,7 @@ class NodeDouble:
         context_id = request.params["context_id"]
         with self._lock:
             if context_id not in self._contexts:
-                raise internal_error()
+                raise error_reply(404, CONTEXT_NOT_FOUND.format(context_id))
         return {"data": {"contextId": context_id, "memberPublicKey": hex_id("member:" + context_id)}}
 
     _h_leave_context = _h_join_context
@@ -1589,11 +1785,13 @@ class NodeDouble:
                               "missing field `{}`".format(absent))
         group_id = self._parse_group_id_field(body["groupId"])
         with self._lock:
-            group = self._groups.get(group_id)
+            group = self._group_or_404(group_id)
+            if self._role_in(group) is None:
+                raise error_reply(403, NOT_A_MEMBER.format(group_id))
             # §3.3: the group's target application wins over the requested one (the node only warns)
-            record = self._apps.get(group["applicationId"]) if group else None
+            record = self._apps.get(group["applicationId"])
             if record is None:
-                raise internal_error()   # unknown group / app: untyped error (checklist 16)
+                raise error_reply(404, APPLICATION_ID_NOT_FOUND.format(group["applicationId"]))
             service = self._create_context_service(record, body.get("serviceName"))
             manifest = self._manifest_for(record, service)
             init_input = self._init_input(body.get("initializationParams"))
@@ -1729,7 +1927,8 @@ class NodeDouble:
         app = self._apps.get(group["applicationId"])
         view = {"namespaceId": group["id"],
                 "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
-                "targetApplicationId": group["applicationId"], "createdAt": group["createdAt"]}
+                "targetApplicationId": group["applicationId"], "createdAt": group["createdAt"],
+                "founding": {"founderAccountId": NODE_ACCOUNT, "salt": hex_id("founding:" + group["id"])}}
         if group["name"]:
             view["name"] = group["name"]
         view.update(self._group_counts(group))
@@ -1758,7 +1957,7 @@ class NodeDouble:
     def _namespace_or_404(self, namespace_id: str) -> Dict[str, Any]:
         group = self._groups.get(namespace_id)
         if group is None or group["parent"] is not None:
-            raise error_reply(404, "Namespace not found")
+            raise error_reply(404, NAMESPACE_NOT_FOUND.format(namespace_id))
         return group
 
     def _h_get_namespace(self, request):
@@ -1767,26 +1966,19 @@ class NodeDouble:
 
     def _h_create_namespace(self, request):
         body = request.json
-        self._closed_set(body, NAMESPACE_CREATE_FIELDS)
+        self._require_legacy_policy(body)
         app_id = normalise_hex64(body.get("applicationId"))
         if "appKey" in body and normalise_hex64(body["appKey"]) is None:
             raise error_reply(400, "Invalid appKey: expected hex-encoded 32 bytes")
         with self._lock:
             if app_id not in self._apps:
-                raise internal_error()
+                raise error_reply(404, APPLICATION_ID_NOT_FOUND.format(body.get("applicationId")))
             namespace_id = self.add_namespace(app_id, name=body.get("name"))
         return {"data": {"namespaceId": namespace_id}}
 
-    def _closed_set(self, body, fields):
-        """Current core refuses a field it does not know (deny_unknown_fields: 'a client sending a field the
-        node no longer knows gets a 400, never a silent drop'); some older releases instead *required*
-        `upgradePolicy` on namespace and group creation — `legacy_upgrade_policy` plays one of those."""
-        known = fields + (("upgradePolicy",) if self.legacy_upgrade_policy else ())
-        for key in body:
-            if key not in known:
-                raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target "
-                                       "type: unknown field `%s`, expected one of %s at line 1 column 1"
-                                       % (key, ", ".join("`%s`" % name for name in known)))
+    def _require_legacy_policy(self, body):
+        """Current core knows no `upgradePolicy` (the closed set refuses it); some older releases instead
+        *required* it on namespace and group creation — `legacy_upgrade_policy` plays one of those."""
         if self.legacy_upgrade_policy and "upgradePolicy" not in body:
             raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
                                    "missing field `upgradePolicy` at line 1 column 1")
@@ -1795,8 +1987,12 @@ class NodeDouble:
         """DELETE /namespaces/:id and /groups/:id; contexts outlive their namespace (§3.6)."""
         group_id = request.params.get("namespace_id") or request.params["group_id"]
         with self._lock:
-            if group_id not in self._groups:
-                raise internal_error()
+            if "namespace_id" in request.params:
+                self._namespace_or_404(group_id)
+            group = self._group_or_404(group_id)
+            self._require_admin(group)
+            if group["parent"] is not None and any(c["groupId"] == group_id for c in self._contexts.values()):
+                raise error_reply(409, GROUP_HAS_CONTEXTS.format(group_id))   # a namespace's outlive it
             doomed = self._descendants(group_id)
             for doomed_id in doomed:
                 self._groups.pop(doomed_id, None)
@@ -1811,9 +2007,10 @@ class NodeDouble:
 
     def _invitation(self, group: Dict[str, Any], expiration: int) -> Dict[str, Any]:
         """A SignedGroupOpenInvitation (§3.6): snake_case, byte arrays, signature over the inner object."""
+        salt = self._new_id("salt")
+        self._invitations[salt] = {"spent": False}
         inner = {"inviter_identity": id_bytes(NODE_PUBLIC_KEY), "group_id": id_bytes(group["id"]),
-                 "expiration_timestamp": expiration, "secret_salt": id_bytes(self._new_id("salt")),
-                 "invited_role": 1}
+                 "expiration_timestamp": expiration, "secret_salt": id_bytes(salt), "invited_role": 1}
         app = self._apps.get(group["applicationId"])
         invitation = {"invitation": inner, "inviter_signature": self._invitation_signature(inner),
                       "inviter_account": NODE_ACCOUNT, "application_id": id_bytes(group["applicationId"])}
@@ -1828,13 +2025,13 @@ class NodeDouble:
 
     def _h_invite_namespace(self, request):
         body = request.json
-        expiration = body.get("expirationTimestamp") or int(time.time()) + 365 * 24 * 3600
+        # `expirationTimestamp` is how many seconds the invitation stays valid (default a year, §3.6)
+        expiration = int(time.time()) + int(body.get("expirationTimestamp") or 365 * 24 * 3600)
         with self._lock:
-            group = self._groups.get(request.params["namespace_id"])
-            if group is None:
-                raise internal_error()
+            group = self._group_or_404(request.params["namespace_id"], NAMESPACE_NOT_FOUND)
             if group["parent"] is not None:
                 raise error_reply(400, "namespace_id must reference a root group (namespace)")
+            self._require_admin(group)
             if body.get("recursive"):
                 return {"data": {"invitations": [self._labelled_invitation(self._groups[g], expiration)
                                                   for g in self._descendants(group["id"])]}}
@@ -1858,17 +2055,34 @@ class NodeDouble:
         if inner["group_id"] != id_bytes(namespace_id):
             raise error_reply(400, "invitation group_id does not match namespace_id in path")
         if signed.get("inviter_signature") != self._invitation_signature(inner):
-            raise error_reply(400, "invalid invitation signature")   # reshaped invitation (text not verified)
+            raise error_reply(400, INVITATION_INVALID)   # a reshaped invitation
         with self._lock:
+            self._join_refusal(namespace_id, inner)
             if namespace_id in self._groups:
                 self._groups[namespace_id]["members"].setdefault(NODE_ACCOUNT, "Member")
         return {"data": {"namespaceId": namespace_id, "memberIdentity": NODE_PUBLIC_KEY,
                          "memberAccount": NODE_ACCOUNT}}
 
+    def _join_refusal(self, namespace_id: str, inner: Dict[str, Any]) -> None:
+        """What a join can meet after the invitation checked out: spent or expired (409), no member reachable
+        (504), the key or an endorsement still on its way (503); a successful join spends the invitation."""
+        salt = bytes(inner.get("secret_salt") or []).hex()
+        entry = self._invitations.setdefault(salt, {"spent": False})
+        if entry["spent"] or int(inner.get("expiration_timestamp") or 0) < time.time():
+            raise error_reply(409, INVITATION_SPENT)
+        if self.join_outcome == "no_peer":
+            raise error_reply(504, JOIN_NO_PEER)
+        if self.join_outcome in ("key_pending", "not_endorsed"):
+            text = JOIN_KEY_PENDING if self.join_outcome == "key_pending" else JOIN_NOT_ENDORSED
+            raise error_reply(503, text.format(namespace_id))
+        entry["spent"] = True
+
     def _h_leave_namespace(self, request):
         namespace_id = request.params["namespace_id"]
         with self._lock:
-            self._namespace_or_404(namespace_id)["members"].pop(NODE_ACCOUNT, None)
+            namespace = self._namespace_or_404(namespace_id)
+            self._refuse_last_admin(namespace)
+            namespace["members"].pop(NODE_ACCOUNT, None)
         return {"data": {"namespaceId": namespace_id, "memberPublicKey": NODE_PUBLIC_KEY}}
 
     def _h_namespace_groups(self, request):
@@ -1888,31 +2102,45 @@ class NodeDouble:
         body = request.json
         visibility = str(body.get("visibility") or "restricted").lower()
         with self._lock:
-            parent = self._groups.get(request.params["namespace_id"])
+            parent = self._group_or_404(request.params["namespace_id"], NAMESPACE_NOT_FOUND)
             # invalid visibility or a non-root id are untyped errors → 500 (§3.6)
-            if parent is None or parent["parent"] is not None or visibility not in ("open", "restricted"):
+            if parent["parent"] is not None or visibility not in ("open", "restricted"):
                 raise internal_error()
+            self._require_subgroup_admin(parent)
             group_id = self.add_group(namespace=parent["id"], name=body.get("groupName"), visibility=visibility)
         return {"data": {"groupId": group_id}}
 
     # -- groups (§3.7) -----------------------------------------------------------------------------------------
 
-    def _group_or_500(self, group_id: str) -> Dict[str, Any]:
+    def _group_or_404(self, group_id: str, text: str = GROUP_NOT_FOUND) -> Dict[str, Any]:
         group = self._groups.get(group_id)
         if group is None:
-            raise internal_error()   # "group not found" is untyped (§1.2)
+            raise error_reply(404, text.format(group_id))   # typed since rc.83 (was an untyped 500, §0.5.2)
         return group
+
+    def _require_subgroup_admin(self, parent: Dict[str, Any]) -> None:
+        """Creating a subgroup takes Admin of the namespace (or the parent group)."""
+        if not any(g["members"].get(NODE_ACCOUNT) == "Admin" for g in self._lineage(parent)):
+            raise error_reply(403, SUBGROUP_NEEDS_ADMIN.format(self._lineage(parent)[-1]["id"]))
+
+    def _refuse_last_admin(self, group: Dict[str, Any]) -> None:
+        """This node may not leave a group others still belong to when no other admin would remain."""
+        others = {k: v for k, v in group["members"].items() if k != NODE_ACCOUNT}
+        if group["members"].get(NODE_ACCOUNT) == "Admin" and others and "Admin" not in others.values():
+            raise error_reply(409, LAST_ADMIN.format(group["id"]))
 
     def _h_create_group(self, request):
         body = request.json
-        self._closed_set(body, GROUP_CREATE_FIELDS)
+        self._require_legacy_policy(body)
         parent_id = body.get("parentGroupId")
         with self._lock:
-            if parent_id is not None and normalise_hex64(parent_id) not in self._groups:
-                raise internal_error()
+            if parent_id is not None:
+                self._require_subgroup_admin(self._group_or_404(normalise_hex64(parent_id) or parent_id))
             app_id = normalise_hex64(body.get("applicationId"))
             if parent_id is None and app_id not in self._apps:
-                raise internal_error()
+                raise error_reply(404, APPLICATION_ID_NOT_FOUND.format(body.get("applicationId")))
+            if normalise_hex64(body.get("groupId")) in self._groups:
+                raise error_reply(409, GROUP_EXISTS.format(body["groupId"]))
             group_id = self.add_group(parent=normalise_hex64(parent_id) if parent_id else None,
                                       app_id=app_id, name=body.get("name"),
                                       group_id=normalise_hex64(body.get("groupId")), visibility="restricted")
@@ -1920,10 +2148,11 @@ class NodeDouble:
 
     def _h_group_info(self, request):
         with self._lock:
-            group = self._group_or_500(request.params["group_id"])
+            group = self._group_or_404(request.params["group_id"])
             app = self._apps.get(group["applicationId"])
             info = {"groupId": group["id"], "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
-                    "targetApplicationId": group["applicationId"]}
+                    "targetApplicationId": group["applicationId"], "namespaceId": self._lineage(group)[-1]["id"],
+                    "ownerOpCounter": 0}   # both since rc.83 (§0.5.7)
             counts = self._group_counts(group)
             info.update({"memberCount": counts["memberCount"], "contextCount": counts["contextCount"],
                          "defaultCapabilities": 0, "subgroupVisibility": group["visibility"]})
@@ -1934,7 +2163,7 @@ class NodeDouble:
 
     def _h_subgroups(self, request):
         with self._lock:
-            self._group_or_500(request.params["group_id"])
+            self._group_or_404(request.params["group_id"])
             return {"subgroups": self._child_groups(request.params["group_id"])}
 
     def _require_member(self, group: Dict[str, Any]) -> None:
@@ -1943,7 +2172,7 @@ class NodeDouble:
 
     def _h_group_contexts(self, request):
         with self._lock:
-            group = self._group_or_500(request.params["group_id"])
+            group = self._group_or_404(request.params["group_id"])
             self._require_member(group)
             entries = []
             for key in sorted(self._contexts):
@@ -1954,7 +2183,7 @@ class NodeDouble:
 
     def _h_group_members(self, request):
         with self._lock:
-            group = self._group_or_500(request.params["group_id"])
+            group = self._group_or_404(request.params["group_id"])
             self._require_member(group)
             members = [{"identity": k, "role": group["members"][k]} for k in sorted(group["members"])]
         return {"members": paginate(members, request.query)}   # no wrapper (checklist 25)
@@ -1968,7 +2197,8 @@ class NodeDouble:
             if problem:
                 raise error_reply(400, problem)
         with self._lock:
-            group = self._group_or_500(request.params["group_id"])
+            group = self._group_or_404(request.params["group_id"])
+            self._require_admin(group)
             for member in members:
                 group["members"][member["identity"]] = member["role"]
         return {}
@@ -1983,8 +2213,8 @@ class NodeDouble:
         if member["role"] not in ROLES:
             return "Invalid JSON data: unknown variant `{}`, expected one of `Admin`, `Member`, `ReadOnly`".format(
                 member["role"])
-        if member["role"] == "ReadOnlyTee":
-            return "role ReadOnlyTee cannot be assigned directly"
+        if member["role"] in ("ReadOnlyTee", "RelayTee"):   # granted through TEE attestation only
+            return "role {} cannot be assigned directly".format(member["role"])
         return None
 
     def _h_set_visibility(self, request):
@@ -1992,12 +2222,14 @@ class NodeDouble:
         if visibility not in ("open", "restricted"):
             raise error_reply(400, VISIBILITY_ERROR)
         with self._lock:
-            self._group_or_500(request.params["group_id"])["visibility"] = visibility
+            group = self._group_or_404(request.params["group_id"])
+            self._require_admin(group)
+            group["visibility"] = visibility
         return {}
 
     def _h_get_group_metadata(self, request):
         with self._lock:
-            metadata = self._group_or_500(request.params["group_id"])["metadata"]
+            metadata = self._group_or_404(request.params["group_id"])["metadata"]
         return {"data": dict(metadata) if metadata is not None else None}
 
     def _h_set_group_metadata(self, request):
@@ -2009,16 +2241,16 @@ class NodeDouble:
         if name is not None and (not isinstance(name, str) or not name or len(name.encode()) > 64):
             raise error_reply(400, "Field 'name' has invalid format: must be 1-64 bytes")
         with self._lock:   # PUT replaces the whole record (§3.7)
-            self._group_or_500(request.params["group_id"])["metadata"] = {
+            group = self._group_or_404(request.params["group_id"])
+            self._require_admin(group)
+            group["metadata"] = {
                 "name": name, "data": dict(data), "updatedAt": int(time.time() * 1000), "updatedBy": NODE_PUBLIC_KEY}
         return {}
 
     def _h_join_via_inheritance(self, request):
         group_id = request.params["group_id"]
         with self._lock:
-            group = self._groups.get(group_id)
-            if group is None:
-                raise error_reply(404, "Group not found")
+            group = self._group_or_404(group_id)
             parent = self._groups.get(group["parent"]) if group["parent"] else None
             if group["visibility"] != "open" or parent is None or NODE_ACCOUNT not in parent["members"]:
                 raise error_reply(403, "node is not eligible to join group '{}' via inheritance".format(group_id))
@@ -2028,7 +2260,11 @@ class NodeDouble:
     def _h_leave_group(self, request):
         group_id = request.params["group_id"]
         with self._lock:
-            self._group_or_500(group_id)["members"].pop(NODE_ACCOUNT, None)
+            group = self._group_or_404(group_id)
+            if group["parent"] is None:
+                raise error_reply(400, LEAVE_NAMESPACE_AS_GROUP.format(group_id))
+            self._refuse_last_admin(group)
+            group["members"].pop(NODE_ACCOUNT, None)
         return {"data": {"groupId": group_id, "memberPublicKey": NODE_PUBLIC_KEY}}
 
     # -- JSON-RPC (§4) -------------------------------------------------------------------------------------------
@@ -2045,10 +2281,16 @@ class NodeDouble:
                 or (isinstance(request_id, int) and not isinstance(request_id, bool) and request_id >= 0)):
             raise text_reply(422, "Failed to deserialize the JSON body into the target type: id: data did not "
                              "match any variant of untagged enum RequestId")
-        outcome = self._rpc_dispatch(body.get("method"), body.get("params"))
+        stray = next((key for key in body if key not in ("jsonrpc", "id") + RPC_PAYLOAD_FIELDS), None)
+        if stray is not None:   # RequestPayload denies unknown fields beside method/params (§0.5.1)
+            self._record_refusal(request, stray)
+            outcome = rpc_error("ParseError", 'invalid value: string {}, expected "method" or "params"'.format(
+                json.dumps(stray)))
+        else:
+            outcome = self._rpc_dispatch(body.get("method"), body.get("params"), request)
         return dict({"jsonrpc": "2.0", "id": request_id}, **outcome)   # always HTTP 200 (checklist 21)
 
-    def _rpc_dispatch(self, method: Any, params: Any) -> Dict[str, Any]:
+    def _rpc_dispatch(self, method: Any, params: Any, request: Request) -> Dict[str, Any]:
         handlers = {"execute": self._rpc_execute, "sync_status": self._rpc_sync_status,
                     "set_ephemeral": self._rpc_set_ephemeral}
         if method not in handlers:
@@ -2056,9 +2298,9 @@ class NodeDouble:
                              "`set_ephemeral`".format(method))
         if not isinstance(params, dict):
             return rpc_error("ParseError", "invalid type: expected struct ExecutionRequest")
-        return handlers[method](params)
+        return handlers[method](params, request)
 
-    def _rpc_sync_status(self, params):
+    def _rpc_sync_status(self, params, request):
         with self._lock:
             context = self._contexts.get(params.get("contextId"))
             if context is None:
@@ -2066,11 +2308,15 @@ class NodeDouble:
             return {"result": {"contextId": context["id"], "isInitialized": not context["uninitialized"],
                                "syncState": {"state": "idle"}, "failureCount": 0}}
 
-    def _rpc_set_ephemeral(self, params):
+    def _rpc_set_ephemeral(self, params, request):
         return {"result": {}}
 
-    def _rpc_execute(self, params: Dict[str, Any]) -> Dict[str, Any]:
-        for field in ("contextId", "method", "argsJson"):
+    def _rpc_execute(self, params: Dict[str, Any], request: Request) -> Dict[str, Any]:
+        stray = next((key for key in params if key not in EXECUTE_FIELDS), None)
+        if stray is not None:   # ExecutionRequest denies unknown fields (§0.5.1)
+            self._record_refusal(request, "params." + stray)
+            return rpc_error("ParseError", serde_unknown_field(stray, EXECUTE_FIELDS))
+        for field in EXECUTE_FIELDS:
             if field not in params:
                 return rpc_error("ParseError", "missing field `{}`".format(field))
         if normalise_hex64(params["contextId"]) is None:
@@ -2079,6 +2325,10 @@ class NodeDouble:
             return rpc_error("ParseError", "Field 'method' is required but was empty")
         context_id = normalise_hex64(params["contextId"])
         with self._lock:
+            # the token's scope first, before anything is read on the call's behalf (§0.5.5)
+            if self._auth is not None and not may_execute(self._auth.grants(request.bearer_token()), context_id,
+                                                          params["method"]):
+                return rpc_error("FunctionCallError", NO_EXECUTE_GRANT)
             refusal = self._execute_refusal(context_id)
             if refusal is not None:
                 return refusal
@@ -2126,8 +2376,18 @@ class NodeDouble:
         except AppError as error:
             return rpc_error("FunctionCallError", app_error_text(error.value))
         if not is_read_only(method):
+            if self._writes_refused(context, record, store):
+                return {"error": {"type": "ReadOnlyWriteRefused", "data": {"context_id": context["id"]}}}
             self._commit(context, store)
         return {"result": {"output": output}}
+
+    def _writes_refused(self, context: Dict[str, Any], record: Dict[str, Any], store: Dict[str, Any]) -> bool:
+        """A node whose role in the context's group only reads discards a call's writes and refuses the call
+        (§0.5.5); a kv call that changed nothing wrote nothing."""
+        group = self._groups.get(context["groupId"])
+        if group is None or self._role_in(group) not in READ_ONLY_ROLES:
+            return False
+        return store != context["kv"] if record["behaviour"] == "kv" else True
 
     @staticmethod
     def _commit(context: Dict[str, Any], store: Dict[str, Any]) -> None:
@@ -2147,8 +2407,12 @@ class NodeDouble:
             return auth_failure(400, "Unsupported authentication method: {}".format(body["auth_method"]))
         provider = body["provider_data"] if isinstance(body["provider_data"], dict) else {}
         username, password = provider.get("username"), provider.get("password")
+        limiter_key = (str(body["auth_method"]), str(body["public_key"]))
         with self._lock:
+            if self._auth.throttled(limiter_key):   # §0.5.6: before any credential work
+                return auth_failure(429, LOGIN_THROTTLED, {"Retry-After": str(RETRY_AFTER_SECONDS)})
             if username not in self._auth.users or self._auth.users[username] != password:
+                self._auth.failed_login(limiter_key)
                 return auth_failure(401, "Authentication failed: invalid username or password")
             pair = self._auth.mint_pair(hex_id("root-key:" + username), ["admin"], uuid.uuid4().hex,
                                         str(body["client_name"]))
@@ -2173,7 +2437,7 @@ class NodeDouble:
         if not auth.is_expired(access):
             return auth_failure(401, "Access token still valid")   # §2.3: refresh only after expiry
         if access["sub"] != refresh["sub"]:
-            return auth_failure(401, "Access and refresh tokens do not belong to the same subject")
+            return auth_failure(401, REFRESH_MISMATCH)
         family = auth.family_of(refresh)
         if auth.tokens[refresh["jti"]]["used"]:
             auth.revoked_families.add(family)   # replay revokes the whole family (§2.3)
@@ -2186,6 +2450,16 @@ class NodeDouble:
         subject = refresh["sub"] if not refresh["sub"].startswith("client-") else "client-" + uuid.uuid4().hex
         return auth_success(auth.mint_pair(subject, refresh.get("permissions") or [], family,
                                            refresh.get("node_url", "")))
+
+    def _h_auth_logout(self, request):
+        """POST /auth/logout {refresh_token} (§0.5.6): the token's family is revoked."""
+        token = request.json.get("refresh_token")
+        with self._lock:
+            claims = self._auth.decode(token) if isinstance(token, str) else None
+            if claims is None or claims.get("token_type") != "refresh":
+                return auth_failure(401, "Invalid refresh token")
+            self._auth.revoked_families.add(self._auth.family_of(claims))
+        return {"data": {"success": True}, "error": None}
 
     def _h_auth_health(self, request):
         return {"data": {"status": "alive", "storage": True, "uptime_seconds": 1}, "error": None}
@@ -2308,11 +2582,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.auth:
         options["auth"] = DEMO_AUTH
     double = sample_double(**options) if args.sample else NodeDouble(**options)
-    double.start()
-    print("READY {}".format(double.url), flush=True)
-    stopping = threading.Event()
+    stopping = threading.Event()          # handlers first: a SIGTERM right after READY must stop it quietly
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    double.start()
+    print("READY {}".format(double.url), flush=True)
     while not stopping.wait(0.2):
         pass
     double.stop()

@@ -184,6 +184,33 @@ def test_handoff_pointing_elsewhere_is_ignored_whole(tmp_path, node_log, url, or
     assert sorted(os.listdir(path.parent)) == ["agent.json"] and path.read_bytes() == before
 
 
+@pytest.mark.parametrize("url, carried", [
+    ("http://desk:hunter2@localhost:2528", "user:password@"),
+    ("http://localhost:2528/?token=hunter2", "a query (?...)"),
+    ("http://localhost:2528#hunter2", "a fragment (#...)"),
+])
+def test_handoff_node_url_with_credentials_is_ignored_whole(tmp_path, node_log, url, carried):
+    """A loopback nodeUrl carrying a secret would send it along (HTTP Basic, or a query before every path)."""
+    env = make_env(tmp_path)
+    add_node(env, "solo", 2428)
+    path = write_handoff(env, {"nodeUrl": url, "accessToken": jwt(iat=1)})
+    assert node.discover(env) == Location("http://localhost:2428", "solo", "config-scan")
+    assert messages(node_log) == ["%s gives a nodeUrl that carries %s; ignoring the file." % (path, carried)]
+
+
+@pytest.mark.parametrize("url, carried", [
+    ("http://admin:hunter2@localhost:2528", "user:password@"),
+    ("http://localhost:2528/?token=hunter2", "a query (?...)"),
+    ("http://localhost:2528/#hunter2", "a fragment (#...)"),
+    ("http://admin:hunter2@localhost:2528/?token=hunter2", "user:password@ and a query (?...)"),
+])
+def test_node_url_carrying_credentials_is_refused(tmp_path, url, carried):
+    with pytest.raises(NodeError) as caught:
+        node.discover(make_env(tmp_path, CALIMERO_NODE_URL=url))
+    assert str(caught.value).startswith("CALIMERO_NODE_URL carries %s, which this server refuses" % carried)
+    assert "hunter2" not in str(caught.value) + caught.value.fix and "http://localhost:2528" in caught.value.fix
+
+
 @pytest.mark.parametrize("content, said", [
     ("{not json", "is not valid JSON; ignoring it."),
     (json.dumps({"nodeUrl": "http://localhost:2528"}), "has no accessToken; ignoring it."),

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -228,12 +229,18 @@ def test_install_from_registry_upgrades_in_place():
 
 
 def test_install_failures_are_text_or_field_errors(node):
+    """§0.5.3: a registry miss and a node in DHT registry mode are 502 text/plain; `url` is an unknown field."""
     unknown = call(node, "POST", "/admin-api/install-application", {"package": "com.x", "version": "9.9.9"})
     with_url = call(node, "POST", "/admin-api/install-application", {"url": "https://x/app.mpk"})
-    assert unknown.status == 500 and unknown.content_type.startswith("text/plain")
-    assert unknown.body.decode().startswith("Registry returned HTTP 404 Not Found for com.x@9.9.9: "
-                                            "has no application published at ")
-    assert (with_url.status, with_url.json()) == (400, {"error": "unknown field `url`, expected `package` or `version`"})
+    assert unknown.status == 502 and unknown.content_type.startswith("text/plain")
+    assert unknown.body.decode() == "the configured Http source has no application published at com.x@9.9.9"
+    assert with_url.status == 400
+    assert "unknown field `url`, expected `package` or `version`" in with_url.json()["error"]
+    node.registry_mode = "dht"
+    dht = call(node, "POST", "/admin-api/install-application", {"package": "com.x", "version": "9.9.9"})
+    assert dht.status == 502 and dht.content_type.startswith("text/plain")
+    assert dht.body.decode() == ("this node is in dht registry mode, which cannot install by package@version; "
+                                 "install from a local .mpk bundle or via governance instead")
 
 
 def test_uninstall_is_idempotent(node):
@@ -292,7 +299,7 @@ def test_create_context(node):
 @pytest.mark.parametrize("group_id, status, message", [
     ("default-group", 400, "Invalid group_id: expected hex-encoded 32 bytes"),
     ("abcd", 400, "Invalid group_id: must be exactly 32 bytes"),
-    (hex_id("unknown-group"), 500, "Internal server error"),
+    (hex_id("unknown-group"), 404, "group '%s' not found" % hex_id("unknown-group")),   # typed (§0.5.2)
 ])
 def test_create_context_group_errors(node, group_id, status, message):
     reply = call(node, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": group_id})
@@ -482,7 +489,7 @@ def test_group_delete_requires_a_json_body(node):
     path = "/admin-api/groups/" + group_id.json()["data"]["groupId"]
     assert call(node, "DELETE", path).status == 400
     assert call(node, "DELETE", path, {}).json() == {"data": {"isDeleted": True}}
-    assert call(node, "GET", path).status == 500
+    assert call(node, "GET", path).status == 404
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -792,6 +799,277 @@ def test_revoke_all_and_client_keys(auth_node):
     assert call(auth_node, "GET", "/admin-api/contexts", headers=bearer(client_access)).status == 403
     assert call(auth_node, "GET", "/admin-api/contexts",
                 headers=bearer(login(auth_node).json()["data"]["access_token"])).status == 200
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Newer releases (§0.5): closed request bodies, typed errors, install and ABI texts, execute kinds, auth
+# ---------------------------------------------------------------------------------------------------------------
+
+def closed_bodies(node):
+    """(method, path, a body the node accepts) for every closed request type the admin API has (§0.5.1)."""
+    namespace = namespace_of(node)
+    group = node.add_group(namespace=namespace, name="g")
+    return [
+        ("POST", "/admin-api/install-application", {"package": "p", "version": "1"}),
+        ("POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": namespace}),
+        ("POST", "/admin-api/namespaces", {"applicationId": kv_id()}),
+        ("DELETE", "/admin-api/namespaces/" + namespace, {}),
+        ("POST", "/admin-api/groups", {"applicationId": kv_id(), "parentGroupId": namespace}),
+        ("DELETE", "/admin-api/groups/" + group, {}),
+        ("POST", "/admin-api/groups/%s/members" % group, {"members": [{"identity": hex_id("b"), "role": "Member"}]}),
+        ("PUT", "/admin-api/groups/%s/metadata" % group, {"data": {}}),
+        ("PUT", "/admin-api/groups/%s/settings/subgroup-visibility" % group, {"subgroupVisibility": "open"}),
+        ("POST", "/admin-api/namespaces/%s/invite" % namespace, {}),
+        ("POST", "/admin-api/namespaces/%s/join" % namespace, {"invitation": {}}),
+    ]
+
+
+def test_every_closed_body_refuses_an_unknown_key_with_serdes_text(node):
+    for method, path, body in closed_bodies(node):
+        refused = call(node, method, path, dict(body, bogus=1))
+        message = refused.json()["error"]
+        assert refused.status == 400, (path, refused.status, message)
+        assert message.startswith("Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+                                  "unknown field `bogus`, "), (path, message)
+    assert [(r["path"], r["field"]) for r in node.refusals][:2] == [
+        ("/admin-api/install-application", "bogus"), ("/admin-api/contexts", "bogus")]
+    assert len(node.refusals) == len(closed_bodies(node))
+
+
+def test_serde_names_the_known_fields_the_way_serde_does(node):
+    namespace = namespace_of(node)
+    one = call(node, "PUT", "/admin-api/groups/%s/settings/subgroup-visibility" % namespace, {"x": 1})
+    empty = call(node, "DELETE", "/admin-api/namespaces/" + namespace, {"force": True})
+    many = call(node, "POST", "/admin-api/namespaces/%s/invite" % namespace, {"expiry": 5})
+    assert "unknown field `x`, expected `subgroupVisibility` at line 1 column 4" in one.json()["error"]
+    assert "unknown field `force`, there are no fields" in empty.json()["error"]
+    assert "unknown field `expiry`, expected `expirationTimestamp` or `recursive`" in many.json()["error"]
+
+
+def test_each_added_member_is_a_closed_set_too(node):
+    namespace = namespace_of(node)
+    members = [{"identity": hex_id("a"), "role": "Member"}, {"identity": hex_id("b"), "role": "Member", "name": "b"}]
+    refused = call(node, "POST", "/admin-api/groups/%s/members" % namespace, {"members": members})
+    assert refused.status == 400 and "unknown field `name`, expected `identity` or `role`" in refused.json()["error"]
+    assert node.refusals[-1]["field"] == "members[1].name"
+    assert hex_id("a") not in node._groups[namespace]["members"]        # nothing was applied
+
+
+def test_open_bodies_still_ignore_extra_keys(node, demo_context):
+    namespace = namespace_of(node)
+    alias = call(node, "POST", "/admin-api/alias/create/context", {"alias": "x", "contextId": demo_context, "z": 1})
+    subgroup = call(node, "POST", "/admin-api/namespaces/%s/groups" % namespace, {"groupName": "g", "z": 1})
+    deleted = call(node, "DELETE", "/admin-api/contexts/" + demo_context, {"z": 1})
+    assert (alias.status, subgroup.status, deleted.status) == (200, 200, 200) and node.refusals == []
+
+
+def test_json_rpc_request_and_execute_params_are_closed(node, demo_context):
+    params = {"contextId": demo_context, "method": "len", "argsJson": {}}
+    stray_top = call(node, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": 1, "method": "execute", "params": params,
+                                                "extra": True}).json()
+    stray_param = call(node, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": 2, "method": "execute",
+                                                  "params": dict(params, executorPublicKey="k")}).json()
+    assert stray_top["error"] == {"type": "ParseError",
+                                  "data": 'invalid value: string "extra", expected "method" or "params"'}
+    assert stray_param["error"] == {"type": "ParseError", "data": "unknown field `executorPublicKey`, expected "
+                                                                  "one of `contextId`, `method`, `argsJson`"}
+    assert [r["field"] for r in node.refusals] == ["extra", "params.executorPublicKey"] and not node.executions
+
+
+def test_auth_bodies_are_closed(auth_node):
+    access, refresh = auth_node.issue_tokens()
+    body = {"auth_method": "user_password", "public_key": "admin", "client_name": "c", "timestamp": 1,
+            "provider_data": {"username": "admin", "password": "dev-password"}}
+    for path, sent in (("/auth/token", dict(body, node_url="x")),
+                       ("/auth/refresh", {"access_token": access, "refresh_token": refresh, "scope": "x"}),
+                       ("/auth/logout", {"refresh_token": refresh, "all": True})):
+        refused = call(auth_node, "POST", path, sent)
+        assert refused.status == 400 and refused.json()["error"].startswith("Invalid JSON: unknown field `"), path
+    assert len(auth_node.refusals) == 3 and login(auth_node).status == 200
+
+
+def test_typed_not_found_answers_echo_the_id(node):
+    unknown = hex_id("nothing here")
+    assert call(node, "GET", "/admin-api/groups/" + unknown).json() == {"error": "group '%s' not found" % unknown}
+    assert call(node, "POST", "/admin-api/namespaces/%s/invite" % unknown, {}).json() == {
+        "error": "namespace '%s' not found" % unknown}
+    joined = call(node, "POST", "/admin-api/contexts/%s/join" % unknown, {})
+    assert (joined.status, joined.json()) == (404, {"error": "context '%s' not found" % unknown})
+    created = call(node, "POST", "/admin-api/namespaces", {"applicationId": unknown})
+    assert (created.status, created.json()) == (404, {"error": "application '%s' not found" % unknown})
+
+
+def test_membership_and_role_refusals_are_403s_that_say_which(node):
+    namespace = namespace_of(node)
+    foreign = node.add_group(namespace=namespace, name="foreign", member=False)
+    node.set_role(namespace, "Member")                     # no admin anywhere above `foreign` any more
+    member = {"members": [{"identity": hex_id("z"), "role": "Member"}]}
+    inherited = call(node, "POST", "/admin-api/groups/%s/members" % foreign, member)
+    not_admin = call(node, "POST", "/admin-api/groups/%s/members" % namespace, member)
+    subgroup = call(node, "POST", "/admin-api/namespaces/%s/groups" % namespace, {"groupName": "x"})
+    listing = call(node, "GET", "/admin-api/groups/%s/members" % foreign)
+    assert (inherited.status, inherited.json()["error"]) == (403, "node is not an admin of group '%s'" % foreign)
+    assert (not_admin.status, not_admin.json()["error"]) == (403, "node is not an admin of group '%s'" % namespace)
+    assert (subgroup.status, subgroup.json()["error"]) == (
+        403, "creating a subgroup needs admin of namespace '%s'" % namespace)
+    assert (listing.status, listing.json()["error"]) == (403, "node is not a member of group '%s'" % foreign)
+    outsider = NodeDouble(apps=[kv_store_spec()], namespaces=[{"app": kv_id(), "member": False}])
+    with outsider:
+        ns = namespace_of(outsider)
+        refused = call(outsider, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": ns})
+    assert (refused.status, refused.json()["error"]) == (403, "node is not a member of group '%s'" % ns)
+
+
+def test_the_last_admin_cannot_leave_while_others_stay(node):
+    namespace = namespace_of(node)
+    node.set_role(namespace, "Member", account=hex_id("carol"))
+    refused = call(node, "POST", "/admin-api/namespaces/%s/leave" % namespace)
+    assert (refused.status, refused.json()["error"]) == (
+        409, "node is the last admin of group '%s'; make another member admin first" % namespace)
+    node.set_role(namespace, "Admin", account=hex_id("carol"))
+    assert call(node, "POST", "/admin-api/namespaces/%s/leave" % namespace).status == 200
+    group = node.add_group(namespace=namespace)
+    assert call(node, "POST", "/admin-api/groups/%s/leave" % namespace).status == 400   # a namespace, not a group
+    assert call(node, "POST", "/admin-api/groups/%s/leave" % group).status == 200
+
+
+def test_current_shapes_of_namespaces_groups_and_roles(node):
+    """§0.5.7: namespace rows carry `founding`, group info `namespaceId` and `ownerOpCounter`; RelayTee is a role
+    only attestation grants; the certificate route is gone (a bodyless 404)."""
+    namespace = namespace_of(node)
+    row = call(node, "GET", "/admin-api/namespaces").json()["data"][0]
+    group = node.add_group(namespace=namespace)
+    info = call(node, "GET", "/admin-api/groups/" + group).json()["data"]
+    relay = call(node, "POST", "/admin-api/groups/%s/members" % namespace,
+                 {"members": [{"identity": hex_id("r"), "role": "RelayTee"}]})
+    gone = call(node, "GET", "/admin-api/certificate")
+    assert row["founding"]["founderAccountId"] == NODE_ACCOUNT and len(row["founding"]["salt"]) == 64
+    assert (info["namespaceId"], info["ownerOpCounter"]) == (namespace, 0)
+    assert (relay.status, relay.json()) == (400, {"error": "role RelayTee cannot be assigned directly"})
+    assert (gone.status, gone.body) == (404, b"")
+
+
+def test_group_conflicts_are_409s(node):
+    namespace = namespace_of(node)
+    group = node.add_group(namespace=namespace)
+    taken = call(node, "POST", "/admin-api/groups", {"applicationId": kv_id(), "parentGroupId": namespace,
+                                                     "groupId": group})
+    assert (taken.status, taken.json()) == (409, {"error": "group '%s' already exists" % group})
+    node.add_context(kv_id(), group_id=group)
+    busy = call(node, "DELETE", "/admin-api/groups/" + group, {})
+    assert (busy.status, busy.json()) == (409, {"error": "group '%s' has registered contexts; delete or detach "
+                                                         "them first" % group})
+
+
+def invitation_of(node, namespace, **body):
+    return call(node, "POST", "/admin-api/namespaces/%s/invite" % namespace, body).json()["data"]["invitation"]
+
+
+def test_an_invitation_is_spent_by_its_join_and_expires(node):
+    namespace = namespace_of(node)
+    invitation = invitation_of(node, namespace, expirationTimestamp=60)
+    assert 55 <= invitation["invitation"]["expiration_timestamp"] - time.time() <= 61   # seconds of validity
+    path = "/admin-api/namespaces/%s/join" % namespace
+    assert call(node, "POST", path, {"invitation": invitation}).status == 200
+    again = call(node, "POST", path, {"invitation": invitation})
+    assert (again.status, again.json()) == (409, {"error": "invitation already consumed or expired"})
+    fresh = invitation_of(node, namespace)
+    node.expire_invitations()
+    assert call(node, "POST", path, {"invitation": fresh}).status == 409
+    tampered = copy.deepcopy(invitation_of(node, namespace))
+    tampered["invitation"]["invited_role"] = 0
+    assert call(node, "POST", path, {"invitation": tampered}).json() == {
+        "error": "invitation is invalid: its signature does not verify"}
+
+
+@pytest.mark.parametrize("outcome, status, fragment", [
+    ("no_peer", 504, "could not reach any member of this namespace to complete the join; make sure the inviting "
+                     "node is online and retry"),
+    ("key_pending", 503, "the join went out and the key is on its way"),
+    ("not_endorsed", 503, "has not endorsed the join"),
+])
+def test_join_outcomes_while_peers_are_away(node, outcome, status, fragment):
+    namespace = namespace_of(node)
+    invitation = invitation_of(node, namespace)
+    node.join_outcome = outcome
+    refused = call(node, "POST", "/admin-api/namespaces/%s/join" % namespace, {"invitation": invitation})
+    assert refused.status == status and fragment in refused.json()["error"]
+    node.join_outcome = None                                 # the invitation was not spent by the failed join
+    assert call(node, "POST", "/admin-api/namespaces/%s/join" % namespace, {"invitation": invitation}).status == 200
+
+
+def test_the_abi_of_a_raw_wasm_app_is_a_400():
+    with NodeDouble(apps=[dict(kv_store_spec(), raw_wasm=True)]) as double:
+        reply = call(double, "GET", "/admin-api/applications/%s/abi" % kv_id())
+    assert (reply.status, reply.json()) == (400, {"error": "application is raw wasm, which never runs; reinstall it "
+                                                           "as a signed bundle"})
+
+
+def test_a_read_only_node_refuses_writes_and_serves_reads(node, demo_context):
+    output_of(node, demo_context, "set", {"key": "k", "value": "v"})
+    node.set_role(namespace_of(node), "ReadOnly")
+    refused = execute(node, demo_context, "set", {"key": "k", "value": "w"})
+    assert refused["error"] == {"type": "ReadOnlyWriteRefused", "data": {"context_id": demo_context}}
+    assert node.kv_state(demo_context) == {"k": "v"} and output_of(node, demo_context, "get", {"key": "k"}) == "v"
+    assert output_of(node, demo_context, "update_if_exists", {"key": "nope", "value": "x"}) is False  # wrote nothing
+
+
+def test_a_token_without_an_execute_grant_for_the_call_is_refused(auth_node, demo_context):
+    scoped, _ = auth_node.issue_tokens(permissions=["context:execute[%s,,get]" % demo_context])
+    other, _ = auth_node.issue_tokens(permissions=["context:execute[%s]" % hex_id("another context")])
+    assert execute(auth_node, demo_context, "get", {"key": "k"}, headers=bearer(scoped))["result"] == {"output": None}
+    for token, method in ((scoped, "len"), (other, "get")):
+        refused = execute(auth_node, demo_context, method, {} if method == "len" else {"key": "k"},
+                          headers=bearer(token))
+        assert refused["error"] == {"type": "FunctionCallError",
+                                    "data": "this caller's token does not grant context:execute for this call"}
+    admin_route = call(auth_node, "GET", "/admin-api/applications", headers=bearer(scoped))
+    assert (admin_route.status, admin_route.headers.get("x-auth-error")) == (403, "permission_denied")
+
+
+def test_refresh_with_tokens_of_two_logins_names_the_key(auth_node):
+    access, _ = auth_node.issue_tokens("admin")
+    _, other_refresh = auth_node.issue_tokens("someone else")
+    auth_node.expire_access_tokens()
+    mixed = call(auth_node, "POST", "/auth/refresh", {"access_token": access, "refresh_token": other_refresh})
+    assert (mixed.status, mixed.json()) == (401, {"data": None,
+                                                  "error": "Access and refresh tokens do not belong to the same key"})
+
+
+def test_failed_logins_are_throttled_with_retry_after():
+    with sample_double(auth=dict(CREDENTIALS, login_attempts=2)) as double:
+        assert [login(double, "wrong").status for _ in range(2)] == [401, 401]
+        throttled = login(double)                            # even the right password, while throttled
+        other_user = call(double, "POST", "/auth/token", {
+            "auth_method": "user_password", "public_key": "someone", "client_name": "c", "timestamp": 1,
+            "provider_data": {"username": "someone", "password": "x"}})
+    assert (throttled.status, throttled.json()) == (429, {
+        "data": None, "error": "Too many failed login attempts; please try again later"})
+    assert throttled.headers["retry-after"] == "60"
+    assert other_user.status == 401                          # the limiter keys on (auth_method, public_key)
+
+
+def test_logout_revokes_the_refresh_token(auth_node):
+    access, refresh = auth_node.issue_tokens()
+    out = call(auth_node, "POST", "/auth/logout", {"refresh_token": refresh})
+    assert (out.status, out.json()) == (200, {"data": {"success": True}, "error": None})
+    auth_node.expire_access_tokens()
+    after = call(auth_node, "POST", "/auth/refresh", {"access_token": access, "refresh_token": refresh})
+    assert after.status == 401 and after.headers.get("x-auth-error") == "token_revoked"
+    assert call(auth_node, "POST", "/auth/logout", {"refresh_token": "junk"}).status == 401
+
+
+def test_tokens_carry_a_key_id_and_an_upgrade_voids_older_ones():
+    with sample_double(auth=dict(CREDENTIALS, legacy_tokens=True)) as double:
+        old = login(double).json()["data"]["access_token"]
+        assert "key_id" not in jwt_claims(old)
+        assert call(double, "GET", "/admin-api/applications", headers=bearer(old)).status == 200
+        double.upgrade_node()
+        stale = call(double, "GET", "/admin-api/applications", headers=bearer(old))
+        fresh = login(double).json()["data"]["access_token"]
+        served = call(double, "GET", "/admin-api/applications", headers=bearer(fresh))
+    assert (stale.status, stale.headers.get("x-auth-error"), stale.body) == (401, None, b"")   # a plain 401
+    assert jwt_claims(fresh)["key_id"] == jwt_claims(fresh)["sub"] and served.status == 200
 
 
 # ---------------------------------------------------------------------------------------------------------------

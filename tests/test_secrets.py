@@ -181,3 +181,69 @@ def test_wrong_password_error_leaks_nothing(tmp_path, authed):
               "--check": run_check(env)}
     places.update(other_files(env["HOME"]))
     assert_nowhere({wrong, PASSWORD}, places)
+
+
+URL_SECRET = "url-secret-%s" % secrets.token_hex(6)
+
+
+@pytest.mark.parametrize("form", ["http://admin:{secret}@127.0.0.1:{port}", "http://127.0.0.1:{port}/?token={secret}",
+                                  "http://127.0.0.1:{port}/#{secret}", "http://admin:p/w?x#{secret}@127.0.0.1:{port}"])
+def test_a_node_url_carrying_credentials_is_refused_and_never_shown(tmp_path, form):
+    """CALIMERO_NODE_URL with userinfo, a query or a fragment: refused at start, named by what it carries, and the
+    secret appears nowhere - not in node_status, list_nodes, a tool error, --check or stderr - and is never sent."""
+    double = sample_double().start()
+    url = form.format(secret=URL_SECRET, port=double.port)
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
+    server = McpServer(env)
+    try:
+        server.initialize()
+        status = server.tool_json("node_status")
+        nodes = server.tool_json("list_nodes")
+        failed = server.call_tool("list_applications")
+    finally:
+        server.close()
+        double.stop()
+    check = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    text = failed["content"][-1]["text"]
+    assert failed.get("isError") is True and "CALIMERO_NODE_URL carries " in text, text
+    assert "CALIMERO_USERNAME" in text and "CALIMERO_PASSWORD" in text and "CALIMERO_AUTH_TOKEN" in text
+    assert status["url"] is None and "CALIMERO_NODE_URL carries" in status["health"]["error"]
+    assert all(entry["url"].startswith("http://localhost:") for entry in nodes), nodes
+    assert check.returncode == 1 and "CALIMERO_NODE_URL carries" in check.stdout
+    assert double.log == [], "a request went to a node whose address carries a secret"
+    places = {"stdout": b"".join(server.raw_lines).decode("utf-8"), "stderr": server.stderr,
+              "--check": check.stdout + check.stderr}
+    assert "CALIMERO_NODE_URL carries" in server.stderr          # said once at start, by the catalog's first read
+    for where, output in places.items():
+        assert URL_SECRET not in output and "p/w" not in output, where
+
+
+@pytest.mark.parametrize("variable", ["CALIMERO_PASSWORD", "CALIMERO_PASSWORD_FILE"])
+def test_a_password_without_a_username_is_warned_about_once_and_in_check(tmp_path, variable):
+    """Without CALIMERO_USERNAME there is no login: today's silence left the agent with "no credentials"."""
+    double = sample_double().start()
+    secret_file = tmp_path / "password"
+    secret_file.write_text(PASSWORD)
+    value = PASSWORD if variable == "CALIMERO_PASSWORD" else secret_file
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state", variable: value})
+    warning = "%s is set but CALIMERO_USERNAME is not, so there is no login and the password is not used" % variable
+    server = McpServer(env)
+    try:
+        server.initialize()
+        assert server.tool_json("node_status")["authMode"] == "none"
+        server.tool_json("list_namespaces")
+        server.tool_json("node_status")
+    finally:
+        server.close()
+        check = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+                               timeout=60)
+        double.stop()
+    assert server.stderr.count(warning) == 1, server.stderr
+    assert "  - %s\n    Fix: Set CALIMERO_USERNAME to the account the password belongs to, or unset the " \
+           "password.\n" % warning in check.stdout, check.stdout
+    assert check.returncode == 0                      # a warning: the node itself works without auth
+    assert_nowhere({PASSWORD}, {"stderr": server.stderr, "stdout": b"".join(server.raw_lines).decode(),
+                                "--check": check.stdout + check.stderr})
