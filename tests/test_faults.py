@@ -446,7 +446,7 @@ def test_a_failed_catalog_reread_keeps_the_tools_and_announces_nothing(start_ser
     # 4. the next good read proceeds as usual: the new app's tools arrive, announced once
     double.faults.clear()
     assert not server.call_tool("describe_app", {"app": "com.example.bell"}).get("isError")
-    assert len(list_changes(server)) == changes + 2               # tools and resources
+    assert len(list_changes(server)) == changes + 1               # tools only: bell brings no guide
     assert set(app_tools(server)) > set(tools) and any(n.startswith("bell_") for n in app_tools(server))
 
 
