@@ -128,11 +128,11 @@ def test_tool_calls_pass_the_sdk_output_validation(report, double):
     # non-unit returns by handle: structuredContent the SDK checked against the outputSchema itself
     assert calls["len_before"] == {"isError": False, "content": [{"type": "text", "text": "0"}],
                                    "structuredContent": {"result": 0}}
-    assert calls["entries_before"]["structuredContent"] == {} and not calls["entries_before"]["isError"]
+    assert calls["entries_before"]["structuredContent"] == {"result": {}} and not calls["entries_before"]["isError"]
     # a unit return: no outputSchema, so no structuredContent
     assert not calls["set"]["isError"] and "structuredContent" not in calls["set"]
     assert calls["len_after"]["structuredContent"] == {"result": 1}
-    assert calls["entries_after"]["structuredContent"] == {"greeting": "hello"}
+    assert calls["entries_after"]["structuredContent"] == {"result": {"greeting": "hello"}}
     assert [e["method"] for e in double.executions] == ["len", "entries", "set", "len", "entries"]
 
 
