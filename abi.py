@@ -41,6 +41,8 @@ MISSING_FIELD = "missing required field"
 JSON_TYPES = ("string", "number", "boolean", "object", "array", "null")
 UNCHECKED = "any JSON value, passed through unchecked"
 
+PROPERTY_KEY = re.compile(r"[a-zA-Z0-9_.-]{1,64}")   # what Claude Code accepts as a property key
+
 _SCHEMA_VERSION = re.compile(r"wasm-abi/1(?:\.[0-9]+)?")
 _UNSIZED_HEX = "^(?:[0-9a-fA-F]{2})*$"
 _BYTE = {"type": "integer", "minimum": 0, "maximum": 255}
@@ -1006,13 +1008,31 @@ def method_reference(manifest: Manifest, method) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # Tool definitions (tools.md "Generated method tools", reference §3.14)
 
-def tool_eligible(method: Method) -> bool:
-    """`init` is create_context's; a declared `app_handle` would collide with the handle argument."""
-    return method.name != "init" and "app_handle" not in method.param_names()
+def untooled_reason(manifest: Manifest, method: Method) -> Optional[str]:
+    """Why a method gets no generated tool (it stays reachable through `call`), or None when it gets one."""
+    if method.name == "init":
+        return "init runs in create_context"
+    if "app_handle" in method.param_names():
+        return "its app_handle parameter would collide with the handle argument"
+    odd = unportable_keys(input_schema(manifest, method))
+    if odd:
+        return "its argument key %s is not one hosts accept ([a-zA-Z0-9_.-], at most 64)" % json.dumps(odd[0])
+    return None
 
 
 def tool_methods(manifest: Manifest) -> List[Method]:
-    return sorted((method for method in manifest.methods if tool_eligible(method)), key=lambda method: method.name)
+    return sorted((method for method in manifest.methods if untooled_reason(manifest, method) is None),
+                  key=lambda method: method.name)
+
+
+def unportable_keys(schema: Any) -> List[str]:
+    """Property keys outside what every host takes (Claude Code skips a tool with one): a serde-renamed field."""
+    if isinstance(schema, list):
+        return [key for item in schema for key in unportable_keys(item)]
+    if not isinstance(schema, dict):
+        return []
+    found = [key for key in schema.get("properties") or {} if not PROPERTY_KEY.fullmatch(key)]
+    return found + [key for value in schema.values() for key in unportable_keys(value)]
 
 
 def tool_title(method_name: str, app_label: str) -> str:
@@ -1056,9 +1076,11 @@ def sanitize(text: str) -> str:
 
 
 def app_slug(package_or_id: str) -> str:
-    """The sanitised trailing dot-segment, cut to 20 characters: `com.calimero.kv-store` -> `kv_store`."""
+    """The sanitised trailing dot-segment, cut to 20 characters: `com.calimero.kv-store` -> `kv_store`. A name must
+    not start with a digit (Gemini's rule), so `3d-viewer` gives `_3d_viewer`."""
     segment = package_or_id.rsplit(".", 1)[-1] or package_or_id
-    return sanitize(segment)[:SLUG_MAX] or "app"
+    slug = sanitize(segment)
+    return (("_" + slug) if slug[:1].isdigit() else slug)[:SLUG_MAX] or "app"
 
 
 def tool_names(units: Iterable[ToolUnit], reserved: Iterable[str]) -> Dict[Tuple[Any, str], str]:

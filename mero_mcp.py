@@ -35,7 +35,9 @@ META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 
 INSTRUCTIONS = (
     "Calimero apps describe themselves. Do not read app source. To use an app: list_applications, "
-    "then describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call."
+    "then describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call. "
+    "An app tool runs in the context its app_handle names; pass _context (a context id or alias) to name one "
+    "directly."
 )
 CAPABILITIES = {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
 # 2026-07-28 delivers list changes only through subscriptions/listen, which we do not serve: promise none.
@@ -1390,11 +1392,12 @@ def build_snapshot(units, reserved):
 
 
 def warn_uncallable_methods(units):
+    import abi
     for unit in units:
         for method in unit.manifest.methods:
-            if declared(method, "app_handle"):
-                log.warning("no tool for %s %s %s: its app_handle parameter would collide; use call",
-                            unit.app.key, unit.app.version, method.name)
+            reason = abi.untooled_reason(unit.manifest, method) if method.name != "init" else None
+            if reason:
+                log.warning("no tool for %s %s %s: %s; use call", unit.app.key, unit.app.version, method.name, reason)
 
 
 def unit_key(unit):

@@ -908,6 +908,21 @@ def test_tool_methods_skip_init_and_handle_params(every_kind):
     names = [method.name for method in abi.tool_methods(every_kind)]
     assert "init" not in names and "with_handle" not in names
     assert names == sorted(names) and len(names) == len(every_kind.methods) - 2
+    assert "collide" in abi.untooled_reason(every_kind, every_kind.method("with_handle"))
+
+
+def test_a_method_with_an_unportable_argument_key_gets_no_tool():
+    """Claude Code skips a tool whose schema has a property key outside [a-zA-Z0-9_.-]{1,64}; such a method
+    (a serde-renamed field, say) is left to `call`, with the reason for the log."""
+    odd = k("record", fields=[{"name": "user name", "type": k("string")}])
+    manifest = abi.parse_manifest({"schema_version": "wasm-abi/1", "types": {"Odd": odd}, "methods": [
+        {"name": "nested", "params": [{"name": "v", "type": ref("Odd")}]},
+        {"name": "direct", "params": [{"name": "k" * 65, "type": k("string")}]},
+        {"name": "fine", "params": [{"name": "a.b-c_D9", "type": k("string")}]}]}, "t")
+    assert [method.name for method in abi.tool_methods(manifest)] == ["fine"]
+    assert '"user name"' in abi.untooled_reason(manifest, manifest.method("nested"))
+    assert abi.unportable_keys(abi.input_schema(manifest, "direct")) == ["k" * 65]
+    assert abi.untooled_reason(manifest, manifest.method("fine")) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -986,6 +1001,7 @@ def test_clash_on_a_hashed_name_still_finds_a_free_name():
 @pytest.mark.parametrize("given, slug", [
     ("com.calimero.kv-store", "kv_store"), ("RawApp42", "rawapp42"), ("org.example.kv_store", "kv_store"),
     ("com.x.KV--Store..v2", "v2"), ("com.x.Ünïcode", "_n_code"), ("x" * 30, "x" * 20), ("", "app"),
+    ("com.x.3d-viewer", "_3d_viewer"), ("9" * 30, "_" + "9" * 19),      # a tool name never starts with a digit
 ])
 def test_app_slug(given, slug):
     assert abi.app_slug(given) == slug
