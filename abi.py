@@ -1013,7 +1013,7 @@ def untooled_reason(manifest: Manifest, method: Method) -> Optional[str]:
     if method.name == "init":
         return "init runs in create_context"
     if "app_handle" in method.param_names():
-        return "its app_handle parameter would collide with the handle argument"
+        return "its app_handle parameter would collide"
     odd = unportable_keys(input_schema(manifest, method))
     if odd:
         return "its argument key %s is not one hosts accept ([a-zA-Z0-9_.-], at most 64)" % json.dumps(odd[0])

@@ -921,7 +921,7 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
 def test_generated_tool_sends_exactly_the_declared_parameters(own, fresh):
     handle = handle_of(own, KV)
     result = own.call_tool("kv_store_set", {"app_handle": handle, "context": "demo", "_context": fresh.kv_ctx,
-                                            "key": "k", "value": "v", "stray": 1})
+                                            "key": "k", "value": "v"})
     assert not result.get("isError"), result
     own.call_tool("gadgets_put_blob", {"_context": "gadgets-main", "data": "DEADbeef"})
     own.call_tool("gadgets_put_blob", {"context": fresh.gadgets_ctx, "data": [1, 2], "tag": None})
