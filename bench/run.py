@@ -24,7 +24,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 import requests  # noqa: E402
 
-import abi  # noqa: E402
 import fixture_apps  # noqa: E402
 from mcp_client import minimal_env  # noqa: E402
 import node_double  # noqa: E402
@@ -360,12 +359,6 @@ def entry_bytes(definition):
     return len(json.dumps(definition, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 
-def eligible_tools(paths):
-    """How many generated tools the manifests make (init and app_handle-declaring methods make none)."""
-    return sum(len(abi.tool_methods(abi.parse_manifest(json.loads(path.read_text(encoding="utf-8")), path.name)))
-               for path in paths)
-
-
 def spawn_to_tools(env, stderr, expected):
     """Seconds from spawn to a tools/list answer holding every generated tool (initialize, initialized and
     tools/list written at once, as hosts do; re-listed until complete), and that list."""
@@ -394,7 +387,7 @@ def bench_tool_surface(home, stderr):
     paths = fixture_apps.manifest_paths(fixture_apps.SHARED_ABIS)
     if not paths:
         return None
-    expected = eligible_tools(paths)
+    expected = fixture_apps.tool_count(paths)
     double = NodeDouble()
     fixture_apps.install(double, paths)
     with double:

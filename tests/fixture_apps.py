@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import abi
+
 TESTS = Path(__file__).resolve().parent
 SHARED_ABIS = TESTS.parents[1] / "shared" / "fixtures" / "abi"
 OWN_ABIS = TESTS / "manifests"
@@ -39,3 +41,9 @@ def install(double, paths):
         double.add_context(app_id)
         installed[package] = app_id
     return installed
+
+
+def tool_count(paths):
+    """How many generated tools the manifests make (see abi.tool_methods: init and the like make none)."""
+    return sum(len(abi.tool_methods(abi.parse_manifest(json.loads(path.read_text(encoding="utf-8")), path.name)))
+               for path in paths)

@@ -18,7 +18,6 @@ import unicodedata
 import pytest
 from jsonschema import Draft202012Validator
 
-import abi
 import fixture_apps
 from mcp_client import McpServer, minimal_env
 from node_double import NodeDouble
@@ -83,11 +82,6 @@ def lint(tool, wrapped):
     return problems
 
 
-def expected_tool_count(paths):
-    return sum(len(abi.tool_methods(abi.parse_manifest(json.loads(path.read_text(encoding="utf-8")), path.name)))
-               for path in paths)
-
-
 @pytest.fixture(scope="module", params=["own", "shared"])
 def listed(request, tmp_path_factory):
     """Both eras' tools/list from one server with one set of manifests installed: tests/manifests or the shared."""
@@ -109,7 +103,7 @@ def listed(request, tmp_path_factory):
     finally:
         server.close()
         double.stop()
-    return {"handshake": handshake, "modern": modern, "expected": expected_tool_count(paths)}
+    return {"handshake": handshake, "modern": modern, "expected": fixture_apps.tool_count(paths)}
 
 
 @pytest.mark.parametrize("era", ["handshake", "modern"])
