@@ -23,6 +23,7 @@ OUTPUT = "output"   # what the node returns (outputSchema)
 
 MAX_REF_DEPTH = 8           # abi-mapping.md "Type references and recursion": beyond this a $ref degrades to unknown
 SLUG_MAX = 20               # tools.md: <app> is cut to 20 characters
+DESCRIPTION_MAX = 2048      # Claude Code cuts a longer tool description, silently
 TOOL_NAME_MAX = 49          # 64 minus Claude Code's 15-character `mcp__mero-mcp__` prefix (reference §3.14)
 HASHED_NAME_KEEP = 42       # a longer name keeps 42 characters, then `_` + 6 hex of its sha256
 ID_TAIL_LENGTH = 6          # a clashing name adds `_` + 6 alphanumerics of the application id
@@ -1000,7 +1001,7 @@ def signature(manifest: Manifest, method) -> str:
 def method_reference(manifest: Manifest, method) -> str:
     """Doc, blank line, signature; then `  name: doc` for each documented parameter."""
     method = _method_of(manifest, method)
-    lines = [tool_description(manifest, method)]
+    lines = [_doc_and_signature(manifest, method, len(method.doc or ""))]
     lines += [f"  {param.name}: " + param.doc.replace("\n", "\n    ") for param in method.params if param.doc]
     return "\n".join(lines)
 
@@ -1041,9 +1042,18 @@ def tool_title(method_name: str, app_label: str) -> str:
 
 
 def tool_description(manifest: Manifest, method) -> str:
+    """The doc above the signature, within DESCRIPTION_MAX: a host cuts a longer one from its end, which would take
+    the signature; so the doc is cut instead (describe_app keeps it whole)."""
     method = _method_of(manifest, method)
+    return _doc_and_signature(manifest, method, DESCRIPTION_MAX - len(signature(manifest, method)) - 2)
+
+
+def _doc_and_signature(manifest: Manifest, method: Method, room: int) -> str:
     text = signature(manifest, method)
-    return f"{method.doc}\n\n{text}" if method.doc else text
+    if not method.doc:
+        return text
+    doc = method.doc if len(method.doc) <= room else method.doc[:max(room - 1, 0)].rstrip() + "\u2026"
+    return f"{doc}\n\n{text}"
 
 
 def tool_annotations(method: Method) -> dict:

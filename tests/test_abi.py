@@ -883,6 +883,17 @@ def test_tool_descriptions(every_kind):
     assert abi.tool_description(every_kind, "grow") == "[mut] grow(tree: Tree) -> Tree"
 
 
+def test_a_long_doc_is_cut_so_the_description_keeps_its_signature():
+    """Claude Code cuts a description past 2,048 characters from its end; the signature must survive."""
+    doc = "Explains at length. " * 200
+    manifest = manifest_of([("key", k("string"))], returns=k("u32"), doc=doc)
+    description = abi.tool_description(manifest, "m")
+    assert len(description) == 2048
+    assert description.endswith("…\n\n[mut] m(key: string) -> u32")
+    assert description.startswith("Explains at length. Explains")
+    assert abi.method_reference(manifest, "m") == doc + "\n\n[mut] m(key: string) -> u32"   # describe_app: whole
+
+
 ANNOTATIONS = [
     ("count", {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}),
     ("clear", {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": False}),
