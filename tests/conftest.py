@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ NPM_INSTALL_TIMEOUT = 600
 
 def node_with(folder, package, version, min_major=18):
     """The node binary, with `package`@`version` installed from the npm registry into folder/node_modules (as
-    folder/package.json pins it); a skip saying why when node or npm is missing or the install fails."""
+    folder/package.json and its lock pin it); a skip saying why when node or npm is missing or the install fails."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
         pytest.skip("%s needs node and npm on PATH (missing: %s)"
@@ -59,6 +60,17 @@ def node_with(folder, package, version, min_major=18):
             pytest.skip("npm install finished but node_modules holds %s %r, not %s"
                         % (package, installed_version(folder, package), version))
     return node
+
+
+def npm_cache(source, name):
+    """A folder outside the checkout holding copies of source's package.json, lock and scripts, for a client whose
+    node_modules is too big to keep in the tree (and carries Python files `make lint` would read)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mero-mcp-tests" / name
+    root.mkdir(parents=True, exist_ok=True)
+    for item in Path(source).iterdir():
+        if item.is_file():
+            shutil.copyfile(item, root / item.name)
+    return root
 
 
 def installed_version(folder, package):

@@ -5,12 +5,13 @@ PASSWORD from the server's environment: credentials go in the server's own `env`
 its ToolRegistry and sends the model function declarations named `mcp_<server>_<tool>`, sanitised to
 `^[a-zA-Z_][a-zA-Z0-9_.:-]*$` and cut in the middle past 63 characters. A tool whose declaration it cannot build is
 dropped (with a diagnostic), and of two names that sanitise alike only the last is kept. tests/gemini_client/client.mjs
-runs that discovery; this file installs the package once per session into tests/gemini_client/node_modules (skipping
+runs that discovery; this file installs the package once per session into a cache outside the checkout (skipping
 when node or npm is missing or the install fails) and checks that every tool of ours arrives, under its own name.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,21 +19,24 @@ import sys
 import pytest
 
 import fixture_apps
-from conftest import TESTS, node_with
+from conftest import TESTS, node_with, npm_cache
 from mcp_client import ROOT, SERVER, McpServer, minimal_env
 from node_double import NodeDouble
 
-CLIENT_DIR = TESTS / "gemini_client"
 GEMINI_CORE_VERSION = "0.61.0"
+CLIENT_SOURCE = TESTS / "gemini_client"            # client.mjs and the pinned package.json; installed in a cache
+
 RUN_TIMEOUT = 120
 GEMINI_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_.:-]{0,63}$")
 SERVER_NAMES = ("mero-mcp", "calimero")      # README: keep the registered name at most 8 characters
 
 
 @pytest.fixture(scope="module")
-def node():
-    """The node binary, with the pinned package installed beside client.mjs; a skip saying why when it cannot be."""
-    return node_with(CLIENT_DIR, "@google/gemini-cli-core", GEMINI_CORE_VERSION, min_major=20)
+def gemini():
+    """The command running client.mjs beside the pinned package (about 380 MB, so installed in a cache outside the
+    checkout); a skip saying why when it cannot be."""
+    folder = npm_cache(CLIENT_SOURCE, "gemini-cli-core-" + GEMINI_CORE_VERSION)
+    return [node_with(folder, "@google/gemini-cli-core", GEMINI_CORE_VERSION, min_major=20), str(folder / "client.mjs")]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +67,7 @@ def server_env(double, home):
     return minimal_env(home / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": home / "state"})
 
 
-def discover(node, double, home, server_name, block=None, inherited=None):
+def discover(gemini, double, home, server_name, block=None, inherited=None):
     """One discovery by Gemini CLI's code, the server's `env` block holding the node url (and `block`), the CLI's own
     environment `inherited`; its report."""
     home.mkdir(parents=True, exist_ok=True)
@@ -74,7 +78,7 @@ def discover(node, double, home, server_name, block=None, inherited=None):
     spec_file = home / "spec.json"
     spec_file.write_text(json.dumps(spec), encoding="utf-8")
     try:
-        done = subprocess.run([node, str(CLIENT_DIR / "client.mjs"), str(spec_file)], cwd=str(CLIENT_DIR),
+        done = subprocess.run(gemini + [str(spec_file)], cwd=os.path.dirname(gemini[1]),
                               env=minimal_env(home / "home", inherited), stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired as error:
@@ -85,8 +89,8 @@ def discover(node, double, home, server_name, block=None, inherited=None):
 
 
 @pytest.mark.parametrize("server_name", SERVER_NAMES)
-def test_gemini_cli_accepts_every_tool_under_its_own_name(node, double, our_tools, tmp_path, server_name):
-    seen = discover(node, double, tmp_path, server_name)
+def test_gemini_cli_accepts_every_tool_under_its_own_name(gemini, double, our_tools, tmp_path, server_name):
+    seen = discover(gemini, double, tmp_path, server_name)
     assert seen["errors"] == [], "\n".join(seen["errors"])
     assert [d for d in seen["diagnostics"] if d["severity"] == "error"] == []
     names = [declaration["name"] for declaration in seen["declarations"]]
@@ -100,7 +104,7 @@ def test_gemini_cli_accepts_every_tool_under_its_own_name(node, double, our_tool
     assert seen["instructions"] and "app_handle" in seen["instructions"]
 
 
-def test_credentials_reach_the_server_only_through_its_env_block(node, tmp_path):
+def test_credentials_reach_the_server_only_through_its_env_block(gemini, tmp_path):
     """README: Gemini CLI strips an inherited CALIMERO_PASSWORD, so the login fails and no app tool appears;
     the same password in the server's env block logs in."""
     locked = NodeDouble(auth={"users": {"admin": "s3cret"}})
@@ -108,8 +112,8 @@ def test_credentials_reach_the_server_only_through_its_env_block(node, tmp_path)
     locked.start()
     try:
         user = {"CALIMERO_USERNAME": "admin"}
-        stripped = discover(node, locked, tmp_path / "inherited", "mero-mcp", user, {"CALIMERO_PASSWORD": "s3cret"})
-        passed = discover(node, locked, tmp_path / "block", "mero-mcp", dict(user, CALIMERO_PASSWORD="s3cret"))
+        stripped = discover(gemini, locked, tmp_path / "inherited", "mero-mcp", user, {"CALIMERO_PASSWORD": "s3cret"})
+        passed = discover(gemini, locked, tmp_path / "block", "mero-mcp", dict(user, CALIMERO_PASSWORD="s3cret"))
     finally:
         locked.stop()
     generated = fixture_apps.tool_count(fixture_apps.manifest_paths(fixture_apps.OWN_ABIS))
