@@ -422,8 +422,9 @@ def test_describe_app_carries_methods_guide_and_a_planning_handle(shared, world)
     result = shared.call_tool("describe_app", {"app": "KV Store"})
     summary = summary_of(result)
     assert list(summary) == ["application", "package", "appVersion", "service", "contextServices", "guide",
-                             "app_handle", "methods"]
+                             "app_handle", "name", "methods"]
     assert summary["application"] == world.kv and summary["package"] == KV and summary["appVersion"] == "1.0.0"
+    assert summary["name"] == "KV Store"
     assert summary["service"] is None and summary["contextServices"] == []
     assert summary["guide"] == world.guide_uri(world.kv)
     assert handle_payload(summary["app_handle"])["c"] is None
