@@ -23,17 +23,26 @@ OUTPUT = "output"   # what the node returns (outputSchema)
 
 MAX_REF_DEPTH = 8           # abi-mapping.md "Type references and recursion": beyond this a $ref degrades to unknown
 SLUG_MAX = 20               # tools.md: <app> is cut to 20 characters
+DESCRIPTION_MAX = 2048      # Claude Code cuts a longer tool description, silently
 TOOL_NAME_MAX = 49          # 64 minus Claude Code's 15-character `mcp__mero-mcp__` prefix (reference §3.14)
 HASHED_NAME_KEEP = 42       # a longer name keeps 42 characters, then `_` + 6 hex of its sha256
 ID_TAIL_LENGTH = 6          # a clashing name adds `_` + 6 alphanumerics of the application id
 
+# The routing arguments every generated tool accepts. Advertised: app_handle, and _context (abi-mapping.md) or, when
+# the method declares _context, context (tools.md's name, otherwise accepted as _context's synonym unadvertised). The
+# server's instructions say once how they work, so each schema carries only a few words.
 INJECTED_NAMES = ("app_handle", "context", "_context")
-APP_HANDLE_DESCRIPTION = ("The app_handle select_app returned for this application; "
-                          "it names the context the call runs in.")
-CONTEXT_DESCRIPTION = "Context id or alias to run in, instead of app_handle."
-UNDERSCORE_CONTEXT_DESCRIPTION = "Context id or alias to execute against; same as context."
+ROUTING_DESCRIPTIONS = {"app_handle": "From select_app.", "_context": "Context id or alias.",
+                        "context": "Context id or alias."}
 MISSING_PARAMETER = "missing required parameter"
 MISSING_FIELD = "missing required field"
+
+# Every JSON value has one of these types: what the degraded `unknown` lists, so that every schema node states a type
+# (some hosts drop a tool with an untyped node) while accepting anything.
+JSON_TYPES = ("string", "number", "boolean", "object", "array", "null")
+UNCHECKED = "any JSON value, passed through unchecked"
+
+PROPERTY_KEY = re.compile(r"[a-zA-Z0-9_.-]{1,64}")   # what Claude Code accepts as a property key
 
 _SCHEMA_VERSION = re.compile(r"wasm-abi/1(?:\.[0-9]+)?")
 _UNSIZED_HEX = "^(?:[0-9a-fA-F]{2})*$"
@@ -208,7 +217,7 @@ class _SchemaBuilder:
     def unknown(self, reason: str) -> dict:
         # abi-mapping.md: unknown means accepted unvalidated and passed through.
         self.degraded.append(f"{self.where}: {reason}")
-        return {}
+        return _unknown()
 
     def reference(self, name: Any, at: _At) -> dict:
         target = self.types.get(name) if isinstance(name, str) else None
@@ -217,7 +226,7 @@ class _SchemaBuilder:
         if at.depth >= MAX_REF_DEPTH:
             return self.unknown(f'$ref "{name}" is nested more than {MAX_REF_DEPTH} deep')
         built, doc = self.build(target, at.deeper()), _text(target.get("doc"))
-        if doc and target.get("kind") == "variant" and built.get("description"):
+        if doc and target.get("kind") == "variant" and built.get("description") and _type_hint(built) is None:
             doc = "%s %s" % (doc, built["description"])     # keep what each variant means after the type's doc
         return _with_doc(built, doc)
 
@@ -236,7 +245,8 @@ class _SchemaBuilder:
             array["description"] = _bytes_hint(size, hex_too=False)
             return array
         pattern = f"^[0-9a-fA-F]{{{2 * size}}}$" if size else _UNSIZED_HEX
-        return {"anyOf": [{"type": "string", "pattern": pattern}, array], "description": _bytes_hint(size, True)}
+        return dict(_union("anyOf", [{"type": "string", "pattern": pattern}, array]),
+                    description=_bytes_hint(size, True))
 
     def list_(self, typ: dict, at: _At) -> dict:
         return {"type": "array", "items": self.build(typ.get("items"), at)}
@@ -276,7 +286,7 @@ class _SchemaBuilder:
             return {"not": {}, "description": "An enum with no variants: no value fits."}
         if typ.get("untagged") is True:
             members = [self._untagged_member(entry, at) for entry in variants]
-            return members[0] if len(members) == 1 else {"anyOf": members}
+            return members[0] if len(members) == 1 else _described_union("anyOf", members)
         tag, content = typ.get("tag"), typ.get("content")
         if _is_name(tag) and _is_name(content):
             members = [self._adjacent_member(entry, tag, content, at) for entry in variants]
@@ -284,7 +294,7 @@ class _SchemaBuilder:
             members = [member for entry in variants for member in self._internal_members(entry, tag, at)]
         else:
             members = self._external_members(variants, at)
-        return members[0] if len(members) == 1 else {"oneOf": members}
+        return members[0] if len(members) == 1 else _described_union("oneOf", members)
 
     def _external_members(self, variants: List[dict], at: _At) -> List[dict]:
         # abi-mapping.md "Variants": unit variants ride as bare names, payload variants as a single-key object.
@@ -339,6 +349,40 @@ class _SchemaBuilder:
         "bytes": bytes_, "list": list_, "map": map_, "tuple": tuple_, "record": record, "alias": alias,
         "variant": variant,
     }
+
+
+def _unknown() -> dict:
+    return {"type": list(JSON_TYPES), "description": UNCHECKED}
+
+
+def _is_unknown(schema: dict) -> bool:
+    return schema.get("type") == list(JSON_TYPES) and not set(schema) - {"type", "description", "title"}
+
+
+def _types(schema: dict) -> Optional[List[str]]:
+    """The types a schema states, as a list; None when it states none."""
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return [kind]
+    return list(kind) if isinstance(kind, list) else None
+
+
+def _union(key: str, members: List[dict]) -> dict:
+    """An anyOf/oneOf that also states its type: every type a member states (when each states one). A host that
+    flattens unions then still knows the kinds of value; validation is unchanged, the members already imply it."""
+    types: List[str] = []
+    for member in members:
+        stated = _types(member)
+        if stated is None:
+            return {key: members}
+        types += [kind for kind in stated if kind not in types]
+    return {"type": types, key: members}
+
+
+def _described_union(key: str, members: List[dict]) -> dict:
+    """A union of variants, described by the forms it accepts, for hosts that show a union as its first member."""
+    union = _union(key, members)
+    return dict(union, description=_forms_hint(union))
 
 
 def _object(properties: dict, required: List[str]) -> dict:
@@ -418,13 +462,22 @@ def _is_byte_array(schema: dict) -> bool:
 
 
 def _type_hint(schema: dict) -> Optional[str]:
-    """The hint a bytes schema carries, which a doc must not hide (abi-mapping.md "Bytes")."""
+    """The hint a schema's own description carries, which a doc must not hide: the forms of bytes (abi-mapping.md
+    "Bytes") and of a union, or that an unknown value is passed through unchecked."""
     size = _bytes_size(schema)
     if size is not None:
         return _bytes_hint(size, hex_too=True)
     if _is_byte_array(schema):
         return _bytes_hint(schema.get("maxItems"), hex_too=False)
+    if _is_unknown(schema):
+        return UNCHECKED
+    if "oneOf" in schema or "anyOf" in schema:
+        return _forms_hint(schema)
     return None
+
+
+def _forms_hint(schema: dict) -> str:
+    return "one of " + ", ".join(_forms(schema))
 
 
 def _with_doc(schema: dict, doc: Any) -> dict:
@@ -437,12 +490,26 @@ def _with_doc(schema: dict, doc: Any) -> dict:
 
 
 def _nullable(schema: dict) -> dict:
-    inner = dict(schema)
-    description = inner.pop("description", None)
-    wrapped = {"anyOf": [inner, {"type": "null"}]}
-    if description:
-        wrapped["description"] = description
-    return wrapped
+    """`schema` or null: `null` joins the type list (an enum's values too); a union, or a schema stating no type,
+    is wrapped as anyOf [schema, null] instead. Keywords other than type, enum and const constrain only their own
+    kind of value, so null passes them."""
+    types = _types(schema)
+    if types is not None and "null" in types:
+        return schema
+    if types is None or any(key in schema for key in ("anyOf", "oneOf", "not")):
+        inner = dict(schema)
+        description = inner.pop("description", None)
+        wrapped = {"type": types + ["null"]} if types else {}
+        wrapped["anyOf"] = [inner, {"type": "null"}]
+        if description:
+            wrapped["description"] = description
+        return wrapped
+    nullable = dict(schema, type=types + ["null"])
+    if "const" in nullable:
+        nullable["enum"] = [nullable.pop("const")]
+    if "enum" in nullable:
+        nullable["enum"] = list(nullable["enum"]) + [None]
+    return nullable
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -467,19 +534,21 @@ def _params_schema(manifest: Manifest, method: Method, builder: _SchemaBuilder) 
 
 
 def input_schema(manifest: Manifest, method) -> dict:
-    """The advertised tool schema: app_handle, context and _context (each unless declared), then the parameters."""
+    """The advertised tool schema: app_handle and one context option (see INJECTED_NAMES), then the parameters."""
     method = _method_of(manifest, method)
     params = params_schema(manifest, method)
-    declared = set(method.param_names())
-    injected = {
-        "app_handle": {"type": "string", "description": APP_HANDLE_DESCRIPTION},
-        "context": {"type": "string", "description": CONTEXT_DESCRIPTION},
-        "_context": {"type": "string", "description": UNDERSCORE_CONTEXT_DESCRIPTION},
-    }
-    # abi-mapping.md "The _context option": declared parameters win, keeping their ABI type.
-    properties = {name: schema for name, schema in injected.items() if name not in declared}
+    properties = {name: {"type": "string", "description": ROUTING_DESCRIPTIONS[name]}
+                  for name in routing_names(method)}
     properties.update(params["properties"])
     return _object(properties, params.get("required", []))
+
+
+def routing_names(method: Method) -> List[str]:
+    """The routing arguments a method's tool advertises. abi-mapping.md "The _context option": declared parameters
+    win, keeping their ABI type, so a method declaring _context is targeted through context, if it can be."""
+    declared = set(method.param_names())
+    context = next((name for name in ("_context", "context") if name not in declared), None)
+    return [name for name in ("app_handle", context) if name is not None and name not in declared]
 
 
 def output_schema(manifest: Manifest, method, wrap: bool, admit_null: bool = False) -> Optional[dict]:
@@ -487,12 +556,12 @@ def output_schema(manifest: Manifest, method, wrap: bool, admit_null: bool = Fal
 
     `admit_null`: what the server advertises. The node answers `output: null` for every None (node-api.md
     §4.2), and real ABIs drop Option from a return without setting returns_nullable (kv-store `get`, §5.5); a
-    schema refusing that null would make clients reject a successful call. So a non-object root admits null;
-    an object root stays an object (handshake-era clients need one) unless the ABI says nullable."""
+    schema refusing that null would make clients reject a successful call. So every root admits null, and in the
+    handshake era, whose structuredContent must be an object, every root then rides wrapped as {result}."""
     method = _method_of(manifest, method)
     builder = _SchemaBuilder(manifest.types, OUTPUT)
     schema = _return_schema(manifest, method, builder)
-    if schema is not None and admit_null and _admits_null_at_root(schema):
+    if schema is not None and admit_null:
         schema = _nullable(schema)
     if schema is not None and wrap and schema.get("type") != "object":
         schema = {"type": "object", "properties": {"result": schema}, "required": ["result"]}
@@ -507,11 +576,6 @@ def _return_schema(manifest: Manifest, method: Method, builder: _SchemaBuilder) 
     return _nullable(schema) if method.returns_nullable else schema
 
 
-def _admits_null_at_root(schema: dict) -> bool:
-    """A root that does not already take null, is not an object, and is not unknown (`{}` takes anything)."""
-    return bool(schema) and schema.get("type") not in ("object", "null") and "anyOf" not in schema
-
-
 def _returns_unit(types: Mapping, returns: Optional[dict]) -> bool:
     resolved, _ = _resolve_payload(types, returns, 0)
     return returns is None or (resolved is not None and resolved.get("kind") == "unit")
@@ -524,7 +588,7 @@ def unknown_paths(schema: Any, at: str = "#") -> List[str]:
     """JSON pointers of every subschema that validates nothing (an unknown type), `#` being the root."""
     if not isinstance(schema, dict):
         return []
-    if not set(schema) - {"description", "title"}:
+    if _is_unknown(schema) or not set(schema) - {"description", "title"}:
         return [at]
     found = []
     for name, sub in (schema.get("properties") or {}).items():
@@ -606,10 +670,12 @@ def _problems(errors) -> List[Problem]:
 
 
 def _without_redundant(errors: list) -> list:
-    """A value outside an enum also fails `type: string`; the enum's message says more, so keep that one."""
-    enums = {(id(error.schema), tuple(error.absolute_path)) for error in errors if error.validator in ("enum", "const")}
+    """A value outside an enum or a union also fails the `type` beside it; the enum's or the union's message says
+    more, so keep that one."""
+    telling = {(id(error.schema), tuple(error.absolute_path)) for error in errors
+               if error.validator in ("enum", "const", "anyOf", "oneOf")}
     return [error for error in errors
-            if not (error.validator == "type" and (id(error.schema), tuple(error.absolute_path)) in enums)]
+            if not (error.validator == "type" and (id(error.schema), tuple(error.absolute_path)) in telling)]
 
 
 def _explain(error, or_null: bool = False) -> List[Problem]:
@@ -694,7 +760,9 @@ def _message(error, or_null: bool = False) -> str:
         names = expected if isinstance(expected, list) else [expected]
         return f"expected {' or '.join(names)}{null}, got {_show(instance)}"
     if keyword == "enum":
-        return f"expected one of {', '.join(_show(value) for value in expected)}{null}, got {_show(instance)}"
+        values = [value for value in expected if value is not None]
+        null = " or null" if or_null or len(values) < len(expected) else ""
+        return f"expected one of {', '.join(_show(value) for value in values)}{null}, got {_show(instance)}"
     if keyword == "const":
         return f"expected {_show(expected)}{null}, got {_show(instance)}"
     if keyword in ("minimum", "maximum"):
@@ -711,7 +779,7 @@ def _message(error, or_null: bool = False) -> str:
 
 
 def _a_number(schema: dict) -> str:
-    return "an integer" if schema.get("type") == "integer" else "a number"
+    return "an integer" if "integer" in (_types(schema) or []) else "a number"
 
 
 def _item_count(schema: dict) -> str:
@@ -745,10 +813,10 @@ def _forms(schema: dict) -> List[str]:
         return [_show(value) for value in schema["enum"]]
     if "const" in schema:
         return [_show(schema["const"])]
-    if schema.get("type") == "object":
-        return [_object_form(schema)]
-    kind = schema.get("type")
-    return [kind if isinstance(kind, str) else "anything"]
+    types = _types(schema)
+    if not types or _is_unknown(schema):
+        return ["anything"]
+    return [_object_form(schema) if kind == "object" else kind for kind in types]
 
 
 def _object_form(schema: dict) -> str:
@@ -933,7 +1001,7 @@ def signature(manifest: Manifest, method) -> str:
 def method_reference(manifest: Manifest, method) -> str:
     """Doc, blank line, signature; then `  name: doc` for each documented parameter."""
     method = _method_of(manifest, method)
-    lines = [tool_description(manifest, method)]
+    lines = [_doc_and_signature(manifest, method, len(method.doc or ""))]
     lines += [f"  {param.name}: " + param.doc.replace("\n", "\n    ") for param in method.params if param.doc]
     return "\n".join(lines)
 
@@ -941,13 +1009,31 @@ def method_reference(manifest: Manifest, method) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # Tool definitions (tools.md "Generated method tools", reference §3.14)
 
-def tool_eligible(method: Method) -> bool:
-    """`init` is create_context's; a declared `app_handle` would collide with the handle argument."""
-    return method.name != "init" and "app_handle" not in method.param_names()
+def untooled_reason(manifest: Manifest, method: Method) -> Optional[str]:
+    """Why a method gets no generated tool (it stays reachable through `call`), or None when it gets one."""
+    if method.name == "init":
+        return "init runs in create_context"
+    if "app_handle" in method.param_names():
+        return "its app_handle parameter would collide"
+    odd = unportable_keys(input_schema(manifest, method))
+    if odd:
+        return "its argument key %s is not one hosts accept ([a-zA-Z0-9_.-], at most 64)" % json.dumps(odd[0])
+    return None
 
 
 def tool_methods(manifest: Manifest) -> List[Method]:
-    return sorted((method for method in manifest.methods if tool_eligible(method)), key=lambda method: method.name)
+    return sorted((method for method in manifest.methods if untooled_reason(manifest, method) is None),
+                  key=lambda method: method.name)
+
+
+def unportable_keys(schema: Any) -> List[str]:
+    """Property keys outside what every host takes (Claude Code skips a tool with one): a serde-renamed field."""
+    if isinstance(schema, list):
+        return [key for item in schema for key in unportable_keys(item)]
+    if not isinstance(schema, dict):
+        return []
+    found = [key for key in schema.get("properties") or {} if not PROPERTY_KEY.fullmatch(key)]
+    return found + [key for value in schema.values() for key in unportable_keys(value)]
 
 
 def tool_title(method_name: str, app_label: str) -> str:
@@ -956,9 +1042,18 @@ def tool_title(method_name: str, app_label: str) -> str:
 
 
 def tool_description(manifest: Manifest, method) -> str:
+    """The doc above the signature, within DESCRIPTION_MAX: a host cuts a longer one from its end, which would take
+    the signature; so the doc is cut instead (describe_app keeps it whole)."""
     method = _method_of(manifest, method)
+    return _doc_and_signature(manifest, method, DESCRIPTION_MAX - len(signature(manifest, method)) - 2)
+
+
+def _doc_and_signature(manifest: Manifest, method: Method, room: int) -> str:
     text = signature(manifest, method)
-    return f"{method.doc}\n\n{text}" if method.doc else text
+    if not method.doc:
+        return text
+    doc = method.doc if len(method.doc) <= room else method.doc[:max(room - 1, 0)].rstrip() + "\u2026"
+    return f"{doc}\n\n{text}"
 
 
 def tool_annotations(method: Method) -> dict:
@@ -991,9 +1086,11 @@ def sanitize(text: str) -> str:
 
 
 def app_slug(package_or_id: str) -> str:
-    """The sanitised trailing dot-segment, cut to 20 characters: `com.calimero.kv-store` -> `kv_store`."""
+    """The sanitised trailing dot-segment, cut to 20 characters: `com.calimero.kv-store` -> `kv_store`. A name must
+    not start with a digit (Gemini's rule), so `3d-viewer` gives `_3d_viewer`."""
     segment = package_or_id.rsplit(".", 1)[-1] or package_or_id
-    return sanitize(segment)[:SLUG_MAX] or "app"
+    slug = sanitize(segment)
+    return (("_" + slug) if slug[:1].isdigit() else slug)[:SLUG_MAX] or "app"
 
 
 def tool_names(units: Iterable[ToolUnit], reserved: Iterable[str]) -> Dict[Tuple[Any, str], str]:

@@ -36,7 +36,9 @@ SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
 INSTRUCTIONS = (
     "Calimero apps describe themselves. Do not read app source. To use an app: list_applications, "
-    "then describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call."
+    "then describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call. "
+    "An app tool runs in the context its app_handle names; pass _context (a context id or alias) to name one "
+    "directly."
 )
 # Both eras: the handshake era hears list changes on the session, 2026-07-28 on subscriptions/listen.
 CAPABILITIES = {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
@@ -426,6 +428,7 @@ class Server:
     def run_tool(self, t, arguments, call):
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
         try:
+            refuse_unknown_arguments(t, arguments)
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, "\n".join(problems)))
@@ -722,6 +725,27 @@ def render_result(value):
 
 _fixed_validators = {}
 SELF_VALIDATING = frozenset({"call", "call_many"})
+# Accepted without being advertised: a generated tool takes context as _context's synonym (tools.md), and `call`
+# takes _context, the name generated tools advertise, as a synonym of its context.
+GENERATED_SYNONYMS = ("context", "_context")
+CALL_SYNONYMS = ("_context",)
+
+
+def refuse_unknown_arguments(t, arguments):
+    """An argument the tool does not take is refused, naming it and what the tool takes: dropped silently, a
+    misspelt optional argument would leave the agent believing it was passed."""
+    takes = list(t.input_schema.get("properties") or {})
+    synonyms = GENERATED_SYNONYMS if t.toolset is None else CALL_SYNONYMS if t.name == "call" else ()
+    unknown = [name for name in arguments if name not in takes and name not in synonyms]
+    if unknown:
+        raise ToolError(unknown_arguments_text(unknown, t.name, takes))
+
+
+def unknown_arguments_text(unknown, owner, takes, where=""):
+    """`Unknown argument app. create_context takes: application, group, ...`"""
+    told = "takes: " + ", ".join(takes) if takes else "takes no arguments"
+    return "Unknown argument%s %s%s. %s %s." % ("s" if len(unknown) > 1 else "", ", ".join(unknown), where, owner,
+                                                 told)
 
 
 def check_fixed_arguments(t, arguments):
@@ -806,7 +830,7 @@ def list_applications(args, call):
 
 def compact_app_row(app):
     import abi
-    return {"id": app.id, "package": app.package, "name": app.name, "version": app.version,
+    return {"id": app.id, "package": app.package, "name": one_line(app.name), "version": app.version,
             "description": app.description[:DESCRIPTION_LIMIT] if app.description else app.description,
             "hasGuide": bool(app.guide), "procedures": abi.procedures(app.guide)}
 
@@ -1248,7 +1272,8 @@ class AppRecord(namedtuple("AppRecord", "id package version signer_id name descr
 
     @property
     def label(self):
-        return self.name or self.key
+        """The display name as titles, resource names and list rows carry it (one line), else the package."""
+        return one_line(self.name) or self.key
 
     @property
     def sole_service(self):
@@ -1265,6 +1290,19 @@ class AppRecord(namedtuple("AppRecord", "id package version signer_id name descr
     def guide_hash(self):
         import hashlib
         return hashlib.sha256((self.guide or "").encode("utf-8")).hexdigest()[:16]
+
+
+NAME_LIMIT = 64
+
+
+def one_line(text, limit=NAME_LIMIT):
+    """App-authored text fit for a title or a list row: line breaks and other whitespace runs become one space,
+    control and format characters (escape sequences, bidi overrides) go, and it is cut at `limit` characters."""
+    if not text:
+        return text
+    import unicodedata
+    kept = " ".join("".join(c for c in text if c.isspace() or unicodedata.category(c) not in ("Cc", "Cf")).split())
+    return kept if len(kept) <= limit else kept[:limit - 1] + "\u2026"
 
 
 def decode_metadata(raw):
@@ -1437,11 +1475,12 @@ def build_snapshot(units, reserved):
 
 
 def warn_uncallable_methods(units):
+    import abi
     for unit in units:
         for method in unit.manifest.methods:
-            if declared(method, "app_handle"):
-                log.warning("no tool for %s %s %s: its app_handle parameter would collide; use call",
-                            unit.app.key, unit.app.version, method.name)
+            reason = abi.untooled_reason(unit.manifest, method) if method.name != "init" else None
+            if reason:
+                log.warning("no tool for %s %s %s: %s; use call", unit.app.key, unit.app.version, method.name, reason)
 
 
 def unit_key(unit):
@@ -1858,9 +1897,14 @@ def find_method(unit, name):
 
 
 def execute(apps, admitted, method, args):
-    """Validate against the ABI, then run; nothing reaches the node when the arguments are wrong."""
+    """Validate against the ABI, then run; nothing reaches the node when the arguments are wrong (an argument
+    the method does not declare included: `call`'s args hold the method's arguments only)."""
     import abi
-    wire_args, problems = apps.validator(admitted.unit, method).check(args if isinstance(args, dict) else {})
+    validator = apps.validator(admitted.unit, method)
+    unknown = validator.undeclared(args, ignore_injected=False)
+    if unknown:
+        raise ToolError(unknown_arguments_text(unknown, "Method " + method.name, method.param_names(), " in args"))
+    wire_args, problems = validator.check(args if isinstance(args, dict) else {})
     if problems:
         raise ToolError("Invalid arguments for %s:\n%s" % (method.name, abi.render_problems(problems)))
     return apps.node.execute(admitted.context_id, method.name, wire_args)
@@ -1931,6 +1975,7 @@ def describe_app(args, call):
     unit = apps.unit_for(app, service)
     apps.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, apps.contexts_of(app), None)
+    summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
     summary["methods"] = method_references(unit)
     return with_guide(apps, app, summary, always=True)
 
@@ -2022,9 +2067,10 @@ def admit_call(apps, args):
         if named is None:
             raise Refusal(GENERIC_RETRY)
         app = apps.resolve(named)
-        if not isinstance(args.get("context"), str):
+        context_value = agreed_context(apps, app, [args.get("context"), args.get("_context")])
+        if not isinstance(context_value, str):
             raise refusal_for(apps, app)
-        context_id, service = admit_by_context(apps, app, named, args["context"])
+        context_id, service = admit_by_context(apps, app, named, context_value)
         return Admitted(apps.unit_for(app, service), context_id)
     if named is not None:
         try:
@@ -2036,7 +2082,8 @@ def admit_call(apps, args):
     app = apps.app_by_id(handle.app)
     if app is None:
         raise Refusal(GENERIC_RETRY)
-    context_id = admit_handle(apps, handle, app, handle.service, args.get("context"), named)
+    context_value = agreed_context(apps, app, [args.get("context"), args.get("_context")])
+    context_id = admit_handle(apps, handle, app, handle.service, context_value, named)
     return Admitted(apps.unit_for(app, handle.service), context_id)
 
 
@@ -2084,6 +2131,7 @@ def call_many_item(server, item, traceparent, cancelled):
         return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
                                       "or app with context."}
     try:
+        refuse_unknown_arguments(server.fixed_tools["call"], item)
         with server.node.traced(traceparent):
             return {"ok": True, "result": run_call(server.apps, item, cancelled)}
     except Cancelled:
@@ -2152,11 +2200,16 @@ def context_arguments(method, args):
 
 
 def context_argument(apps, unit, method, args):
-    """The context a generated call names without a handle; `context` and `_context` must agree (an alias and
-    the id it names do)."""
-    values = context_arguments(method, args)
+    """The context a generated call names besides its handle."""
+    return agreed_context(apps, unit.app, context_arguments(method, args))
+
+
+def agreed_context(apps, app, values):
+    """The one context `context` and `_context` name: given both, they must agree (an alias and the id it names
+    do)."""
+    values = [v for v in values if v is not None]
     if len({v for v in values if isinstance(v, str)}) > 1:
-        ids = {apps.resolve_context(v, unit.app, unit.app.key)["id"] for v in values}
+        ids = {apps.resolve_context(v, app, app.key)["id"] for v in values}
         if len(ids) > 1:
             raise ToolError("context and _context name different contexts (%s); pass one of them."
                             % ", ".join(sorted(ids)))

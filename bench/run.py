@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 import requests  # noqa: E402
 
+import fixture_apps  # noqa: E402
 from mcp_client import minimal_env  # noqa: E402
 import node_double  # noqa: E402
 from node_double import NodeDouble, sample_double  # noqa: E402
@@ -50,6 +51,7 @@ CALL_MANY_REPEATS = 7
 EXEC_DELAY = 0.05
 CATALOG_DEADLINE = 90.0
 GREETING = {"key": "greeting"}
+READY_SPAWNS = 15
 
 
 # ── A lean synchronous stdio client: no reader thread, so a timing is write → the answer line ─────────
@@ -556,6 +558,75 @@ def installed_catalog_rss(home, stderr):
             return peak_rss_bytes(session.pid)
         finally:
             session.close()
+# ── 8. The tool surface with the real ABIs: what a model reads, and how soon a host has all of it ───────────
+
+def model_bytes(definition):
+    """What a model reads of one tool: name, description and inputSchema, as compact UTF-8 JSON."""
+    part = {key: definition[key] for key in ("name", "description", "inputSchema") if key in definition}
+    return len(json.dumps(part, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+
+def entry_bytes(definition):
+    return len(json.dumps(definition, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+
+def spawn_to_tools(env, stderr, expected):
+    """Seconds from spawn to a tools/list answer holding every generated tool (initialize, initialized and
+    tools/list written at once, as hosts do; re-listed until complete), and that list."""
+    started = time.perf_counter()
+    session = StdioSession(SERVER, env, stderr)
+    try:
+        session.proc.stdin.write(INITIALIZE + (json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                                               + "\n").encode("utf-8"))
+        while True:
+            tools = session.request("tools/list")["tools"]
+            if sum(1 for t in tools if (t.get("_meta") or {}).get("package")) >= expected:
+                return time.perf_counter() - started, tools
+            if time.perf_counter() - started > CATALOG_DEADLINE:
+                raise RuntimeError("the catalog never held all %d generated tools" % expected)
+    finally:
+        session.close()
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def bench_tool_surface(home, stderr):
+    """None when ../shared/fixtures/abi is absent (a plain clone): the figures are about the real ABIs."""
+    paths = fixture_apps.manifest_paths(fixture_apps.SHARED_ABIS)
+    if not paths:
+        return None
+    expected = fixture_apps.tool_count(paths)
+    double = NodeDouble()
+    fixture_apps.install(double, paths)
+    with double:
+        env = server_env(home, double.url)
+        _, tools = spawn_to_tools(env, stderr, expected)          # warm: page cache, .pyc files
+        ready = [spawn_to_tools(env, stderr, expected)[0] for _ in range(READY_SPAWNS)]
+    generated = [t for t in tools if (t.get("_meta") or {}).get("package")]
+    fixed = [t for t in tools if t not in generated]
+    sizes = [model_bytes(t) for t in generated]
+    return {"apps": len(paths), "generated": len(generated), "fixed": len(fixed), "ready": statistics.median(ready),
+            "median": statistics.median(sizes), "p90": percentile(sizes, 0.9),
+            "entry_median": statistics.median(entry_bytes(t) for t in generated),
+            "fixed_total": sum(model_bytes(t) for t in fixed), "fixed_entries": sum(entry_bytes(t) for t in fixed)}
+
+
+def tool_surface_rows(f):
+    if f is None:
+        return [row("tool surface (real ABIs)", "n/a: %s is absent" % fixture_apps.SHARED_ABIS, "", None)]
+    return [
+        row("tools ready: spawn -> tools/list with %d apps (%d tools)" % (f["apps"], f["generated"] + f["fixed"]),
+            ms(f["ready"]), "<= 200 ms", f["ready"] <= 0.200),
+        row("generated tool, name+description+inputSchema", "%d B" % f["median"], "<= 300 B", f["median"] <= 300),
+        row("  p90", "%d B" % f["p90"], "", None),
+        row("  whole tools/list entry", "%d B" % f["entry_median"], "", None),
+        row("fixed tools (%d) together, name+description+inputSchema" % f["fixed"], "%d B" % f["fixed_total"],
+            "<= 9000 B", f["fixed_total"] <= 9000),
+        row("  whole tools/list entries", "%d B" % f["fixed_entries"], "", None),
+    ]
 
 
 # ── The table ───────────────────────────────────────────────────────────────────────────────────────
@@ -684,8 +755,10 @@ def main():
             print("start-up footprint, imports, the distribution's python3 …", flush=True)
             footprint = bench_footprint(home, stderr)
             installed_rss = installed_catalog_rss(home, stderr)
+            print("tool surface: the apps of %s …" % fixture_apps.SHARED_ABIS, flush=True)
+            surface = bench_tool_surface(home, stderr)
     print_table(cold_start_rows(tool_count, cold) + system_cold_start_rows(system_cold) + catalog_rows(figures)
-                + own_work_rows(own_work) + footprint_rows(footprint, installed_rss))
+                + own_work_rows(own_work) + footprint_rows(footprint, installed_rss) + tool_surface_rows(surface))
     print("wall time %.0f s" % (time.monotonic() - started))
     return 0
 

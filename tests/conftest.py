@@ -1,6 +1,10 @@
 """Shared fixtures: the node double, and the real server started against it over stdio."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +26,59 @@ def shared_fixture(*parts):
     if not path.exists():
         pytest.skip("%s is absent: the shared fixtures live beside the checkout, not in it" % path)
     return path
+
+
+NPM_INSTALL_TIMEOUT = 600
+
+
+def node_with(folder, package, version, min_major=18):
+    """The node binary, with `package`@`version` installed from the npm registry into folder/node_modules (as
+    folder/package.json and its lock pin it); a skip saying why when node or npm is missing or the install fails."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("%s needs node and npm on PATH (missing: %s)"
+                    % (package, ", ".join(name for name, path in (("node", node), ("npm", npm)) if not path)))
+    try:
+        found = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        major = int(found.lstrip("v").split(".")[0])
+    except (OSError, ValueError, subprocess.TimeoutExpired) as error:
+        pytest.skip("cannot read the node version: %s" % error)
+    if major < min_major:
+        pytest.skip("%s %s needs Node %d or newer; found %s" % (package, version, min_major, found))
+    if installed_version(folder, package) != version:
+        command = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
+        try:
+            done = subprocess.run(command, cwd=str(folder), capture_output=True, text=True, timeout=NPM_INSTALL_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.skip("npm install of %s did not finish within %ss" % (package, NPM_INSTALL_TIMEOUT))
+        except OSError as error:
+            pytest.skip("npm install could not run: %s" % error)
+        if done.returncode != 0:
+            pytest.skip("npm install of %s failed (exit %s): %s"
+                        % (package, done.returncode, (done.stderr or done.stdout).strip()[-800:]))
+        if installed_version(folder, package) != version:
+            pytest.skip("npm install finished but node_modules holds %s %r, not %s"
+                        % (package, installed_version(folder, package), version))
+    return node
+
+
+def npm_cache(source, name):
+    """A folder outside the checkout holding copies of source's package.json, lock and scripts, for a client whose
+    node_modules is too big to keep in the tree (and carries Python files `make lint` would read)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mero-mcp-tests" / name
+    root.mkdir(parents=True, exist_ok=True)
+    for item in Path(source).iterdir():
+        if item.is_file():
+            shutil.copyfile(item, root / item.name)
+    return root
+
+
+def installed_version(folder, package):
+    try:
+        manifest = Path(folder, "node_modules", *package.split("/"), "package.json")
+        return json.loads(manifest.read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError):
+        return None
 
 
 @pytest.fixture

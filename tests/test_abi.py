@@ -233,7 +233,7 @@ COMPOSITES = [
     ("inline record", k("record", fields=[{"name": "a", "type": k("string")},
                                           {"name": "b", "type": k("bool"), "nullable": True, "doc": "Maybe."}]),
      {"type": "object", "properties": {"a": {"type": "string"},
-                                       "b": {"anyOf": [{"type": "boolean"}, {"type": "null"}], "description": "Maybe."}},
+                                       "b": {"type": ["boolean", "null"], "description": "Maybe."}},
       "required": ["a"]}),
     ("named record", ref("Point"),
      {"type": "object", "properties": {"x": I32, "y": I32}, "required": ["x", "y"], "description": "A point."}),
@@ -289,19 +289,24 @@ def test_unknown_record_keys_are_dropped_everywhere_not_refused():
 # Bytes (abi-mapping.md "Bytes")
 
 BYTE_ARRAY = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}}
+# The degraded unknown: every JSON type (some hosts drop a tool with an untyped node), accepting anything.
+UNKNOWN = {"type": ["string", "number", "boolean", "object", "array", "null"],
+           "description": "any JSON value, passed through unchecked"}
 
 BYTES_SCHEMAS = [
     ("unsized input", k("bytes"), "input",
-     {"anyOf": [{"type": "string", "pattern": "^(?:[0-9a-fA-F]{2})*$"}, BYTE_ARRAY],
+     {"type": ["string", "array"], "anyOf": [{"type": "string", "pattern": "^(?:[0-9a-fA-F]{2})*$"}, BYTE_ARRAY],
       "description": "bytes: a hex string or a byte array"}),
     ("sized input", k("bytes", size=32), "input",
-     {"anyOf": [{"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}, dict(BYTE_ARRAY, minItems=32, maxItems=32)],
+     {"type": ["string", "array"],
+      "anyOf": [{"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}, dict(BYTE_ARRAY, minItems=32, maxItems=32)],
       "description": "bytes: a hex string or a 32-byte array"}),
     ("unsized output", k("bytes"), "output", dict(BYTE_ARRAY, description="bytes: a byte array")),
     ("sized output", k("bytes", size=4), "output",
      dict(BYTE_ARRAY, minItems=4, maxItems=4, description="bytes: a 4-byte array")),
     ("bytes type definition", ref("Digest"), "input",
-     {"anyOf": [{"type": "string", "pattern": "^[0-9a-fA-F]{4}$"}, dict(BYTE_ARRAY, minItems=2, maxItems=2)],
+     {"type": ["string", "array"],
+      "anyOf": [{"type": "string", "pattern": "^[0-9a-fA-F]{4}$"}, dict(BYTE_ARRAY, minItems=2, maxItems=2)],
       "description": "A digest. (bytes: a hex string or a 2-byte array)"}),
 ]
 
@@ -405,7 +410,9 @@ def test_payload_only_variant_is_a_union_of_strict_single_key_objects(every_kind
 
 def test_mixed_variant_is_the_enum_plus_one_object_per_payload(every_kind):
     schema = abi.params_schema(every_kind, "variants")["properties"]["command"]
-    assert schema["description"] == "What to do next."
+    # the accepted forms follow the doc, and the union states its types, for hosts that flatten unions
+    assert schema["description"] == 'What to do next. (one of "Reset", {"Set": ...}, {"Move": ...}, {"Stamp": ...})'
+    assert schema["type"] == ["string", "object"]
     assert schema["oneOf"][0] == {"type": "string", "enum": ["Reset"]}
     assert [member["required"] for member in schema["oneOf"][1:]] == [["Set"], ["Move"], ["Stamp"]]
 
@@ -473,9 +480,10 @@ def test_adjacently_tagged_members(every_kind):
 
 def test_untagged_members_and_bytes_as_arrays_only(every_kind):
     schema = abi.params_schema(every_kind, "tagged")["properties"]["loose"]
-    assert schema == {"anyOf": [
+    assert schema == {"type": ["integer", "string", "array", "null"], "anyOf": [
         {"type": "integer", "minimum": 0}, {"type": "string"},
-        dict(BYTE_ARRAY, description="Bytes, as an array. (bytes: a byte array)"), {"type": "null"}]}
+        dict(BYTE_ARRAY, description="Bytes, as an array. (bytes: a byte array)"), {"type": "null"}],
+        "description": "one of integer, string, array, null"}
 
 
 TAGGED_VALUES = [
@@ -578,10 +586,10 @@ def test_a_chain_deeper_than_eight_degrades_at_the_ninth_ref(every_kind):
 def test_self_referential_type_terminates_at_depth_eight(every_kind):
     schema = abi.params_schema(every_kind, "grow")["properties"]["tree"]
     depth = 0
-    while schema:
+    while schema.get("type") == "object":
         assert schema["description"] == "A node and its children."
         schema, depth = schema["properties"]["children"]["items"], depth + 1
-    assert depth == 8 and schema == {}
+    assert depth == 8 and schema == UNKNOWN
     tree = {"value": 1, "children": [{"value": 2.0, "children": [], "x": 1}]}
     assert check(every_kind, {"tree": tree}, "grow") == (
         {"tree": {"value": 1, "children": [{"value": 2, "children": []}]}}, [])
@@ -589,7 +597,7 @@ def test_self_referential_type_terminates_at_depth_eight(every_kind):
 
 def test_missing_ref_and_unknown_kind_degrade_to_unknown(every_kind):
     schema = abi.params_schema(every_kind, "ghost")
-    assert schema["properties"] == {"g": {}, "odd": {}}
+    assert schema["properties"] == {"g": UNKNOWN, "odd": UNKNOWN}
     assert abi.unknown_paths(schema) == ["#/properties/g", "#/properties/odd"]
     assert abi.unknown_paths(abi.output_schema(every_kind, "ghost", wrap=True)) == ["#/properties/result"]
     found = abi.degradations(every_kind)
@@ -613,7 +621,8 @@ def test_every_kind_degrades_exactly_where_it_was_built_to(every_kind):
 def test_unknown_kind_inside_a_named_type_is_detected():
     manifest = one_param(ref("Wrap"), {"Wrap": k("record", fields=[{"name": "w", "type": k("weird"), "doc": "W."}])})
     schema = abi.params_schema(manifest, "m")
-    assert schema["properties"]["v"]["properties"]["w"] == {"description": "W."}
+    assert schema["properties"]["v"]["properties"]["w"] == dict(
+        UNKNOWN, description="W. (any JSON value, passed through unchecked)")
     assert abi.unknown_paths(schema) == ["#/properties/v/properties/w"]
 
 
@@ -621,32 +630,35 @@ def test_unknown_kind_inside_a_named_type_is_detected():
 # Method schemas (tools.md "Generated method tools"; abi-mapping.md "The _context option"; reference §3.14, §4.3)
 
 def test_input_schema_injects_handle_and_context_before_the_params():
+    """The routing is advertised once, in a few words (the server's instructions explain it): app_handle and
+    _context; context is accepted as _context's synonym without being advertised."""
     manifest = shared_manifest("mero-mcp-rc83-kv-store.json")
     schema = abi.input_schema(manifest, "set")
     assert schema == {"type": "object", "properties": {
-        "app_handle": {"type": "string", "description": abi.APP_HANDLE_DESCRIPTION},
-        "context": {"type": "string", "description": "Context id or alias to run in, instead of app_handle."},
-        "_context": {"type": "string", "description": "Context id or alias to execute against; same as context."},
+        "app_handle": {"type": "string", "description": "From select_app."},
+        "_context": {"type": "string", "description": "Context id or alias."},
         "key": {"type": "string", "description": "The key to write. Any string, including the empty string."},
         "value": {"type": "string", "description": "The value to store."}}, "required": ["key", "value"]}
-    assert abi.APP_HANDLE_DESCRIPTION == ("The app_handle select_app returned for this application; "
-                                          "it names the context the call runs in.")
 
 
 def test_declared_context_parameters_win(every_kind):
-    schema = abi.input_schema(every_kind, "own_context")
+    schema = abi.input_schema(every_kind, "own_context")     # declares both context names: only the handle routes
     assert list(schema["properties"]) == ["app_handle", "context", "_context"]
     assert schema["properties"]["context"] == {"type": "string", "description": "The app's own context name."}
     assert schema["properties"]["_context"] == {"type": "integer", "minimum": 0, "maximum": 2 ** 32 - 1}
     assert schema["required"] == ["context", "_context"]
     handle = abi.input_schema(every_kind, "with_handle")["properties"]
-    assert list(handle) == ["context", "_context", "app_handle"] and handle["app_handle"] == {"type": "string"}
+    assert list(handle) == ["_context", "app_handle"] and handle["app_handle"] == {"type": "string"}
+    # a method declaring _context is targeted through context, the synonym
+    own = abi.input_schema(manifest_of([("_context", k("u32"))]), "m")["properties"]
+    assert list(own) == ["app_handle", "context", "_context"]
+    assert own["context"] == {"type": "string", "description": "Context id or alias."}
 
 
 def test_nullable_params_are_optional_and_accept_null(every_kind):
     schema = abi.input_schema(every_kind, "set_profile")
     assert schema["required"] == ["profile"]
-    assert schema["properties"]["note"] == {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "Why."}
+    assert schema["properties"]["note"] == {"type": ["string", "null"], "description": "Why."}
     profile = {"name": "a", "tags": []}
     for args in ({"profile": profile}, {"profile": profile, "note": None}, {"profile": profile, "note": "x"}):
         assert check(every_kind, args, "set_profile") == (args, [])
@@ -656,7 +668,7 @@ def test_nullable_params_are_optional_and_accept_null(every_kind):
 
 def test_a_method_without_params_still_has_an_object_schema(every_kind):
     assert abi.params_schema(every_kind, "clear") == {"type": "object", "properties": {}}
-    assert list(abi.input_schema(every_kind, "clear")["properties"]) == ["app_handle", "context", "_context"]
+    assert list(abi.input_schema(every_kind, "clear")["properties"]) == ["app_handle", "_context"]
     assert "required" not in abi.input_schema(every_kind, "clear")
 
 
@@ -681,11 +693,10 @@ def test_output_schemas(every_kind, method, wrap, expected):
     assert abi.output_schema(every_kind, method, wrap) == expected
 
 
-def test_nullable_return_is_any_of_null_and_wrapped_in_the_handshake_era(every_kind):
+def test_nullable_return_is_a_type_list_and_wrapped_in_the_handshake_era(every_kind):
     raw = abi.output_schema(every_kind, "set_profile", wrap=False)
     assert raw["description"] == "The previous profile, if any."
-    assert raw["anyOf"][1] == {"type": "null"} and raw["anyOf"][0]["type"] == "object"
-    assert "description" not in raw["anyOf"][0]
+    assert raw["type"] == ["object", "null"] and "anyOf" not in raw and raw["required"]
     assert abi.output_schema(every_kind, "set_profile", wrap=True) == {
         "type": "object", "properties": {"result": raw}, "required": ["result"]}
 
@@ -872,6 +883,17 @@ def test_tool_descriptions(every_kind):
     assert abi.tool_description(every_kind, "grow") == "[mut] grow(tree: Tree) -> Tree"
 
 
+def test_a_long_doc_is_cut_so_the_description_keeps_its_signature():
+    """Claude Code cuts a description past 2,048 characters from its end; the signature must survive."""
+    doc = "Explains at length. " * 200
+    manifest = manifest_of([("key", k("string"))], returns=k("u32"), doc=doc)
+    description = abi.tool_description(manifest, "m")
+    assert len(description) == 2048
+    assert description.endswith("…\n\n[mut] m(key: string) -> u32")
+    assert description.startswith("Explains at length. Explains")
+    assert abi.method_reference(manifest, "m") == doc + "\n\n[mut] m(key: string) -> u32"   # describe_app: whole
+
+
 ANNOTATIONS = [
     ("count", {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}),
     ("clear", {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": False}),
@@ -897,6 +919,21 @@ def test_tool_methods_skip_init_and_handle_params(every_kind):
     names = [method.name for method in abi.tool_methods(every_kind)]
     assert "init" not in names and "with_handle" not in names
     assert names == sorted(names) and len(names) == len(every_kind.methods) - 2
+    assert "collide" in abi.untooled_reason(every_kind, every_kind.method("with_handle"))
+
+
+def test_a_method_with_an_unportable_argument_key_gets_no_tool():
+    """Claude Code skips a tool whose schema has a property key outside [a-zA-Z0-9_.-]{1,64}; such a method
+    (a serde-renamed field, say) is left to `call`, with the reason for the log."""
+    odd = k("record", fields=[{"name": "user name", "type": k("string")}])
+    manifest = abi.parse_manifest({"schema_version": "wasm-abi/1", "types": {"Odd": odd}, "methods": [
+        {"name": "nested", "params": [{"name": "v", "type": ref("Odd")}]},
+        {"name": "direct", "params": [{"name": "k" * 65, "type": k("string")}]},
+        {"name": "fine", "params": [{"name": "a.b-c_D9", "type": k("string")}]}]}, "t")
+    assert [method.name for method in abi.tool_methods(manifest)] == ["fine"]
+    assert '"user name"' in abi.untooled_reason(manifest, manifest.method("nested"))
+    assert abi.unportable_keys(abi.input_schema(manifest, "direct")) == ["k" * 65]
+    assert abi.untooled_reason(manifest, manifest.method("fine")) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -975,6 +1012,7 @@ def test_clash_on_a_hashed_name_still_finds_a_free_name():
 @pytest.mark.parametrize("given, slug", [
     ("com.calimero.kv-store", "kv_store"), ("RawApp42", "rawapp42"), ("org.example.kv_store", "kv_store"),
     ("com.x.KV--Store..v2", "v2"), ("com.x.Ünïcode", "_n_code"), ("x" * 30, "x" * 20), ("", "app"),
+    ("com.x.3d-viewer", "_3d_viewer"), ("9" * 30, "_" + "9" * 19),      # a tool name never starts with a digit
 ])
 def test_app_slug(given, slug):
     assert abi.app_slug(given) == slug
@@ -1222,9 +1260,13 @@ def test_advertised_output_admits_the_null_a_none_return_rides_as():
                                                {"name": "rec", "params": [], "returns": {"$ref": "P"}},
                                                {"name": "opt", "params": [], "returns": {"kind": "u32"},
                                                 "returns_nullable": True}]}, "t")
-    assert abi.output_schema(manifest, "get", False, admit_null=True) == {
-        "anyOf": [{"type": "string"}, {"type": "null"}]}
-    assert abi.output_schema(manifest, "get", True, admit_null=True)["properties"]["result"]["anyOf"][1] == {
-        "type": "null"}
-    assert abi.output_schema(manifest, "rec", True, admit_null=True)["type"] == "object"
+    assert abi.output_schema(manifest, "get", False, admit_null=True) == {"type": ["string", "null"]}
+    assert abi.output_schema(manifest, "get", True, admit_null=True) == {
+        "type": "object", "properties": {"result": {"type": ["string", "null"]}}, "required": ["result"]}
+    # an object root too (a None record rides as null): wrapped in the handshake era, whose structuredContent
+    # must be an object
+    assert abi.output_schema(manifest, "rec", False, admit_null=True) == {"type": ["object", "null"], "properties": {}}
+    assert abi.output_schema(manifest, "rec", True, admit_null=True) == {"type": "object", "properties": {
+        "result": {"type": ["object", "null"], "properties": {}}}, "required": ["result"]}
+    assert abi.output_schema(manifest, "rec", True) == {"type": "object", "properties": {}}
     assert abi.output_schema(manifest, "opt", False, admit_null=True) == abi.output_schema(manifest, "opt", False)

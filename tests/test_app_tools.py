@@ -424,8 +424,9 @@ def test_describe_app_carries_methods_guide_and_a_planning_handle(shared, world)
     result = shared.call_tool("describe_app", {"app": "KV Store"})
     summary = summary_of(result)
     assert list(summary) == ["application", "package", "appVersion", "service", "contextServices", "guide",
-                             "app_handle", "methods"]
+                             "app_handle", "name", "methods"]
     assert summary["application"] == world.kv and summary["package"] == KV and summary["appVersion"] == "1.0.0"
+    assert summary["name"] == "KV Store"
     assert summary["service"] is None and summary["contextServices"] == []
     assert summary["guide"] == world.guide_uri(world.kv)
     assert handle_payload(summary["app_handle"])["c"] is None
@@ -869,7 +870,7 @@ def test_generated_tool_definition(shared, world):
     schema = tools["kv_store_set"]["inputSchema"]
     assert schema["type"] == "object" and schema["required"] == ["key", "value"]
     assert list(schema["properties"])[-2:] == ["key", "value"]
-    assert {"app_handle", "context", "_context"} <= set(schema["properties"])
+    assert list(schema["properties"]) == ["app_handle", "_context", "key", "value"]    # context: accepted, unadvertised
     assert tools["kv_store_get_or_insert"]["title"] == "Get or insert (KV Store)"
     assert tools["kv_store_clear"]["annotations"] == {"readOnlyHint": False, "destructiveHint": True,
                                                       "idempotentHint": True, "openWorldHint": False}
@@ -893,16 +894,14 @@ def test_output_schema_only_for_non_unit_returns_and_per_era(shared, world):
     for name in ("kv_store_set", "kv_store_clear", "gadgets_destroy", "empty_ping"):
         assert "outputSchema" not in old[name] and "outputSchema" not in new[name]
     raw = new["kv_store_len"]["outputSchema"]
-    # A non-object return also admits the null a None rides as (abi.output_schema admit_null).
-    assert raw["anyOf"] == [{"type": "integer", "minimum": 0, "maximum": 4294967295}, {"type": "null"}]
-    assert raw["description"] == "How many keys hold a value; 0 for an empty store."
-    assert old["kv_store_len"]["outputSchema"] == {"type": "object", "properties": {"result": raw},
-                                                   "required": ["result"]}
-    assert old["kv_store_get"]["outputSchema"]["properties"]["result"] == new["kv_store_get"]["outputSchema"]
-    for name in ("kv_store_entries", "gadgets_profile"):        # object roots are never wrapped
-        assert old[name]["outputSchema"] == new[name]["outputSchema"]
-        assert old[name]["outputSchema"]["type"] == "object" and "result" not in old[name]["outputSchema"].get(
-            "properties", {})
+    # Every root also admits the null a None rides as (abi.output_schema admit_null).
+    assert raw == {"type": ["integer", "null"], "minimum": 0, "maximum": 4294967295,
+                   "description": "How many keys hold a value; 0 for an empty store."}
+    for name in ("kv_store_len", "kv_store_get", "kv_store_entries", "gadgets_profile"):
+        # handshake-era structuredContent must be an object, null included: every root rides as {result}
+        assert old[name]["outputSchema"] == {"type": "object", "properties": {"result": new[name]["outputSchema"]},
+                                             "required": ["result"]}, name
+    assert new["gadgets_profile"]["outputSchema"]["type"] == ["object", "null"]
     for name, tool in old.items():
         if "outputSchema" in tool:
             assert tool["outputSchema"]["type"] == "object", name
@@ -915,7 +914,7 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
     assert set_result == {"content": [{"type": "text", "text": "null"}]}
     entries = own.call_tool("kv_store_entries", {"context": "demo"})
     assert entries["content"] == [{"type": "text", "text": '{"a":"1","b":"2"}'}]
-    assert entries["structuredContent"] == {"a": "1", "b": "2"}
+    assert entries["structuredContent"] == {"result": {"a": "1", "b": "2"}}
     length = own.call_tool("kv_store_len", {"context": "demo"})
     assert length["content"][0]["text"] == "2" and length["structuredContent"] == {"result": 2}
     modern = own.result("tools/call", {"name": "kv_store_len", "arguments": {"context": "demo"},
@@ -927,7 +926,7 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
     missing = own.call_tool("kv_store_get", {"context": "demo", "key": "zz"})
     assert missing["content"][0]["text"] == "null" and missing["structuredContent"] == {"result": None}
     profile = own.call_tool("gadgets_profile", {"context": "gadgets-main"})
-    assert profile["structuredContent"] == {"name": "sample", "age": 1}
+    assert profile["structuredContent"] == {"result": {"name": "sample", "age": 1}}
     assert profile["content"][0]["text"] == '{"name":"sample","age":1}'
     checks = [("kv_store_len", length, tools_old), ("kv_store_entries", entries, tools_old),
               ("kv_store_get", missing, tools_old), ("gadgets_profile", profile, tools_old),
@@ -939,7 +938,7 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
 def test_generated_tool_sends_exactly_the_declared_parameters(own, fresh):
     handle = handle_of(own, KV)
     result = own.call_tool("kv_store_set", {"app_handle": handle, "context": "demo", "_context": fresh.kv_ctx,
-                                            "key": "k", "value": "v", "stray": 1})
+                                            "key": "k", "value": "v"})
     assert not result.get("isError"), result
     own.call_tool("gadgets_put_blob", {"_context": "gadgets-main", "data": "DEADbeef"})
     own.call_tool("gadgets_put_blob", {"context": fresh.gadgets_ctx, "data": [1, 2], "tag": None})
@@ -1193,7 +1192,7 @@ def test_official_sdk_client_interoperates(tmp_path, mode):
     assert not status.is_error and status.structured_content["url"] == world.double.url
     assert not length.is_error and "structured_content" in length.model_fields_set
     assert length.structured_content == ({"result": 0} if mode == "legacy" else 0)
-    assert not entries.is_error and entries.structured_content == {}
+    assert not entries.is_error and entries.structured_content == ({"result": {}} if mode == "legacy" else {})
     assert not unit.is_error and unit.structured_content is None
 
 

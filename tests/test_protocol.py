@@ -16,7 +16,8 @@ MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
           "io.modelcontextprotocol/clientCapabilities": {}}
 INSTRUCTIONS = ("Calimero apps describe themselves. Do not read app source. To use an app: list_applications, "
                 "then describe_app to plan or select_app to act, then pass the returned app_handle on every app "
-                "tool call.")
+                "tool call. An app tool runs in the context its app_handle names; pass _context (a context id or "
+                "alias) to name one directly.")
 
 
 @pytest.fixture

@@ -10,60 +10,23 @@ when node or npm is missing or the install fails) and checks the report.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import TESTS
+from conftest import TESTS, node_with
 from mcp_client import ROOT, SERVER, minimal_env
 
 CLIENT_DIR = TESTS / "ts_client"
 SDK_VERSION = "1.32.2"
-INSTALL_TIMEOUT = 120
 RUN_TIMEOUT = 45
-
-
-def installed_sdk_version():
-    package = CLIENT_DIR / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
-    try:
-        return json.loads(package.read_text(encoding="utf-8")).get("version")
-    except (OSError, ValueError):
-        return None
 
 
 @pytest.fixture(scope="session")
 def node():
     """The node binary, with the pinned SDK installed beside client.mjs; a skip saying why when it cannot be."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        pytest.skip("the TypeScript SDK interop test needs node and npm on PATH (missing: %s)"
-                    % ", ".join(name for name, path in (("node", node), ("npm", npm)) if not path))
-    try:
-        version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as error:
-        pytest.skip("node --version failed: %s" % error)
-    try:
-        major = int(version.lstrip("v").split(".")[0])
-    except ValueError:
-        pytest.skip("cannot read the node version from %r" % version)
-    if major < 18:
-        pytest.skip("@modelcontextprotocol/sdk %s needs Node 18 or newer; found %s" % (SDK_VERSION, version))
-    if installed_sdk_version() != SDK_VERSION:
-        command = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
-        try:
-            done = subprocess.run(command, cwd=str(CLIENT_DIR), capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pytest.skip("npm install of @modelcontextprotocol/sdk did not finish within %ss" % INSTALL_TIMEOUT)
-        except OSError as error:
-            pytest.skip("npm install could not run: %s" % error)
-        if done.returncode != 0:
-            pytest.skip("npm install of @modelcontextprotocol/sdk failed (exit %s): %s"
-                        % (done.returncode, (done.stderr or done.stdout).strip()[-800:]))
-        if installed_sdk_version() != SDK_VERSION:
-            pytest.skip("npm install finished but node_modules holds sdk %r, not %s" % (installed_sdk_version(), SDK_VERSION))
-    return node
+    return node_with(CLIENT_DIR, "@modelcontextprotocol/sdk", SDK_VERSION)
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +91,11 @@ def test_tool_calls_pass_the_sdk_output_validation(report, double):
     # non-unit returns by handle: structuredContent the SDK checked against the outputSchema itself
     assert calls["len_before"] == {"isError": False, "content": [{"type": "text", "text": "0"}],
                                    "structuredContent": {"result": 0}}
-    assert calls["entries_before"]["structuredContent"] == {} and not calls["entries_before"]["isError"]
+    assert calls["entries_before"]["structuredContent"] == {"result": {}} and not calls["entries_before"]["isError"]
     # a unit return: no outputSchema, so no structuredContent
     assert not calls["set"]["isError"] and "structuredContent" not in calls["set"]
     assert calls["len_after"]["structuredContent"] == {"result": 1}
-    assert calls["entries_after"]["structuredContent"] == {"greeting": "hello"}
+    assert calls["entries_after"]["structuredContent"] == {"result": {"greeting": "hello"}}
     assert [e["method"] for e in double.executions] == ["len", "entries", "set", "len", "entries"]
 
 
