@@ -1444,16 +1444,18 @@ def handle_for(app, service, context_id):
 Unit = namedtuple("Unit", "app service manifest")
 Binding = namedtuple("Binding", "unit method has_output wraps")   # wraps: handshake output rides as {result}
 # definitions: the tools/list entries of the generated tools, rendered once per era (wrap False, True).
-Snapshot = namedtuple("Snapshot", "units definitions index bindings fingerprint")
-EMPTY_SNAPSHOT = Snapshot((), {False: [], True: []}, {}, {}, "")
+# guides: {uri: AppRecord} of every installed app with a guide, in the catalog or not (what resources/* serve).
+Snapshot = namedtuple("Snapshot", "units definitions index bindings fingerprint guides")
+EMPTY_SNAPSHOT = Snapshot((), {False: [], True: []}, {}, {}, "", {})
 
 
 def unit_fingerprint(unit):
     return "%s:%s:%s:%s:%s" % (unit.app.id, unit.app.blob, unit.app.version, unit.service or "", unit.app.guide_hash)
 
 
-def build_snapshot(units, reserved):
-    """Every generated tool of every unit, named and described once per catalog change."""
+def build_snapshot(units, reserved, apps=()):
+    """Every generated tool of every unit, named and described once per catalog change; the guides of `apps`
+    (the installed list: apps left out by the budget or without a readable ABI have guides too)."""
     import abi
     units = sorted(units, key=lambda u: (u.app.key, u.app.id, u.service or ""))
     tool_units = [abi.ToolUnit(unit_key(u), u.app.package, u.app.id, u.service, len(u.app.services) > 1,
@@ -1470,8 +1472,13 @@ def build_snapshot(units, reserved):
             bindings[name] = Binding(unit, method, made.output_schema(False) is not None,
                                      made.output_schema(True) != made.output_schema(False))
     definitions = {wrap: [tool_definition(t, wrap) for t in tools] for wrap in (False, True)}
-    return Snapshot(tuple(units), definitions, {t.name: t for t in tools}, bindings,
-                    "\n".join(unit_fingerprint(u) for u in units))
+    guides = {}
+    for app in sorted([u.app for u in units] + list(apps), key=lambda a: (a.key, a.id)):
+        if app.guide_uri:
+            guides.setdefault(app.guide_uri, app)
+    fingerprint = "\n".join([unit_fingerprint(u) for u in units] + ["%s:%s" % (uri, app.guide_hash)
+                                                                     for uri, app in guides.items()])
+    return Snapshot(tuple(units), definitions, {t.name: t for t in tools}, bindings, fingerprint, guides)
 
 
 def warn_uncallable_methods(units):
@@ -1661,10 +1668,11 @@ class Apps:
     def load(self):
         """Read the installed apps and their ABIs; swap the snapshot and announce a change."""
         with self.load_lock:
-            units = self.read_units(self.installed())
+            apps = self.installed()
+            units = self.read_units(apps)
             # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
             reserved = {t.name for t in FIXED_TOOLS}
-            fresh = build_snapshot(units, reserved)
+            fresh = build_snapshot(units, reserved, apps)
             old, self.snapshot = self.snapshot, fresh
             changed = fresh.fingerprint != old.fingerprint
         if changed:
@@ -1714,9 +1722,13 @@ class Apps:
         return self.snapshot.index.get(name)
 
     def ensure_in_catalog(self, app):
-        """A catalog miss (node down at connect, a fresh install) reads the list again once."""
-        known = any(u.app.id == app.id and u.app.blob == app.blob for u in self.snapshot.units)
-        if not known and self.budget.admits(app):
+        """A catalog miss (node down at connect, a fresh install) reads the list again once; for an app left out
+        of the catalog, a guide the catalog does not serve yet (its uri is handed out only once it does)."""
+        if self.budget.admits(app):
+            missing = not any(u.app.id == app.id and u.app.blob == app.blob for u in self.snapshot.units)
+        else:
+            missing = app.guide_uri is not None and self.served_guide_uri(app) is None
+        if missing:
             self.refresh()
 
     def unit_for(self, app, service):
@@ -1765,12 +1777,17 @@ class Apps:
         return 'Contexts for "%s": %s' % (label, ", ".join(ids) or "(none)")
 
     # ---- guides (reference §3.9) ----
+    def served_guide_uri(self, app):
+        """The app's guide uri when resources/read serves this very text, else None: no other uri goes out."""
+        served = self.snapshot.guides.get(app.guide_uri) if app.guide_uri else None
+        return app.guide_uri if served is not None and served.guide_hash == app.guide_hash else None
+
     def guide_blocks(self, app):
         if not app.guide:
             return []
         label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
                  % (app.key, app.signer_id or "unknown")}
-        uri = app.guide_uri
+        uri = self.served_guide_uri(app)
         if uri is None:
             return [label, {"type": "text", "text": app.guide}]
         self.shown_guides.add(uri)
@@ -1784,22 +1801,15 @@ class Apps:
 
     def read_guide(self, uri):
         self.wait_first_load()
-        for unit in self.snapshot.units:
-            if unit.app.guide_uri == uri:
-                return [{"uri": uri, "mimeType": "text/markdown", "text": unit.app.guide}]
-        return None
+        app = self.snapshot.guides.get(uri)
+        return [{"uri": uri, "mimeType": "text/markdown", "text": app.guide}] if app is not None else None
 
 
 def guide_entries(snapshot):
     """The resources/list entries of a catalog: one per guide uri."""
-    seen, resources = set(), []
-    for unit in snapshot.units:
-        uri = unit.app.guide_uri
-        if uri and uri not in seen:
-            seen.add(uri)
-            resources.append({"uri": uri, "name": "%s guide" % unit.app.label, "mimeType": "text/markdown",
-                              "description": "The author's guide of %s %s." % (unit.app.key, unit.app.version)})
-    return resources
+    return [{"uri": uri, "name": "%s guide" % app.label, "mimeType": "text/markdown",
+             "description": "The author's guide of %s %s." % (app.key, app.version)}
+            for uri, app in snapshot.guides.items()]
 
 
 class AppBudget:
@@ -1924,7 +1934,7 @@ def app_summary(apps, app, service, contexts, handle_context):
                "contextServices": context_services}
     if service is None and not contexts:     # tools.md: no context to read a service name from
         summary["serviceNote"] = SERVICE_NOTE
-    if app.guide_uri:
+    if apps.served_guide_uri(app):
         summary["guide"] = app.guide_uri
     summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context))
     return summary
@@ -1950,7 +1960,7 @@ def method_references(unit):
 def with_guide(apps, app, summary, always):
     """The summary as JSON, then the guide (always, or the first time this session meets this version)."""
     content = [{"type": "text", "text": json.dumps(summary, indent=2, ensure_ascii=False)}]
-    uri = app.guide_uri
+    uri = apps.served_guide_uri(app)
     if not app.guide:
         content.append({"type": "text", "text": "This app ships no guide."} if always else None)
     elif always or uri is None or uri not in apps.shown_guides:

@@ -1010,7 +1010,10 @@ def test_upgraded_app_rechecks_against_the_new_abi(own, fresh):
 def test_uninstalled_app_refuses_and_leaves_the_list(own, fresh):
     handle = handle_of(own, KV)
     fresh.double.remove_app(fresh.kv)
-    kv_refusal(own.call_tool("kv_store_len", {"context": "demo"}))
+    refused = own.call_tool("kv_store_len", {"context": "demo"})
+    assert refused["content"][-1]["text"] == RETRY % KV
+    # The guide still comes along, as text: its uri left resources/read with the app, so it is not handed out.
+    assert refused["content"][1] == {"type": "text", "text": SAMPLE_GUIDE}, refused
     assert KV not in {t.get("_meta", {}).get("package") for t in tools_by_name(own).values()}
     assert_refused(own.call_tool("call", {"app_handle": handle, "method": "len"}), GENERIC_RETRY)
     assert fresh.double.executions == []
@@ -1043,6 +1046,70 @@ def test_unknown_guide_uri_is_a_protocol_error_per_era(shared, world):
     assert shared.request("resources/read", {"uri": uri})["error"]["code"] == -32002
     assert shared.request("resources/read", {"uri": uri, "_meta": MODERN_META})["error"]["code"] == -32602
     assert shared.request("resources/read", {"uri": "calimero://nope"})["error"]["code"] == -32002
+
+
+# ── every guide uri handed out is one resources/read serves ─────────────────────────────────────
+
+def handed_out(result):
+    """Every guide uri a tool result carries: the summary's `guide` and each resource block."""
+    uris = [b["resource"]["uri"] for b in result["content"] if b.get("type") == "resource"]
+    guide = (result.get("structuredContent") or {}).get("guide")
+    return uris + ([guide] if guide else [])
+
+
+def assert_served(server, result, uri, guide):
+    """The result hands out `uri` (and no other), which resources/list lists and resources/read serves."""
+    assert set(handed_out(result)) == {uri}, result
+    assert uri in [r["uri"] for r in server.result("resources/list")["resources"]]
+    assert server.result("resources/read", {"uri": uri})["contents"][0]["text"] == guide
+
+
+ALL_GUIDES = ("kv", "drive", "notes_a", "notes_b", "gadgets")
+
+
+def test_guides_of_apps_left_out_by_the_budget_are_served(fresh, start_server, tmp_path):
+    env = dict(env_for(fresh.double.url, tmp_path), CALIMERO_MCP_APPS="counter")
+    server = start_server(env)
+    assert generated_names(server) == ["counter_increment", "counter_value"]
+    listed = [r["uri"] for r in server.result("resources/list")["resources"]]
+    assert sorted(listed) == sorted(fresh.guide_uri(getattr(fresh, name)) for name in ALL_GUIDES)
+
+    assert_served(server, server.call_tool("select_app", {"app": KV, "context": "demo"}),
+                  fresh.guide_uri(fresh.kv), SAMPLE_GUIDE)
+    assert_served(server, server.call_tool("describe_app", {"app": GADGETS}), fresh.guide_uri(fresh.gadgets),
+                  GADGETS_GUIDE)
+    assert_served(server, server.call_tool("call", {"app": DRIVE, "method": "list_docs"}),
+                  fresh.guide_uri(fresh.drive), "# Drive\n")
+
+    # Installed since the catalog was read, and left out too: select_app brings its guide into the list first.
+    late = fresh.double.add_app(app("com.example.late", NOTES_ABI, name="Late", guide="# Late\n"))
+    assert_served(server, server.call_tool("describe_app", {"app": "com.example.late"}), fresh.guide_uri(late),
+                  "# Late\n")
+    assert counts(server, *LIST_CHANGED) == [0, 1], "the guide list changed, the tool list did not"
+
+
+def test_guides_of_apps_whose_abi_cannot_be_read_are_served(fresh, start_server, tmp_path):
+    broken = fresh.double.add_app(app("org.broken", None, abi_error=NO_ABI, name="Broken", guide="# Broken\n"))
+    fresh.double.faults = {"paths": ["/admin-api/applications/%s/abi" % fresh.kv], "status": 500}
+    server = start_server(env_for(fresh.double.url, tmp_path))
+    assert "counter_value" in generated_names(server)
+    assert KV not in {t.get("_meta", {}).get("package") for t in tools_by_name(server).values()}
+    listed = [r["uri"] for r in server.result("resources/list")["resources"]]
+    assert fresh.guide_uri(fresh.kv) in listed and fresh.guide_uri(broken) in listed
+
+    refused = server.call_tool("call", {"app": "org.broken", "method": "ping"})
+    assert refused["content"][-1]["text"] == RETRY % "org.broken"
+    assert_served(server, refused, fresh.guide_uri(broken), "# Broken\n")
+    assert_served(server, server.call_tool("call", {"app": KV, "method": "len"}), fresh.guide_uri(fresh.kv),
+                  SAMPLE_GUIDE)
+    failed = server.call_tool("select_app", {"app": KV, "context": "demo"})
+    assert failed.get("isError") is True and handed_out(failed) == [], failed
+
+    fresh.double.faults.clear()                 # the node reads it again: select_app and describe_app work
+    assert_served(server, server.call_tool("select_app", {"app": KV, "context": "demo"}),
+                  fresh.guide_uri(fresh.kv), SAMPLE_GUIDE)
+    assert_served(server, server.call_tool("describe_app", {"app": KV}), fresh.guide_uri(fresh.kv), SAMPLE_GUIDE)
+    assert counts(server, *LIST_CHANGED) == [1, 0], "kv's tools arrived; its guide was listed all along"
 
 
 # ── the real manifests, all at once ──────────────────────────────────────────────────────────────
