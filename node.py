@@ -327,10 +327,21 @@ def _resolve(env, ports=None) -> Tuple[Location, Optional[Handoff]]:
     name = setting(env, "CALIMERO_NODE_NAME")
     explicit = setting(env, "CALIMERO_NODE_URL")
     if explicit:
-        return Location(_checked_node_url(explicit), name, "env"), handoff
-    if handoff and handoff.node_url:
-        return Location(handoff.node_url, None, "handoff"), handoff
-    return _configured_location(env, name) or _probed_location(env, ports), handoff
+        location = Location(_checked_node_url(explicit), name, "env")
+    elif handoff and handoff.node_url:
+        location = Location(handoff.node_url, None, "handoff")
+    else:
+        location = _configured_location(env, name) or _probed_location(env, ports)
+    if location.name is None:
+        location = location._replace(name=configured_name(env, location.url))
+    return location, handoff
+
+
+def configured_name(env, url) -> Optional[str]:
+    """The node directory whose config gives this URL, as list_nodes matches them; None unless exactly one does
+    (two directories on one port cannot both be the node answering)."""
+    names = [name for name, configured in configured_nodes(env) if same_node(configured, url)]
+    return names[0] if len(names) == 1 else None
 
 
 def _configured_location(env, name) -> Optional[Location]:

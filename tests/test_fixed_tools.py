@@ -158,6 +158,25 @@ def test_list_nodes_merges_configured_nodes_and_marks_the_active_one(serve, tmp_
     nodes = server.tool_json("list_nodes")
     assert nodes[0] == {"url": "http://localhost:%d" % double.port, "name": "mine", "active": True}
     assert all(entry["active"] is False for entry in nodes[1:])
+    # CALIMERO_NODE_URL spells it 127.0.0.1; the directory that matches it for list_nodes names it here too.
+    assert double.url.startswith("http://127.0.0.1:")
+    assert server.tool_json("node_status")["nodeName"] == "mine"
+
+
+def write_node_dir(home, name, port):
+    (home / name).mkdir(parents=True)
+    (home / name / "config.toml").write_text('[server]\nlisten = ["/ip4/127.0.0.1/tcp/%d"]\n' % port)
+
+
+def test_node_status_names_the_node_only_when_one_directory_matches(start_server, server_env, double, tmp_path):
+    home = tmp_path / "nodes"
+    write_node_dir(home, "elsewhere", double.port % 65535 + 1)
+    assert start_server(server_env).tool_json("node_status")["nodeName"] is None, "no directory gives its port"
+    write_node_dir(home, "a", double.port)
+    write_node_dir(home, "b", double.port)
+    assert start_server(server_env).tool_json("node_status")["nodeName"] is None, "two directories claim it"
+    (home / "b" / "config.toml").unlink()
+    assert start_server(server_env).tool_json("node_status")["nodeName"] == "a"
 
 
 def test_list_applications_compact_rows(server):
