@@ -49,7 +49,8 @@ LISTEN_FILTERS = {"toolsListChanged": TOOLS_CHANGED, "resourcesListChanged": RES
 LIST_TTL_MS = 30000          # tools/resources lists: matches the catalog poll
 GUIDE_TTL_MS = 86400000      # a guide uri names one app version, so it may be cached for a day
 CALL_MANY_LIMIT = 32
-MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_LINE_BYTES = 16 * 1024 * 1024   # one message is held whole while parsed: this bounds what a line can cost
+MAX_BLOB_BYTES = MAX_LINE_BYTES // 4 * 3 - 1024   # base64 takes 4 characters per 3 bytes; 1 KiB for the framing
 EOF_GRACE_SECONDS = 0.8      # "exit within a second when stdin closes", even with a call in flight
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
@@ -1044,7 +1045,8 @@ def uninstall_application(args, call):
     return answer
 
 
-@tool("upload_blob", "Upload a blob to this node, optionally scoped to a context. Returns {blobId, size}.",
+@tool("upload_blob", "Upload a blob to this node, optionally scoped to a context. Returns {blobId, size}. "
+      "At most %d bytes fit in one request." % MAX_BLOB_BYTES,
       {"data": text_property("Base64-encoded blob bytes."),
        "hash": text_property("Expected hash of the bytes; the node refuses the upload if they differ."),
        "context": text_property("Context id or alias to scope the blob to.")},

@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import re
 
 import pytest
 
-from mcp_client import minimal_env
+from mcp_client import ROOT, minimal_env
 from node_double import (NODE_ACCOUNT, NodeDouble, counter_spec, error_reply, hex_id, kv_store_spec,
                          sample_double)
 
@@ -459,6 +461,31 @@ def test_upload_blob_refuses_invalid_base64(server, double, data):
 def test_upload_blob_accepts_wrapped_base64(server, double):
     uploaded = server.tool_json("upload_blob", {"data": "aGVs\nbG8="})
     assert uploaded == {"blobId": sha256_hex(b"hello"), "size": 5}
+
+
+def test_the_largest_blob_stated_uploads_and_a_line_over_the_limit_is_refused(server, double):
+    """The README's line limit and upload_blob's stated blob size, held to the real server at the boundary."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line_limit = int(re.search(r"of at most 16 MiB \(([\d,]+) bytes\)", readme).group(1).replace(",", ""))
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
+    largest = int(re.search(r"At most (\d+) bytes fit in one request\.", tools["upload_blob"]["description"]).group(1))
+    assert "blobs of up to %s bytes" % format(largest, ",") in readme, "the README states the same size"
+
+    blob = os.urandom(largest)
+    arguments = {"data": base64.b64encode(blob).decode(), "hash": sha256_hex(blob), "context": "demo"}
+    text = json.dumps({"jsonrpc": "2.0", "id": "big", "method": "tools/call",
+                       "params": {"name": "upload_blob", "arguments": arguments}})
+    assert len(text) <= line_limit
+    server.send_raw((text + " " * (line_limit - len(text))).encode())       # exactly the limit, then the newline
+    uploaded = server.wait_for("big", timeout=120)["result"]
+    assert uploaded["structuredContent"] == {"blobId": sha256_hex(blob), "size": largest}, uploaded
+    assert double.requests_to("PUT", "/admin-api/blobs")[-1]["body"] == blob
+
+    server.send_raw((text + " " * (line_limit - len(text) + 1)).encode())   # one byte more
+    refused = server.wait_for(None, timeout=120)
+    assert refused["error"] == {"code": -32700, "message": "Parse error: message longer than %d bytes" % line_limit}
+    assert server.result("ping") == {}
+    assert len(double.requests_to("PUT", "/admin-api/blobs")) == 1
 
 
 def test_list_and_delete_blobs_speak_camel_case(server, double):
