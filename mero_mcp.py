@@ -1606,6 +1606,11 @@ class Apps:
         self.services[(full.id, full.blob)] = full.services
         return full
 
+    def services_listed(self, app):
+        """Whether the node gave this app's service list: on its list row, or on its own record, which leaves an
+        empty list out (node-api.md §3.2). Not when that record could not be had."""
+        return "services" in app.raw or (app.id, app.blob) in self.services
+
     def app_by_id(self, app_id):
         return self.memo(("app", app_id), lambda: self.read_app(app_id))
 
@@ -1934,7 +1939,7 @@ def app_summary(apps, app, service, contexts, handle_context):
         service = context_services[0]
     summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": service,
                "contextServices": context_services}
-    if service is None and not contexts:     # tools.md: no context to read a service name from
+    if service is None and not contexts and not apps.services_listed(app):   # nothing to read a service from
         summary["serviceNote"] = SERVICE_NOTE
     if apps.served_guide_uri(app):
         summary["guide"] = app.guide_uri

@@ -1108,7 +1108,8 @@ class NodeDouble:
       aliases     {alias: context id}
       registry    {"package@version" (or a dev-install path): app spec}
 
-    faults (a dict tests may change at any time; "paths": [prefix, …] limits it, "times": N heals it after N):
+    faults (a dict tests may change at any time; "paths": [prefix, …] limits it ("exact": True: to those paths
+    themselves), "times": N heals it after N):
       down       close the connection without answering     reset      abort the socket with a TCP RST
       truncated  promise more Content-Length than is sent    garbage    200 with a non-JSON body
       delay      seconds to sleep first (combines with the rest)
@@ -1532,7 +1533,8 @@ class NodeDouble:
         with self._lock:
             fault = dict(self.faults)
             prefixes = fault.get("paths")
-            if not fault or (prefixes and not any(path.startswith(p) for p in prefixes)):
+            matches = (lambda p: path == p) if fault.get("exact") else path.startswith
+            if not fault or (prefixes and not any(matches(p) for p in prefixes)):
                 return {}
             if "times" in fault:   # optional: a fault that heals itself after N requests
                 self.faults["times"] = fault["times"] - 1

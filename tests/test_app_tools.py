@@ -484,17 +484,33 @@ def test_one_service_bundle_binds_its_service(shared, world):
     assert [e["contextId"] for e in world.double.executions[before:]] == [world.solo_ctx] * 3
 
 
-def test_service_note_only_without_contexts(shared, world):
+def test_no_service_note_when_the_node_gave_the_service_list(shared, world):
+    """empty has no contexts, and its own record lists no services (the node leaves an empty list out): the
+    service is known to be none, so there is nothing to take from the bundle."""
     empty = summary_of(shared.call_tool("describe_app", {"app": "empty"}))
-    assert empty["serviceNote"] == SERVICE_NOTE and empty["contextServices"] == []
+    assert "serviceNote" not in empty and empty["service"] is None and empty["contextServices"] == []
     selected = summary_of(shared.call_tool("select_app", {"app": "Empty"}))
-    assert selected["serviceNote"] == SERVICE_NOTE
+    assert "serviceNote" not in selected and selected["service"] is None
     assert selected["context"] is None
     assert selected["note"] == ('Application "Empty" has no contexts on this node. Create one in the Calimero desktop '
                                 'app, or use create_context.')
     assert selected["tools"] == ["empty_ping"] and selected["toolsNote"] == TOOLS_NOTE
     for name in (KV, "counter"):
         assert "serviceNote" not in summary_of(shared.call_tool("describe_app", {"app": name}))
+
+
+def test_service_note_when_the_node_gave_no_service_list(own, fresh):
+    """The list row has no `services` and the app's own record cannot be had (404 while listed): nothing says
+    whether a service name is needed, and with no context to read one from the note says so."""
+    assert "counter_value" in generated_names(own)              # the catalog read every record already
+    late = fresh.double.add_app(app("com.example.late", NOTES_ABI, name="Late"))
+    fresh.double.faults = {"paths": ["/admin-api/applications/" + late], "exact": True, "status": 404,
+                           "json": {"error": "Application not found"}}
+    for tool in ("describe_app", "select_app"):
+        summary = summary_of(own.call_tool(tool, {"app": "com.example.late"}))
+        assert summary["serviceNote"] == SERVICE_NOTE and summary["service"] is None, summary
+    fresh.double.faults.clear()
+    assert "serviceNote" not in summary_of(own.call_tool("describe_app", {"app": "com.example.late"}))
 
 
 def test_select_app_output(shared, world):
