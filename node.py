@@ -250,15 +250,32 @@ def _checked_node_url(value: str) -> str:
                "and CALIMERO_PASSWORD, or CALIMERO_AUTH_TOKEN." % display_url(value))
         raise NodeError("CALIMERO_NODE_URL carries %s, which this server refuses: it must hold only the node's "
                         "address. %s" % (" and ".join(extras), fix), fix=fix)
+    fix = "Set CALIMERO_NODE_URL to the node's address, e.g. http://localhost:2528."
     try:
         parts = urlsplit(value)
-        parts.port
     except ValueError:
         parts = None
     if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise NodeError("CALIMERO_NODE_URL (%s) is not an http(s) URL" % display_url(value),
-                        fix="Set CALIMERO_NODE_URL to the node's address, e.g. http://localhost:2528.")
+        raise NodeError("CALIMERO_NODE_URL (%s) is not an http(s) URL" % display_url(value), fix=fix)
+    problem = port_problem(parts)
+    if problem:
+        raise NodeError("CALIMERO_NODE_URL (%s) has %s" % (display_url(value), problem), fix=fix)
     return value.rstrip("/")
+
+
+def port_problem(parts) -> Optional[str]:
+    """What is wrong with a split URL's port, or None (urlsplit's own ValueError does not say)."""
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    else:
+        if port is None or 0 < port < 65536:
+            return None
+    text = parts.netloc.rpartition("]")[2].rpartition(":")[2]
+    if not (text.isascii() and text.isdigit()):
+        return "an invalid port (%s)" % text
+    return "port %d, which is out of range (1-65535)" % int(text)
 
 
 # ── The desktop app's handoff file (§1.2) ─────────────────────────────────────────────────────────

@@ -345,6 +345,28 @@ def test_node_status_reports_an_unreachable_node(bare):
     assert "127.0.0.1:9" in json.dumps(status)
 
 
+@pytest.mark.parametrize("url, said", [
+    ("http://localhost:99999", "has port 99999, which is out of range (1-65535)"),
+    ("http://localhost:0", "has port 0, which is out of range (1-65535)"),
+    ("http://[::1]:70000/", "has port 70000, which is out of range (1-65535)"),
+    ("http://localhost:abc", "has an invalid port (abc)"),
+    ("ftp://localhost:2528", "is not an http(s) URL"),
+])
+def test_a_node_url_with_a_bad_port_is_named_for_it(start_server, offline_env, url, said):
+    env = dict(offline_env, CALIMERO_NODE_URL=url)
+    server = start_server(env)
+    expected = "CALIMERO_NODE_URL (%s) %s" % (url, said)
+    status = server.tool_json("node_status")
+    assert status["url"] is None and status["health"]["error"].startswith(expected), status
+    failed = server.call_tool("list_applications")
+    assert failed.get("isError") is True and failed["content"][-1]["text"].startswith("Error: " + expected), failed
+    check = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 1, check.stdout
+    assert "  - %s\n    Fix: Set CALIMERO_NODE_URL to the node's address, e.g. http://localhost:2528.\n" % expected \
+        in check.stdout, check.stdout
+
+
 def test_lone_surrogate_in_an_id_is_echoed_as_valid_json(bare):
     """JSON may carry a lone surrogate escape; UTF-8 cannot, so the answer escapes it instead of crashing."""
     bare.send_raw(b'{"jsonrpc":"2.0","id":"a\\ud800b","method":"ping"}')
