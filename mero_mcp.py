@@ -838,7 +838,7 @@ def check_fixed_arguments(t, arguments):
 # ── Fixed tools: core ─────────────────────────────────────────────────────────────────────────────
 
 @tool("node_status", "Health and identity of the node this session is connected to: health, url, nodeName, "
-      "discoverySource and authMode. An unreachable node is reported here rather than as an error, so this is "
+      "discoverySource, authMode, and readOnly (this server's read-only mode). An unreachable node is reported here rather than as an error, so this is "
       "the right first call of a session.", annotations=READ_ONLY)
 def node_status(args, call):
     return dict(call.server.node.status(), readOnly=call.server.config.read_only)
