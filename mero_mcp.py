@@ -237,9 +237,10 @@ class Server:
         self.listens = Listens(channel)      # 2026-07-28 subscriptions/listen streams
         self.config = server_config(self.env)
         # A tool read-only mode leaves out is still found by name, to be refused saying why.
-        self.fixed_tools = {t.name: t for t in FIXED_TOOLS if in_toolsets(t, self.config)}
+        self.fixed_tools = {t.name: as_configured(t, self.config) for t in FIXED_TOOLS if in_toolsets(t, self.config)}
         # Rendered once: fixed tools declare no output schema, so one rendering serves both eras.
-        self.fixed_definitions = [tool_definition(t, wrap=False) for t in FIXED_TOOLS if advertised(t, self.config)]
+        self.fixed_definitions = [tool_definition(t, wrap=False) for t in self.fixed_tools.values()
+                                  if advertised(t, self.config)]
         self._node = None
         self._node_lock = threading.Lock()
         self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
@@ -722,6 +723,11 @@ def advertised(t, config):
     return not config.read_only or t.annotations.get("readOnlyHint") is True or t.name in READ_ONLY_GATED
 
 
+def as_configured(t, config):
+    """In read-only mode call and call_many cannot change the node either, and their annotations say so."""
+    return t._replace(annotations=READ_ONLY) if config.read_only and t.name in READ_ONLY_GATED else t
+
+
 def read_only_refusal(name):
     return ("%s is not available: this server runs read-only (%s), which offers only tools that cannot change the "
             "node. %s" % (name, READ_ONLY_VARIABLE, READ_ONLY_UNSET))
@@ -838,8 +844,8 @@ def check_fixed_arguments(t, arguments):
 # ── Fixed tools: core ─────────────────────────────────────────────────────────────────────────────
 
 @tool("node_status", "Health and identity of the node this session is connected to: health, url, nodeName, "
-      "discoverySource, authMode, and readOnly (this server's read-only mode). An unreachable node is reported here rather than as an error, so this is "
-      "the right first call of a session.", annotations=READ_ONLY)
+      "discoverySource, authMode, and readOnly (this server's read-only mode). An unreachable node is reported "
+      "here rather than as an error, so this is the right first call of a session.", annotations=READ_ONLY)
 def node_status(args, call):
     return dict(call.server.node.status(), readOnly=call.server.config.read_only)
 

@@ -99,8 +99,12 @@ def test_read_only_keeps_the_harmless_tools_and_drops_the_rest(serve, modern):
     assert list(kept) == KEPT_FIXED + KEPT_GENERATED
     assert set(everything) - set(kept) == DROPPED
     for name, definition in kept.items():
-        assert definition == everything[name], name          # left as they are, only filtered
-        assert definition["annotations"]["readOnlyHint"] is True or name in GATED, name
+        assert definition["annotations"]["readOnlyHint"] is True, name
+        if name in GATED:                                    # they cannot change the node either, now
+            assert definition["annotations"] == {"readOnlyHint": True}
+            assert everything[name]["annotations"]["destructiveHint"] is True
+        else:
+            assert definition == everything[name], name      # left as they are, only filtered
         if name in KEPT_GENERATED:
             assert definition["_meta"]["intent"] == "read_only" and "[view]" in definition["description"], name
     for name in DROPPED:
