@@ -236,11 +236,12 @@ class Server:
         self.cancelled = {}                  # request id -> threading.Event, for in-flight requests
         self.cancel_lock = threading.Lock()
         self.listens = Listens(channel)      # 2026-07-28 subscriptions/listen streams
-        self.toolsets = enabled_toolsets(self.env)
-        enabled = [t for t in FIXED_TOOLS if t.toolset in self.toolsets or t.toolset == "app"]
-        self.fixed_tools = {t.name: t for t in enabled}
+        self.config = server_config(self.env)
+        # A tool read-only mode leaves out is still found by name, to be refused saying why.
+        self.fixed_tools = {t.name: as_configured(t, self.config) for t in FIXED_TOOLS if in_toolsets(t, self.config)}
         # Rendered once: fixed tools declare no output schema, so one rendering serves both eras.
-        self.fixed_definitions = [tool_definition(t, wrap=False) for t in enabled]
+        self.fixed_definitions = [tool_definition(t, wrap=False) for t in self.fixed_tools.values()
+                                  if advertised(t, self.config)]
         self._node = None
         self._node_lock = threading.Lock()
         self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
@@ -548,12 +549,16 @@ def on_initialize(server, params, call):
     version = requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
     server.version = version
     return {"protocolVersion": version, "capabilities": CAPABILITIES,
-            "serverInfo": SERVER_INFO, "instructions": INSTRUCTIONS}
+            "serverInfo": SERVER_INFO, "instructions": instructions(server)}
 
 
 def on_discover(server, params, call):
     return {"supportedVersions": list(SUPPORTED_VERSIONS), "capabilities": CAPABILITIES,
-            "instructions": INSTRUCTIONS, "ttlMs": LIST_TTL_MS, "cacheScope": "private"}
+            "instructions": instructions(server), "ttlMs": LIST_TTL_MS, "cacheScope": "private"}
+
+
+def instructions(server):
+    return INSTRUCTIONS + "\n" + READ_ONLY_INSTRUCTION if server.config.read_only else INSTRUCTIONS
 
 
 def on_ping(server, params, call):
@@ -576,6 +581,8 @@ def on_tools_call(server, params, call):
     tool = server.find_tool(name)
     if tool is None:
         raise RpcError(INVALID_PARAMS, "Unknown tool: %s" % name)
+    if not advertised(tool, server.config):          # a tool read-only mode leaves out, called by name anyway
+        return error_result(read_only_refusal(name))
     return server.run_tool(tool, arguments, call)
 
 
@@ -663,6 +670,77 @@ def enabled_toolsets(env):
     if "all" in names:
         return set(TOOLSETS)
     return (names & set(TOOLSETS)) | {"core"}
+
+
+# ---- read-only mode: the only least-privilege switch there is (a node mints no narrower token than admin) ----
+
+READ_ONLY_VARIABLE = "CALIMERO_MCP_READ_ONLY"
+READ_ONLY_VALUES = ("1", "true", "yes")
+# call and call_many stay offered in read-only mode: execute() refuses a method that is not [view] for them.
+READ_ONLY_GATED = frozenset({"call", "call_many"})
+READ_ONLY_UNSET = ("To allow changes, unset %s in this server's entry of the host configuration (its env) and "
+                   "restart the server." % READ_ONLY_VARIABLE)
+READ_ONLY_INSTRUCTION = ("This server runs read-only (%s): it offers only tools that cannot change the node, and "
+                         "call and call_many run [view] methods only." % READ_ONLY_VARIABLE)
+
+Config = namedtuple("Config", "toolsets read_only")
+ReadOnlyMode = namedtuple("ReadOnlyMode", "read_only line problem fix")   # what --check prints
+
+
+def server_config(env):
+    """The tool filter's settings, read once at start; a bad value is said on stderr."""
+    mode = read_only_mode(env)
+    if mode.problem:
+        log.warning("%s", mode.problem)
+    return Config(enabled_toolsets(env), mode.read_only)
+
+
+def read_only_mode(env):
+    """CALIMERO_MCP_READ_ONLY: 1, true or yes (any case) turn it on; any other non-blank value is a mistake,
+    reported, and counts as off."""
+    raw = (env.get(READ_ONLY_VARIABLE) or "").strip()
+    if raw.lower() in READ_ONLY_VALUES:
+        return ReadOnlyMode(True, "read-only (%s): only tools that cannot change the node are offered; call and "
+                            "call_many run [view] methods only" % READ_ONLY_VARIABLE, None, None)
+    line = "read-write (%s=1 would offer only tools that cannot change the node)" % READ_ONLY_VARIABLE
+    if not raw:
+        return ReadOnlyMode(False, line, None, None)
+    problem = "%s=%s is not 1, true or yes, so read-only mode is off" % (READ_ONLY_VARIABLE, json.dumps(raw[:40]))
+    return ReadOnlyMode(False, "read-write (%s)" % problem, problem,
+                        "Set %s to 1, true or yes for read-only mode, or unset it." % READ_ONLY_VARIABLE)
+
+
+def in_toolsets(t, config):
+    """The app tools and generated tools belong to no toolset CALIMERO_MCP_TOOLSETS can turn off."""
+    return t.toolset in (None, "app") or t.toolset in config.toolsets
+
+
+def advertised(t, config):
+    """Whether tools/list carries tool `t` (fixed or generated) under `config`: its toolset is on and, in read-only
+    mode, it cannot change the node. The one filter: tools/list, the refusal of a tool left out, select_app's tool
+    names and any tool count go through it. (CALIMERO_MCP_APPS acts earlier: apps it leaves out have no tools.)"""
+    if not in_toolsets(t, config):
+        return False
+    return not config.read_only or t.annotations.get("readOnlyHint") is True or t.name in READ_ONLY_GATED
+
+
+def as_configured(t, config):
+    """In read-only mode call and call_many cannot change the node either, and their annotations say so."""
+    return t._replace(annotations=READ_ONLY) if config.read_only and t.name in READ_ONLY_GATED else t
+
+
+def read_only_refusal(name):
+    return ("%s is not available: this server runs read-only (%s), which offers only tools that cannot change the "
+            "node. %s" % (name, READ_ONLY_VARIABLE, READ_ONLY_UNSET))
+
+
+def refuse_unless_view(apps, method, app):
+    """Read-only mode runs [view] methods only, whichever tool asks (call, call_many, a generated tool whose app
+    was upgraded meanwhile); an intent left unspecified could write, so it is refused too."""
+    if apps.server.config.read_only and not heavy("abi").is_read_only(method):
+        raise ToolError("Method %s of %s is not [view] (intent %s): this server runs read-only (%s), so only [view] "
+                        "methods run. %s" % (method.name, app.key, method.intent or "unspecified", READ_ONLY_VARIABLE,
+                                             READ_ONLY_UNSET))
 
 
 def tool(name, description, properties=None, required=(), annotations=None, toolset="core"):
@@ -767,10 +845,10 @@ def check_fixed_arguments(t, arguments):
 # ── Fixed tools: core ─────────────────────────────────────────────────────────────────────────────
 
 @tool("node_status", "Health and identity of the node this session is connected to: health, url, nodeName, "
-      "discoverySource and authMode. An unreachable node is reported here rather than as an error, so this is "
-      "the right first call of a session.", annotations=READ_ONLY)
+      "discoverySource, authMode, and readOnly (this server's read-only mode). An unreachable node is reported "
+      "here rather than as an error, so this is the right first call of a session.", annotations=READ_ONLY)
 def node_status(args, call):
-    return call.server.node.status()
+    return dict(call.server.node.status(), readOnly=call.server.config.read_only)
 
 
 # Shared by the fixed tools: argument schemas, context naming, answer shapes. The tools follow in tools.md order.
@@ -1455,9 +1533,10 @@ def unit_fingerprint(unit):
     return "%s:%s:%s:%s:%s" % (unit.app.id, unit.app.blob, unit.app.version, unit.service or "", unit.app.guide_hash)
 
 
-def build_snapshot(units, reserved, apps=()):
-    """Every generated tool of every unit, named and described once per catalog change; the guides of `apps`
-    (the installed list: apps left out by the budget or without a readable ABI have guides too)."""
+def build_snapshot(units, reserved, config, apps=()):
+    """Every generated tool of every unit, named and described once per catalog change; the definitions are those
+    `config` advertises (the index keeps every tool, so one left out is refused by name). The guides are those of
+    `apps` (the installed list: apps left out by the budget or without a readable ABI have guides too)."""
     import abi
     units = sorted(units, key=lambda u: (u.app.key, u.app.id, u.service or ""))
     tool_units = [abi.ToolUnit(unit_key(u), u.app.package, u.app.id, u.service, len(u.app.services) > 1,
@@ -1473,7 +1552,7 @@ def build_snapshot(units, reserved, apps=()):
             tools.append(made)
             bindings[name] = Binding(unit, method, made.output_schema(False) is not None,
                                      made.output_schema(True) != made.output_schema(False))
-    definitions = {wrap: [tool_definition(t, wrap) for t in tools] for wrap in (False, True)}
+    definitions = {wrap: [tool_definition(t, wrap) for t in tools if advertised(t, config)] for wrap in (False, True)}
     guides = {}
     for app in sorted([u.app for u in units] + list(apps), key=lambda a: (a.key, a.id)):
         if app.guide_uri:
@@ -1679,7 +1758,7 @@ class Apps:
             units = self.read_units(apps)
             # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
             reserved = {t.name for t in FIXED_TOOLS}
-            fresh = build_snapshot(units, reserved, apps)
+            fresh = build_snapshot(units, reserved, self.server.config, apps)
             old, self.snapshot = self.snapshot, fresh
             changed = fresh.fingerprint != old.fingerprint
         if changed:
@@ -1746,8 +1825,10 @@ class Apps:
 
     def tool_names_of(self, app, service):
         """The unit's tool names, in method-name order."""
-        bindings = self.snapshot.bindings           # one snapshot throughout: a refresh may swap it meanwhile
-        names = [name for name, b in bindings.items() if b.unit.app.id == app.id and b.unit.service == service]
+        snapshot = self.snapshot                    # one snapshot throughout: a refresh may swap it meanwhile
+        bindings, config = snapshot.bindings, self.server.config
+        names = [name for name, b in bindings.items() if b.unit.app.id == app.id and b.unit.service == service
+                 and advertised(snapshot.index[name], config)]
         return sorted(names, key=lambda name: bindings[name].method.name)
 
     # ---- contexts ----
@@ -1917,6 +1998,7 @@ def execute(apps, admitted, method, args):
     """Validate against the ABI, then run; nothing reaches the node when the arguments are wrong (an argument
     the method does not declare included: `call`'s args hold the method's arguments only)."""
     import abi
+    refuse_unless_view(apps, method, admitted.unit.app)
     validator = apps.validator(admitted.unit, method)
     unknown = validator.undeclared(args, ignore_injected=False)
     if unknown:
@@ -2342,7 +2424,7 @@ def main(argv=None):
         except ImportError as error:
             sys.stdout.write("mero-mcp --check\nProblems:\n  - %s\n" % import_failure("node", error))
             return 1
-        return doctor(os.environ, sys.stdout)
+        return doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ))
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

@@ -1788,12 +1788,19 @@ class _Report:
         return 1 if fatal else 0
 
 
-def check(env: Mapping[str, str], out, ports=None) -> int:
+def check(env: Mapping[str, str], out, ports=None, mode=None) -> int:
     """Print which discovery step found which node (or why none), the auth mode, health, installed apps with
-    their tool counts, and one fix per problem. Non-zero when the server could not work."""
+    their tool counts, and one fix per problem. Non-zero when the server could not work. `mode` is the server's
+    read-only setting as mero_mcp.read_only_mode gives it (read_only, line, problem, fix), which reads the variable;
+    the counts then are of the tools read-only mode offers."""
     report = _Report(out)
     out.write("mero-mcp --check\n")
-    if not _report_packages(report):
+    packages_ok = _report_packages(report)
+    if mode is not None:
+        report.line("Mode", mode.line)
+        if mode.problem:
+            report.problem(mode.problem, mode.fix, fatal=False)
+    if not packages_ok:
         return report.finish()            # without requests there is no talking to a node
     handoff = _report_handoff(report, env)
     orphan = password_without_username(env)
@@ -1824,7 +1831,7 @@ def check(env: Mapping[str, str], out, ports=None) -> int:
         else:
             report.problem(str(error), error.fix or "Check the node's log, then run mero-mcp --check again.")
         return report.finish()
-    _report_apps(report, node, apps)
+    _report_apps(report, node, apps, bool(mode and mode.read_only))
     return report.finish()
 
 
@@ -1860,7 +1867,7 @@ def _report_handoff(report, env):
     return handoff
 
 
-def _report_apps(report, node, apps):
+def _report_apps(report, node, apps, read_only=False):
     report.line("Apps", "%d installed" % len(apps) if apps else "none installed (install one with "
                                                                  "install_application)")
     try:
@@ -1872,7 +1879,7 @@ def _report_apps(report, node, apps):
     for app in apps:
         label = " ".join(str(part) for part in (app.get("package") or app.get("id"), app.get("version")) if part)
         services = _services_of(node, app)
-        counts = [_tool_count(report, node, abi, app, label, service) for service in services or [None]]
+        counts = [_tool_count(report, node, abi, app, label, service, read_only) for service in services or [None]]
         shown = ", ".join("%s: %s" % (service, count) for service, count in zip(services, counts)) \
             if len(services) > 1 else counts[0]
         report.out.write("  - %s: %s\n" % (label, shown))
@@ -1889,8 +1896,9 @@ def _services_of(node, app) -> List[str]:
     return sorted(services) if isinstance(services, dict) and len(services) > 1 else []
 
 
-def _tool_count(report, node, abi, app, label, service) -> str:
-    """How many tools the app's ABI generates: every method but `init` and those taking `app_handle`."""
+def _tool_count(report, node, abi, app, label, service, read_only=False) -> str:
+    """How many tools the app's ABI generates: every method but `init` and those taking `app_handle`; in read-only
+    mode only its [view] methods' tools are offered."""
     if abi is None:
         return "tools unknown"
     where = label + ("/" + service if service else "")
@@ -1904,5 +1912,7 @@ def _tool_count(report, node, abi, app, label, service) -> str:
         report.problem("%s: %s" % (where, error), "Rebuild the application with a current `cargo mero build`.",
                        False)
         return "no tools (ABI refused)"
-    count = len(abi.tool_methods(manifest))
-    return "%d tool%s" % (count, "" if count == 1 else "s")
+    methods = abi.tool_methods(manifest)
+    count = len([m for m in methods if abi.is_read_only(m)] if read_only else methods)
+    shown = "%d tool%s" % (count, "" if count == 1 else "s")
+    return shown + (" ([view] only; %d in all)" % len(methods) if read_only and count != len(methods) else "")

@@ -211,8 +211,10 @@ def bench_system_cold_start(home, stderr):
     if problem:
         return problem
     with sample_double() as double:
-        variants = {"bare": [SYSTEM_PYTHON] + ECHO_ONE_LINE[1:], "ours": [SYSTEM_PYTHON, SERVER[1]]}
-        return median_spawn_times(variants, server_env(home, double.url), stderr)
+        variants = {"bare": [SYSTEM_PYTHON] + ECHO_ONE_LINE[1:], "ours": [SYSTEM_PYTHON] + SERVER[1:],
+                    "installed": [SYSTEM_PYTHON] + INSTALLED_SERVER[1:]}
+        return dict(median_spawn_times(variants, server_env(home, double.url), stderr),
+                    version=platform_version(SYSTEM_PYTHON))
 
 
 # ── 2–5. One server with the 1,000-tool catalog ────────────────────────────────────────────────────
@@ -458,7 +460,6 @@ def bench_own_work(home):
 
 FOOTPRINT_SPAWNS = 7
 COMPILE_REPEATS = 20
-DISTRO_PYTHON = "/usr/bin/python3"
 # The child reports its own import time and then its peak RSS; `imports` is the statement timed.
 IMPORT_PROBE = ("import time; started = time.perf_counter(); {imports}; elapsed = time.perf_counter() - started\n"
                 "print(elapsed, [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])")
@@ -503,13 +504,6 @@ def seconds_of(action):
     return time.perf_counter() - started
 
 
-def distro_python():
-    """The distribution's interpreter, when it is there and is not the one measured everywhere else."""
-    if not os.access(DISTRO_PYTHON, os.X_OK) or os.path.realpath(DISTRO_PYTHON) == os.path.realpath(PYTHON):
-        return None
-    return DISTRO_PYTHON
-
-
 def bench_footprint(home, stderr):
     figures = {"compile": compile_seconds()}
     env = server_env(home, "http://127.0.0.1:9")                    # initialize never reaches the node
@@ -519,28 +513,12 @@ def bench_footprint(home, stderr):
     for name, imports in (("bare", "pass"), ("requests", "import requests"),
                           ("both", "import requests; import jsonschema")):
         figures["import_" + name] = import_cost(imports)
-    distro = distro_python()
-    if distro:
-        figures["distro"] = distro, platform_version(distro), distro_cold_start(distro, env, stderr)
     return figures
 
 
 def platform_version(python):
     return subprocess.run([python, "-c", "import platform; print(platform.python_version())"], capture_output=True,
                           text=True).stdout.strip()
-
-
-def distro_cold_start(python, env, stderr):
-    """The cold start on the distribution's python3: a bare echo, the script, the cached bytecode."""
-    variants = {"bare": [python] + ECHO_ONE_LINE[1:], "script": [python] + SERVER[1:],
-                "installed": [python] + INSTALLED_SERVER[1:]}
-    for command in variants.values():
-        spawn_to_answer(command, env, stderr)                      # its own .pyc files, written once
-    times = {name: [] for name in variants}
-    for _ in range(COLD_SPAWNS):
-        for name, command in variants.items():
-            times[name].append(spawn_to_answer(command, env, stderr))
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def installed_catalog_rss(home, stderr):
@@ -659,8 +637,9 @@ def system_cold_start_rows(cold):
     if isinstance(cold, str):
         return [row("cold start on %s" % SYSTEM_PYTHON, "skipped: " + cold, "<= 2x", None)]
     return [
-        row("cold start: %s bare echo" % SYSTEM_PYTHON, ms(cold["bare"]), "", None),
+        row("cold start: %s %s bare echo" % (SYSTEM_PYTHON, cold["version"]), ms(cold["bare"]), "", None),
         row("cold start: mero_mcp.py on %s" % SYSTEM_PYTHON, ms(cold["ours"]), "", None),
+        row("  cached bytecode (as the mero-mcp command)", ms(cold["installed"]), "", None),
         row("  ours / bare, %s" % SYSTEM_PYTHON, "%.2fx" % (cold["ours"] / cold["bare"]), "<= 2x",
             cold["ours"] <= 2 * cold["bare"]),
     ]
@@ -714,13 +693,6 @@ def footprint_rows(f, installed_rss):
         row("import jsonschema after it: time, RSS added", "%s, %s" % (ms(both_s - requests_s),
                                                                          mb(both_rss - requests_rss)), "", None),
     ]
-    if "distro" in f:
-        python, version, cold = f["distro"]
-        rows += [
-            row("cold start, %s %s: bare echo" % (python, version), ms(cold["bare"]), "", None),
-            row("  mero_mcp.py", ms(cold["script"]), "", None),
-            row("  cached bytecode (as the mero-mcp command)", ms(cold["installed"]), "", None),
-        ]
     return rows
 
 
@@ -752,7 +724,7 @@ def main():
             figures = bench_catalog(home, stderr)
             print("where a call's time goes: %d calls in process …" % OWN_WORK_CALLS, flush=True)
             own_work = bench_own_work(home)
-            print("start-up footprint, imports, the distribution's python3 …", flush=True)
+            print("start-up footprint and imports …", flush=True)
             footprint = bench_footprint(home, stderr)
             installed_rss = installed_catalog_rss(home, stderr)
             print("tool surface: the apps of %s …" % fixture_apps.SHARED_ABIS, flush=True)

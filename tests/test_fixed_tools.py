@@ -148,7 +148,7 @@ def test_the_invitation_is_declared_opaque(server):
 def test_node_status_reports_the_double(server, double):
     status = server.tool_json("node_status")
     assert status == {"health": {"status": "alive"}, "url": double.url, "nodeName": None,
-                      "discoverySource": "env", "authMode": "none"}
+                      "discoverySource": "env", "authMode": "none", "readOnly": False}
 
 
 def test_list_nodes_merges_configured_nodes_and_marks_the_active_one(serve, tmp_path):

@@ -114,6 +114,10 @@ class HandSession:
             status = server.tool_json("node_status")
             assert status["url"] == self.url and status["health"] == {"status": "alive"}, status
             assert server.tool_json("kv_store_len", {"context": "demo"}) >= 0
+            read_only = env.get("CALIMERO_MCP_READ_ONLY") == "1"     # what the README says that snippet does
+            names = server.tool_names()
+            assert status["readOnly"] is read_only and "kv_store_get" in names, status
+            assert ("kv_store_set" in names and "create_context" in names) is not read_only, names
         finally:
             server.close()
         server.assert_stdout_pure()
@@ -144,6 +148,7 @@ def test_the_section_has_the_steps_a_newcomer_needs():
     assert any("--auth" in c for c in commands) and "dev-password" in "".join(commands)
     assert any("--check" in c for c in commands) and any("tools/call" in c for c in commands)
     assert any(c.startswith("claude mcp add") for c in commands) and any(lang == "json" for lang, _, _ in steps)
+    assert any('"CALIMERO_MCP_READ_ONLY": "1"' in text for lang, text, _ in steps if lang == "json")
 
 
 def test_every_step_runs_as_written(tmp_path):
