@@ -1631,6 +1631,12 @@ class Apps:
         finally:
             self.first_load.set()
 
+    def first_read_here(self):
+        """The first catalog read on this thread, however long it takes (--check counts what it brings)."""
+        with self.threads_lock:
+            self.threads.add("catalog")           # no reader starts another
+        self.first_read()
+
     def wait_first_load(self):
         """A reader of the catalog starts it (a modern client may never send discover) and waits a little;
         if the first read takes longer, load() announces its apps when they arrive."""
@@ -1794,10 +1800,14 @@ class AppBudget:
             return True
         return any(match_apps([app], name) for name in self.names)
 
+    def unmatched(self, apps):
+        """The names that match no installed application (a typo would hide its tools)."""
+        return [name for name in self.names if not match_apps(apps, name)]
+
     def warn_unknown(self, apps):
-        """Say once per name when a name matches no installed application (a typo would hide its tools)."""
-        for name in self.names:
-            if name not in self.warned and not match_apps(apps, name):
+        """Say once per name when a name matches no installed application."""
+        for name in self.unmatched(apps):
+            if name not in self.warned:
                 self.warned.add(name)
                 log.warning('CALIMERO_MCP_APPS names "%s", which matches no installed application; installed: %s',
                             name, ", ".join(a.key for a in apps) or "(none)")
@@ -2223,12 +2233,33 @@ GUIDE_TEMPLATE = {"uriTemplate": "calimero://apps/{applicationId}/{version}/guid
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────
 
+# --check's tool budget (node.check prints it): how many tools tools/list advertises, how many of them are fixed, how
+# many fixed tools CALIMERO_MCP_TOOLSETS=core would leave, the ids of the installed apps CALIMERO_MCP_APPS leaves out,
+# and the CALIMERO_MCP_APPS names that match no installed app.
+ToolCount = namedtuple("ToolCount", "advertised fixed fewest_fixed left_out unmatched")
+
+
+def count_tools(env, node):
+    """--check's ToolCount against a connected `node`, made by the code that answers tools/list (so the two agree)."""
+    server = Server(None, env)
+    server._node = node
+    apps = server.apps
+    installed = apps.installed()
+    unmatched = apps.budget.unmatched(installed)
+    apps.budget.warned.update(unmatched)          # --check reports them itself, not as a log line too
+    apps.first_read_here()
+    tools = server.tool_definitions(Call(server, None, {}, False, None, None))
+    fewest = Server(None, dict(env, CALIMERO_MCP_TOOLSETS="core")).fixed_definitions
+    return ToolCount(len(tools), sum(1 for t in tools if "_meta" not in t), len(fewest),
+                     [app.id for app in installed if not apps.budget.admits(app)], unmatched)
+
+
 USAGE = """usage: mero-mcp [--check | --version | --help]
 
 An MCP server (stdio) for a Calimero node and the applications installed on it.
 Register it with your agent as the command `python3 /path/to/mero_mcp.py` (or `mero-mcp`).
 
-  --check     diagnose the setup: which node is found, authentication, health, installed apps
+  --check     diagnose the setup: which node is found, authentication, health, installed apps, tool count
   --version   print the version
   --help      this text
 
@@ -2295,7 +2326,7 @@ def main(argv=None):
         except ImportError as error:
             sys.stdout.write("mero-mcp --check\nProblems:\n  - %s\n" % import_failure("node", error))
             return 1
-        return doctor(os.environ, sys.stdout)
+        return doctor(os.environ, sys.stdout, count_tools=count_tools)
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2
