@@ -34,12 +34,24 @@ META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 
-INSTRUCTIONS = (
-    "Calimero apps describe themselves. Do not read app source. To use an app: list_applications, "
-    "then describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call. "
+# What a host shows before any tool: Claude Code loads only tool names and these at start, and cuts them at 2,048
+# characters, so the critical part comes first. One line per topic; a mode adds its own line at the end (Server).
+INSTRUCTION_LINES = (
+    "Calimero apps describe themselves. Do not read app source. To use an app: list_applications, then "
+    "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call.",
+    "call runs any method of any installed app by name (args keyed by parameter name), and call_many runs up to "
+    "32 calls at once: they reach every method even when no tool for it is listed, as for an app installed during "
+    "this session or a host that caps or defers tools. describe_app lists an app's methods.",
     "An app tool runs in the context its app_handle names; pass _context (a context id or alias) to name one "
-    "directly."
+    "directly. Without a handle, call takes app and context instead.",
+    "Name an app by its id, package, last package segment or display name, and a context by its id or an alias.",
+    "App tools are named <app>_<method> (<app>_<service>_<method> for a multi-service app); each description "
+    "ends in the method's signature: [view] reads, [mut] writes, ? marks an optional parameter.",
+    "Contexts live in namespaces (create_namespace, then create_context); other nodes join with "
+    "invite_to_namespace and join_namespace, then join_context. When a tool cannot reach the node, node_status "
+    "says why.",
 )
+INSTRUCTIONS = "\n".join(INSTRUCTION_LINES)
 # Both eras: the handshake era hears list changes on the session, 2026-07-28 on subscriptions/listen.
 CAPABILITIES = {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
 TOOLS_CHANGED = "notifications/tools/list_changed"
@@ -239,6 +251,7 @@ class Server:
         self.config = server_config(self.env)
         # A tool read-only mode leaves out is still found by name, to be refused saying why.
         self.fixed_tools = {t.name: as_configured(t, self.config) for t in FIXED_TOOLS if in_toolsets(t, self.config)}
+        self.instructions = INSTRUCTIONS + "\n" + READ_ONLY_INSTRUCTION if self.config.read_only else INSTRUCTIONS
         # Rendered once: fixed tools declare no output schema, so one rendering serves both eras.
         self.fixed_definitions = [tool_definition(t, wrap=False) for t in self.fixed_tools.values()
                                   if advertised(t, self.config)]
@@ -549,16 +562,12 @@ def on_initialize(server, params, call):
     version = requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
     server.version = version
     return {"protocolVersion": version, "capabilities": CAPABILITIES,
-            "serverInfo": SERVER_INFO, "instructions": instructions(server)}
+            "serverInfo": SERVER_INFO, "instructions": server.instructions}
 
 
 def on_discover(server, params, call):
     return {"supportedVersions": list(SUPPORTED_VERSIONS), "capabilities": CAPABILITIES,
-            "instructions": instructions(server), "ttlMs": LIST_TTL_MS, "cacheScope": "private"}
-
-
-def instructions(server):
-    return INSTRUCTIONS + "\n" + READ_ONLY_INSTRUCTION if server.config.read_only else INSTRUCTIONS
+            "instructions": server.instructions, "ttlMs": LIST_TTL_MS, "cacheScope": "private"}
 
 
 def on_ping(server, params, call):
@@ -649,7 +658,7 @@ MODERN_METHODS = dict(COMMON_METHODS, **{"subscriptions/listen": on_listen})   #
 Tool = namedtuple("Tool", "name title description input_schema output_schema annotations meta toolset handler")
 
 TOOLSETS = ("core", "blobs", "governance")
-NO_ARGS = {"type": "object", "properties": {}, "additionalProperties": False}
+NO_ARGS = {"type": "object", "additionalProperties": False}      # mcp-protocol.md's form for no arguments
 READ_ONLY = {"readOnlyHint": True}
 # A write that destroys nothing: said explicitly, since MCP's default for a tool that is not read-only is
 # destructiveHint true, which would blur the line tools.md draws.
@@ -844,9 +853,8 @@ def check_fixed_arguments(t, arguments):
 
 # ── Fixed tools: core ─────────────────────────────────────────────────────────────────────────────
 
-@tool("node_status", "Health and identity of the node this session is connected to: health, url, nodeName, "
-      "discoverySource, authMode, and readOnly (this server's read-only mode). An unreachable node is reported "
-      "here rather than as an error, so this is the right first call of a session.", annotations=READ_ONLY)
+@tool("node_status", "Health and identity of the node in use, and whether this server runs read-only; reports an "
+      "unreachable node instead of failing.", annotations=READ_ONLY)
 def node_status(args, call):
     return dict(call.server.node.status(), readOnly=call.server.config.read_only)
 
@@ -864,6 +872,11 @@ def flag_property(description):
     return {"type": "boolean", "description": description}
 
 
+# Property descriptions say what the name does not: none where it says it all (a model reads every byte). How an
+# app and a context are named (an alias works for a context) is said once, in INSTRUCTION_LINES.
+STRING = {"type": "string"}
+
+
 def context_id_of(server, value):
     """A context id as given, or the id an alias names; tools.md lets every context argument be either."""
     context_id = server.apps.context_id(value)
@@ -879,8 +892,7 @@ def hex_of(value):
     return value
 
 
-@tool("list_nodes", "Calimero nodes known on this machine, plus a live local probe; marks the one this session is "
-      "using. Each entry is {url, name, active}; name is null for a node found only by the probe.",
+@tool("list_nodes", "Calimero nodes known on this machine or found by a local probe.",
       annotations=READ_ONLY)
 def list_nodes(args, call):
     return node_module().list_nodes(call.server.env, connected_url(call.server))
@@ -895,12 +907,8 @@ def connected_url(server):
         return None
 
 
-@tool("list_applications", "Applications installed on this node, one compact row each: {id, package, name, "
-      "version, description, hasGuide, procedures}. procedures are the titles of the step-by-step recipes in the "
-      "app's guide; describe_app returns the guide itself. Pass verbose for the full records (decoded metadata "
-      "with icon, blob hashes, signer, appVersion).",
-      {"verbose": flag_property("Return the full records instead of compact rows: decoded metadata (icon "
-                                "included), blob hashes, signer and appVersion. The guide is never included.")},
+@tool("list_applications", "Applications installed on this node.",
+      {"verbose": flag_property("Full records: metadata, blob hashes, signer.")},
       annotations=READ_ONLY)
 def list_applications(args, call):
     row = verbose_app_row if args.get("verbose") else compact_app_row
@@ -926,17 +934,14 @@ def verbose_app_row(app):
     return row
 
 
-@tool("list_namespaces", "Namespaces on this node: {namespaces: [...]}, each with its namespaceId, target "
-      "application, name and member, context and subgroup counts.", annotations=READ_ONLY)
+@tool("list_namespaces", "Namespaces on this node.", annotations=READ_ONLY)
 def list_namespaces(args, call):
     return {"namespaces": call.server.node.namespaces()}
 
 
-@tool("list_contexts", "Contexts on this node, optionally filtered to one application. Pass verbose to also get "
-      "each context's contextStateHash and dagHeads (as hex).",
-      {"application": text_property("Only the contexts of this application: id, package name, trailing segment "
-                                    "of the package, or display name."),
-       "verbose": flag_property("Also return contextStateHash and dagHeads (rendered as hex).")},
+@tool("list_contexts", "Contexts on this node, of every application or of one.",
+      {"application": text_property("Only this app's."),
+       "verbose": flag_property("Also state hash and DAG heads.")},
       annotations=READ_ONLY)
 def list_contexts(args, call):
     server = call.server
@@ -958,19 +963,13 @@ def context_row(context, verbose):
     return row
 
 
-@tool("create_context", "Create a context for an application in a group: a namespace, or a subgroup inside one. "
-      "Pass `args` when the application's init method takes parameters (describe_app lists init with them); "
-      "they are checked against init before anything is created. Returns {contextId, memberPublicKey, ...}.",
-      {"application": text_property("Application id, package name, unambiguous trailing segment of the package, "
-                                    "or display name."),
-       "group": text_property("Namespace or subgroup id to create the context in. Required unless namespace is "
-                              "given."),
-       "namespace": text_property("Older name for group, still accepted; passing both with different values is "
-                                  "an error."),
-       "name": text_property("Optional label for the context."),
-       "service": text_property("Service to run, required for an application that bundles several."),
-       "args": {"type": "object", "description": "Arguments for the application's init method, keyed by "
-                "parameter name; checked against the ABI like a method call."}},
+@tool("create_context", "Create a context (a running instance of an app) in a namespace or subgroup.",
+      {"application": STRING,
+       "group": text_property("Namespace or subgroup id (required)."),
+       "namespace": text_property("Older name for group."),
+       "name": STRING,
+       "service": STRING,
+       "args": {"type": "object", "description": "For the app's init, by parameter name."}},
       required=("application",))
 def create_context(args, call):
     group = target_group(args)
@@ -1050,35 +1049,31 @@ def top_level_key(path):
     return re.split(r"[.\[]", path, maxsplit=1)[0]
 
 
-@tool("join_context", "Join a context this node is not yet a member of, such as one in a namespace or group it "
-      "just joined. Returns {contextId, memberPublicKey}: the node's member key in it.",
-      {"context": text_property("Context id (or an alias of it on this node).")}, required=("context",))
+@tool("join_context", "Join a context this node is not yet a member of (in a namespace or group it joined).",
+      {"context": STRING}, required=("context",))
 def join_context(args, call):
     context_id = context_id_of(call.server, args["context"])
     return call.server.node.join_context(context_id)
 
 
-@tool("delete_context", "Delete a context from this node, including its data. Also the way to clear a context "
-      "left behind by a deleted namespace: those outlive it and stay uncallable until removed. Returns {isDeleted}.",
-      {"context": text_property("Context id or alias.")}, required=("context",), annotations=DESTRUCTIVE)
+@tool("delete_context", "Delete a context and its data, also one a deleted namespace left behind.",
+      {"context": STRING}, required=("context",), annotations=DESTRUCTIVE)
 def delete_context(args, call):
     context_id = context_id_of(call.server, args["context"])
     return call.server.node.delete_context(context_id)
 
 
-@tool("create_alias", "Create a human-friendly alias for a context id; every tool that takes a context then "
-      "accepts the alias.",
-      {"alias": text_property("The alias: 1-50 characters of A-Z, a-z, 0-9, '.', '_' or '-'."),
-       "contextId": text_property("The context id the alias names.")},
+@tool("create_alias", "Create a human-friendly alias for a context id.",
+      {"alias": text_property("1-50 of A-Z a-z 0-9 . _ -"),
+       "contextId": STRING},
       required=("alias", "contextId"))
 def create_alias(args, call):
     call.server.node.create_alias(args["alias"], args["contextId"])
     return 'Alias "%s" now resolves to context %s.' % (args["alias"], args["contextId"])
 
 
-@tool("lookup_alias", "Resolve a context alias to its context id. Returns {alias, contextId}; an alias that does "
-      "not exist is reported as a plain result, not an error.",
-      {"name": text_property("The alias to resolve.")}, required=("name",), annotations=READ_ONLY)
+@tool("lookup_alias", "Resolve a context alias to its context id.",
+      {"name": text_property("The alias.")}, required=("name",), annotations=READ_ONLY)
 def lookup_alias(args, call):
     name = args["name"]
     context_id = call.server.apps.lookup_alias(name)
@@ -1090,11 +1085,8 @@ def lookup_alias(args, call):
 # ── Fixed tools: blobs ────────────────────────────────────────────────────────────────────────────
 # Application bytecode is a blob, which is why install/uninstall live in this toolset (tools.md).
 
-@tool("install_application", "Install a published application from the node's own configured registry, by "
-      "package@version coordinates (e.g. com.example.myapp@1.0.0). Returns {applicationId}; its tools appear in "
-      "the tool list once installed.",
-      {"coords": text_property("Coordinates of a published application: package@version, e.g. "
-                               "com.example.myapp@1.0.0.")},
+@tool("install_application", "Install an application from the node's registry.",
+      {"coords": text_property("package@version")},
       required=("coords",), toolset="blobs")
 def install_application(args, call):
     package, version = package_and_version(args["coords"])
@@ -1111,10 +1103,8 @@ def package_and_version(coords):
     return package, version
 
 
-@tool("uninstall_application", "Uninstall an application from this node. The name is resolved to exactly one "
-      "installed application before anything is removed. Returns {applicationId}.",
-      {"application": text_property("Application id, package name, trailing segment of the package, or display "
-                                    "name.")},
+@tool("uninstall_application", "Uninstall an application from this node.",
+      {"application": STRING},
       required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
 def uninstall_application(args, call):
     app = call.server.apps.resolve(args["application"])
@@ -1123,11 +1113,11 @@ def uninstall_application(args, call):
     return answer
 
 
-@tool("upload_blob", "Upload a blob to this node, optionally scoped to a context. Returns {blobId, size}. "
-      "At most %d bytes fit in one request." % MAX_BLOB_BYTES,
-      {"data": text_property("Base64-encoded blob bytes."),
-       "hash": text_property("Expected hash of the bytes; the node refuses the upload if they differ."),
-       "context": text_property("Context id or alias to scope the blob to.")},
+@tool("upload_blob", "Upload a blob (a file's bytes) to this node. At most %d bytes fit in one request."
+      % MAX_BLOB_BYTES,
+      {"data": text_property("Base64."),
+       "hash": text_property("Expected hash."),
+       "context": STRING},
       required=("data",), toolset="blobs")
 def upload_blob(args, call):
     data = decoded_base64(args["data"])
@@ -1144,58 +1134,50 @@ def decoded_base64(text):
         raise ToolError("data is not valid base64 (%s). Encode the blob bytes with standard base64." % error)
 
 
-@tool("list_blobs", "Blobs stored on this node: {blobs: [{blobId, size}]}.", annotations=READ_ONLY, toolset="blobs")
+@tool("list_blobs", "Blobs stored on this node.", annotations=READ_ONLY, toolset="blobs")
 def list_blobs(args, call):
     return {"blobs": call.server.node.blobs()}
 
 
-@tool("delete_blob", "Delete a blob from this node. A blob that an installed application uses cannot be deleted. "
-      "Returns {blobId, deleted}.",
-      {"blob": text_property("Blob id.")}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
+@tool("delete_blob", "Delete a blob from this node (not one an installed app uses).",
+      {"blob": STRING}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
 def delete_blob(args, call):
     return call.server.node.delete_blob(args["blob"])
 
 
 # ── Fixed tools: governance ───────────────────────────────────────────────────────────────────────
 
-NAMESPACE_ID = text_property("Namespace id.")
-GROUP_ID = text_property("Group id.")
 VISIBILITIES = ("open", "restricted")
 
 
-@tool("create_namespace", "Create a namespace for an application. Returns {namespaceId}; create_context then "
-      "creates contexts in it, and invite_to_namespace lets other nodes join.",
-      {"application": text_property("Application id, package name, trailing segment of the package, or display "
-                                    "name."),
-       "name": text_property("Optional name for the namespace.")},
+@tool("create_namespace", "Create a namespace for an application's contexts, which other nodes can join.",
+      {"application": STRING,
+       "name": STRING},
       required=("application",), toolset="governance")
 def create_namespace(args, call):
     app = call.server.apps.resolve(args["application"])
     return call.server.node.create_namespace(app.id, name=args.get("name"))
 
 
-@tool("delete_namespace", "Delete a namespace. Its contexts outlive it and stay uncallable until delete_context "
-      "removes them, so delete the contexts first. Returns {isDeleted}.",
-      {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
+@tool("delete_namespace", "Delete a namespace; delete its contexts first (they outlive it, uncallable).",
+      {"namespace": STRING}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def delete_namespace(args, call):
     return call.server.node.delete_namespace(args["namespace"])
 
 
-@tool("invite_to_namespace", "Create an invitation to join a namespace. Returns the invitation object: hand it, "
-      "unchanged, to join_namespace on the joining node.",
-      {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
+@tool("invite_to_namespace", "Create an invitation to a namespace, for join_namespace on another node.",
+      {"namespace": STRING}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
     return call.server.node.invite_to_namespace(args["namespace"])
 
 
-@tool("join_namespace", "Join a namespace using an invitation minted by invite_to_namespace. Pass that invitation "
-      "object through unchanged - it is signed over its own bytes, and any reshaping (renamed keys, dropped "
-      "fields) invalidates it.",
-      {"namespace": NAMESPACE_ID,
+@tool("join_namespace", "Join a namespace with an invitation from invite_to_namespace (signed: reshaping "
+      "invalidates it).",
+      {"namespace": STRING,
        # Opaque on purpose: declared properties would let validation reshape a signed object (tools.md caution).
        "invitation": {"type": "object", "description": "The invitation object returned by invite_to_namespace, "
                       "passed through unchanged."},
-       "groupName": text_property("Optional local name for the namespace on this node.")},
+       "groupName": text_property("Local name.")},
       required=("namespace", "invitation"), toolset="governance")
 def join_namespace(args, call):
     # The parsed dict keeps the sender's key order: the invitation goes out as it was signed.
@@ -1217,24 +1199,24 @@ def signed_invitation(given):
     return given, None
 
 
-@tool("leave_namespace", "Leave a namespace: this node stops being a member.",
-      {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
+@tool("leave_namespace", "Leave a namespace (this node stops being a member).",
+      {"namespace": STRING}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
     call.server.node.leave_namespace(args["namespace"])
     return "Left namespace %s." % args["namespace"]
 
 
-@tool("list_group_members", "Members of a group: {members: [{identity, role, name?}], selfIdentity?}.",
-      {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
+@tool("list_group_members", "Members of a group, with their roles.",
+      {"group": STRING}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
     return call.server.node.group_members(args["group"])
 
 
 @tool("add_group_members", "Add members to a group, each with a role.",
-      {"group": GROUP_ID,
-       "members": {"type": "array", "minItems": 1, "description": "The members to add.",
+      {"group": STRING,
+       "members": {"type": "array", "minItems": 1,
                    "items": {"type": "object", "required": ["identity", "role"], "properties": {
-                       "identity": text_property("The member's identity (account id)."),
+                       "identity": text_property("Account id."),
                        "role": text_property("Admin, Member or ReadOnly.")}}}},
       required=("group", "members"), toolset="governance")
 def add_group_members(args, call):
@@ -1244,15 +1226,12 @@ def add_group_members(args, call):
     return "Added %s to group %s." % (added, args["group"])
 
 
-@tool("create_group", "Create a group (subgroup) inside a namespace, or nested under another group with `parent`. "
-      "Without parent it defaults to open; with parent it is created for the parent's application and defaults "
-      "to restricted. Returns {groupId}.",
-      {"namespace": NAMESPACE_ID,
-       "name": text_property("Optional name for the group."),
-       "visibility": {"type": "string", "enum": list(VISIBILITIES), "description": "open: namespace members can "
-                      "join; restricted: members must be added. Defaults to open without parent, restricted with "
-                      "parent."},
-       "parent": text_property("Group id to nest under; omit to create directly in the namespace.")},
+@tool("create_group", "Create a group (subgroup) in a namespace, or nested under a parent group.",
+      {"namespace": STRING,
+       "name": STRING,
+       "visibility": {"type": "string", "enum": list(VISIBILITIES),
+                      "description": "Default open; restricted with parent."},
+       "parent": text_property("Group id to nest under.")},
       required=("namespace",), toolset="governance")
 def create_group(args, call):
     node = call.server.node
@@ -1278,21 +1257,19 @@ def create_nested_group(node, args):
 
 @tool("set_group_visibility", "Make a group open (namespace members can join it) or restricted (members must be "
       "added).",
-      {"group": GROUP_ID,
-       "visibility": {"type": "string", "enum": list(VISIBILITIES),
-                      "description": "open: namespace members can join; restricted: members must be added."}},
+      {"group": STRING,
+       "visibility": {"type": "string", "enum": list(VISIBILITIES)}},
       required=("group", "visibility"), toolset="governance")
 def set_group_visibility(args, call):
     call.server.node.set_group_visibility(args["group"], args["visibility"])
     return "Group %s is now %s." % (args["group"], args["visibility"])
 
 
-@tool("set_group_metadata", "Set a group's name and metadata. `data` replaces the whole record (keys left out are "
-      "removed); an omitted `name` keeps the current one.",
-      {"group": GROUP_ID,
-       "name": text_property("New name for the group; omitted keeps the current name."),
+@tool("set_group_metadata", "Set a group's name and metadata.",
+      {"group": STRING,
+       "name": text_property("Omitted: kept."),
        "data": {"type": "object", "additionalProperties": {"type": "string"},
-                "description": "The complete key/value set to store (string values); omitted means empty."}},
+                "description": "Replaces the whole record; omitted: empty."}},
       required=("group",), toolset="governance")
 def set_group_metadata(args, call):
     node, group = call.server.node, args["group"]
@@ -1307,10 +1284,9 @@ def current_group_name(node, group):
     return record.get("name") if record else None
 
 
-@tool("join_open_group", "Join an open group through membership of its parent namespace or group (join via "
-      "inheritance). Returns {groupId, memberPublicKey, wasInherited}. Then join_context joins the contexts inside "
-      "it.",
-      {"group": GROUP_ID}, required=("group",), toolset="governance")
+@tool("join_open_group", "Join an open group via its parent namespace or group; then join_context for its "
+      "contexts.",
+      {"group": STRING}, required=("group",), toolset="governance")
 def join_open_group(args, call):
     return call.server.node.join_open_group(args["group"])
 
@@ -1744,6 +1720,12 @@ class Apps:
         finally:
             self.first_load.set()
 
+    def first_read_here(self):
+        """The first catalog read on this thread, however long it takes (--check counts what it brings)."""
+        with self.threads_lock:
+            self.threads.add("catalog")           # no reader starts another
+        self.first_read()
+
     def wait_first_load(self):
         """A reader of the catalog starts it (a modern client may never send discover) and waits a little;
         if the first read takes longer, load() announces its apps when they arrive."""
@@ -1912,10 +1894,14 @@ class AppBudget:
             return True
         return any(match_apps([app], name) for name in self.names)
 
+    def unmatched(self, apps):
+        """The names that match no installed application (a typo would hide its tools)."""
+        return [name for name in self.names if not match_apps(apps, name)]
+
     def warn_unknown(self, apps):
-        """Say once per name when a name matches no installed application (a typo would hide its tools)."""
-        for name in self.names:
-            if name not in self.warned and not match_apps(apps, name):
+        """Say once per name when a name matches no installed application."""
+        for name in self.unmatched(apps):
+            if name not in self.warned:
                 self.warned.add(name)
                 log.warning('CALIMERO_MCP_APPS names "%s", which matches no installed application; installed: %s',
                             name, ", ".join(a.key for a in apps) or "(none)")
@@ -2059,13 +2045,8 @@ def with_guide(apps, app, summary, always):
     return {"content": [c for c in content if c is not None], "structuredContent": summary}
 
 
-APP_NAME = text_property("Application id, package name, trailing segment, or display name.")
-
-
-@tool("describe_app", "Show an application's guide and ABI: the author's guide, then every method with its "
-      "parameters and return type, plus an app_handle for planning. Always includes the guide. Does not pick a "
-      "context. For a multi-service app, omitting `service` returns an error naming the available services.",
-      {"app": APP_NAME, "service": text_property("Service name, for an app that bundles several.")},
+@tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
+      {"app": STRING, "service": STRING},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def describe_app(args, call):
     apps = call.server.apps
@@ -2079,14 +2060,12 @@ def describe_app(args, call):
     return with_guide(apps, app, summary, always=True)
 
 
-@tool("select_app", "Pick an application and the context to act in. Returns the app_handle every app tool and "
-      "`call` require; the handle names the context, so pass it unchanged. Shows the app's guide the first time "
-      "only, then a note with its resource uri; methods are in describe_app, or pass verbose to include them here.",
-      {"app": APP_NAME,
-       "context": text_property("Context id or alias; defaults to the application's only context."),
-       "service": text_property("Service name, for a multi-service app when no context is chosen; a chosen "
-                                "context decides it."),
-       "verbose": flag_property("Also return the methods list and the guide, as describe_app does.")},
+@tool("select_app", "Pick an application and the context to act in; returns the app_handle its tools and call "
+      "take.",
+      {"app": STRING,
+       "context": text_property("Default: the app's only one."),
+       "service": text_property("For a multi-service app, if no context."),
+       "verbose": flag_property("Also the methods and the guide.")},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def select_app(args, call):
     apps, label = call.server.apps, args["app"]
@@ -2124,18 +2103,18 @@ def no_context_note(label, contexts):
 # ---- call / call_many ----
 
 CALL_PROPERTIES = {
-    "app_handle": text_property("The app_handle select_app returned; it names the application and the context. "
-                                "Omit it to pass app and context."),
-    "context": text_property("Context id or alias, with app, instead of an app_handle."),
-    "method": text_property("ABI method name."),
-    "args": {"type": "object", "description": "Method arguments, keyed by parameter name."},
-    "app": text_property("Application id, package name, or display name; with context it replaces the handle, "
-                         "and a handle for another app is refused."),
+    "app_handle": text_property("From select_app; or pass app and context."),
+    "context": STRING,
+    "method": STRING,
+    "args": {"type": "object", "description": "By parameter name."},
+    "app": text_property("With context, instead of app_handle."),
 }
+# call_many's items take what call takes; its description says so, and the types say the rest.
+CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for key, value in CALL_PROPERTIES.items()},
+             "required": ["method"]}
 
 
-@tool("call", "Call an application method by name, validated against its ABI, with the app_handle select_app "
-      "returned or with app and context. Use this when the generated per-method tools are not visible.",
+@tool("call", "Call any method of an installed app by name, even one with no tool listed.",
       CALL_PROPERTIES, required=["method"], toolset="app",
       annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
 def call_tool(args, call):
@@ -2186,13 +2165,10 @@ def admit_call(apps, args):
     return Admitted(apps.unit_for(app, handle.service), context_id)
 
 
-@tool("call_many", "Run up to 32 `call`s at once, each validated against its ABI like `call`; a failing item "
-      "does not fail the batch. Results come back in request order as {ok, result} or {ok: false, error}. Calls "
-      "run concurrently, so the order mutating methods execute in is not guaranteed.",
+@tool("call_many", "Run up to 32 calls at once, each like call and with its own result. They run concurrently: "
+      "writes in no set order.",
       {"calls": {"type": "array", "minItems": 1, "maxItems": CALL_MANY_LIMIT,
-                 "description": "Calls to run; each takes what `call` takes: method, args, and an app_handle or "
-                                "app with context.",
-                 "items": {"type": "object", "properties": CALL_PROPERTIES, "required": ["method"]}}},
+                 "description": "Each takes what call takes.", "items": CALL_ITEM}},
       required=["calls"], toolset="app",
       annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
 def call_many(args, call):
@@ -2352,12 +2328,33 @@ GUIDE_TEMPLATE = {"uriTemplate": "calimero://apps/{applicationId}/{version}/guid
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────
 
+# --check's tool budget (node.check prints it): how many tools tools/list advertises, how many of them are fixed, how
+# many fixed tools CALIMERO_MCP_TOOLSETS=core would leave, the ids of the installed apps CALIMERO_MCP_APPS leaves out,
+# and the CALIMERO_MCP_APPS names that match no installed app.
+ToolCount = namedtuple("ToolCount", "advertised fixed fewest_fixed left_out unmatched")
+
+
+def count_tools(env, node):
+    """--check's ToolCount against a connected `node`, made by the code that answers tools/list (so the two agree)."""
+    server = Server(None, env)
+    server._node = node
+    apps = server.apps
+    installed = apps.installed()
+    unmatched = apps.budget.unmatched(installed)
+    apps.budget.warned.update(unmatched)          # --check reports them itself, not as a log line too
+    apps.first_read_here()
+    tools = server.tool_definitions(Call(server, None, {}, False, None, None))
+    fewest = Server(None, dict(env, CALIMERO_MCP_TOOLSETS="core")).fixed_definitions
+    return ToolCount(len(tools), sum(1 for t in tools if "_meta" not in t), len(fewest),
+                     [app.id for app in installed if not apps.budget.admits(app)], unmatched)
+
+
 USAGE = """usage: mero-mcp [--check | --version | --help]
 
 An MCP server (stdio) for a Calimero node and the applications installed on it.
 Register it with your agent as the command `python3 /path/to/mero_mcp.py` (or `mero-mcp`).
 
-  --check     diagnose the setup: which node is found, authentication, health, installed apps
+  --check     diagnose the setup: which node is found, authentication, health, installed apps, tool count
   --version   print the version
   --help      this text
 
@@ -2424,7 +2421,7 @@ def main(argv=None):
         except ImportError as error:
             sys.stdout.write("mero-mcp --check\nProblems:\n  - %s\n" % import_failure("node", error))
             return 1
-        return doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ))
+        return doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ), count_tools=count_tools)
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

@@ -1788,11 +1788,14 @@ class _Report:
         return 1 if fatal else 0
 
 
-def check(env: Mapping[str, str], out, ports=None, mode=None) -> int:
+def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None) -> int:
     """Print which discovery step found which node (or why none), the auth mode, health, installed apps with
     their tool counts, and one fix per problem. Non-zero when the server could not work. `mode` is the server's
     read-only setting as mero_mcp.read_only_mode gives it (read_only, line, problem, fix), which reads the variable;
-    the counts then are of the tools read-only mode offers."""
+    the per-app counts then are of the tools read-only mode offers.
+
+    `count_tools(env, node)`, given by mero_mcp.py (this module never imports it), returns its ToolCount: what
+    tools/list advertises with this environment, counted by the code that answers it."""
     report = _Report(out)
     out.write("mero-mcp --check\n")
     packages_ok = _report_packages(report)
@@ -1831,7 +1834,10 @@ def check(env: Mapping[str, str], out, ports=None, mode=None) -> int:
         else:
             report.problem(str(error), error.fix or "Check the node's log, then run mero-mcp --check again.")
         return report.finish()
-    _report_apps(report, node, apps, bool(mode and mode.read_only))
+    counted = _count_tools(report, count_tools, env, node)
+    _report_apps(report, node, apps, bool(mode and mode.read_only), counted.left_out if counted else ())
+    if counted:
+        _report_tool_budget(report, counted, apps)
     return report.finish()
 
 
@@ -1867,7 +1873,7 @@ def _report_handoff(report, env):
     return handoff
 
 
-def _report_apps(report, node, apps, read_only=False):
+def _report_apps(report, node, apps, read_only=False, left_out=()):
     report.line("Apps", "%d installed" % len(apps) if apps else "none installed (install one with "
                                                                  "install_application)")
     try:
@@ -1882,7 +1888,44 @@ def _report_apps(report, node, apps, read_only=False):
         counts = [_tool_count(report, node, abi, app, label, service, read_only) for service in services or [None]]
         shown = ", ".join("%s: %s" % (service, count) for service, count in zip(services, counts)) \
             if len(services) > 1 else counts[0]
+        if app.get("id") in left_out:
+            shown += " (left out by CALIMERO_MCP_APPS: call still reaches its methods)"
         report.out.write("  - %s: %s\n" % (label, shown))
+
+
+# Hosts that pass only so many tools to the model (issue 11): Cursor sends the first 40, VS Code at most 128.
+TOOL_LIMITS = (("Cursor", 40), ("VS Code", 128))
+
+
+def _count_tools(report, count_tools, env, node):
+    if count_tools is None:
+        return None
+    try:
+        return count_tools(env, node)
+    except Exception as error:           # abi.py or a package missing, a node that fails mid-read
+        report.line("Tools", "unknown: %s" % error)
+        return None
+
+
+def _report_tool_budget(report, counted, apps):
+    """The number of tools a host will be offered, the host limits it passes, how to trim; and the
+    CALIMERO_MCP_APPS names that match nothing (the server logs them too)."""
+    over = [name for name, limit in TOOL_LIMITS if counted.advertised > limit]
+    limits = " and ".join("%s (%d)" % (name, limit) for name, limit in TOOL_LIMITS if name in over)
+    report.line("Tools", "%d advertised (%d fixed, %d for apps)%s" % (
+        counted.advertised, counted.fixed, counted.advertised - counted.fixed,
+        "; over the limit%s of %s" % ("s" if len(over) > 1 else "", limits) if over else ""))
+    if over:
+        trims = ["CALIMERO_MCP_APPS=<app>,<app> gives tools only to the apps named (call reaches every app)"]
+        if counted.fewest_fixed < counted.fixed:
+            trims.insert(0, "CALIMERO_MCP_TOOLSETS=core keeps %d of the %d fixed tools"
+                         % (counted.fewest_fixed, counted.fixed))
+        report.out.write("  To trim: %s.\n" % "; ".join(trims))
+    installed = ", ".join(str(app.get("package") or app.get("id")) for app in apps) or "(none)"
+    for name in counted.unmatched:
+        report.problem('CALIMERO_MCP_APPS names "%s", which matches no installed application' % name,
+                       "Name an app by its id, package, last package segment or display name; installed: %s."
+                       % installed, fatal=False)
 
 
 def _services_of(node, app) -> List[str]:

@@ -7,9 +7,16 @@ stderr. Apps left out keep working through describe_app, select_app and call.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 
 import pytest
+
+import fixture_apps
+from mcp_client import ROOT, SERVER, minimal_env
+from node_double import NodeDouble
 
 KV_TOOLS = {"kv_store_clear", "kv_store_entries", "kv_store_get", "kv_store_get_or_insert", "kv_store_get_result",
             "kv_store_len", "kv_store_remove", "kv_store_set", "kv_store_update_if_exists"}
@@ -114,3 +121,89 @@ def test_left_out_apps_stay_reachable(start_server, server_env, double):
     assert reply["error"] == {"code": -32602, "message": "Unknown tool: kv_store_get"}
     assert not any(n.get("method") == "notifications/tools/list_changed" for n in server.notifications)
     assert len(double.requests_to("POST", "/jsonrpc")) == 4
+
+
+# ── --check tells the tool budget up front (issue 11) ────────────────────────────────────────────
+
+TOOLS_LINE = re.compile(r"^Tools: +(\d+) advertised \((\d+) fixed, (\d+) for apps\)(.*)$", re.M)
+
+
+def run_check(env):
+    done = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert done.returncode == 0, done.stdout
+    return done.stdout
+
+
+def check_count(output):
+    """(advertised, fixed, for apps, the rest of the line) of --check's Tools line."""
+    found = TOOLS_LINE.search(output)
+    assert found, output
+    return int(found.group(1)), int(found.group(2)), int(found.group(3)), found.group(4)
+
+
+def listed_count(start_server, env):
+    """len(tools/list) of a fresh session: the first list waits for the first catalog read."""
+    server = start_server(env)
+    tools = server.result("tools/list")["tools"]
+    return len(tools), sum(1 for t in tools if "_meta" not in t)
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"CALIMERO_MCP_TOOLSETS": "core"}, {"CALIMERO_MCP_TOOLSETS": "blobs"}, {"CALIMERO_MCP_APPS": "counter"},
+    {"CALIMERO_MCP_APPS": "KV Store, nope"}, {"CALIMERO_MCP_APPS": "nothing-here", "CALIMERO_MCP_TOOLSETS": "core"},
+])
+def test_check_counts_what_tools_list_advertises(start_server, server_env, extra):
+    env = dict(server_env, **extra)
+    advertised, fixed, for_apps, _ = check_count(run_check(env))
+    assert (advertised, fixed) == listed_count(start_server, env)
+    assert advertised == fixed + for_apps
+
+
+def test_check_says_how_to_trim_past_a_host_limit(server_env):
+    output = run_check(server_env)               # 30 fixed + kv-store 9 + counter 2
+    assert "Tools:     41 advertised (30 fixed, 11 for apps); over the limit of Cursor (40)\n" in output
+    assert ("  To trim: CALIMERO_MCP_TOOLSETS=core keeps 14 of the 30 fixed tools; CALIMERO_MCP_APPS=<app>,<app> "
+            "gives tools only to the apps named (call reaches every app).\n") in output
+    within = run_check(dict(server_env, CALIMERO_MCP_TOOLSETS="core"))
+    assert "Tools:     25 advertised (14 fixed, 11 for apps)\n" in within and "To trim" not in within
+
+
+def test_check_honours_calimero_mcp_apps_and_names_a_typo(server_env):
+    output = run_check(dict(server_env, CALIMERO_MCP_APPS="counter, kv-stor"))
+    assert "  - com.calimero.kv-store 1.0.0: 9 tools (left out by CALIMERO_MCP_APPS: call still reaches its methods)\n" \
+        in output
+    assert "  - com.example.counter 0.1.0: 2 tools\n" in output
+    assert check_count(output)[:3] == (32, 30, 2)
+    assert ('  - CALIMERO_MCP_APPS names "kv-stor", which matches no installed application\n    Fix: Name an app by its '
+            "id, package, last package segment or display name; installed: com.calimero.kv-store, "
+            "com.example.counter.\n") in output
+    assert '"counter"' not in output
+    assert output.rstrip().endswith("OK, the server can work with this node."), "a typo is not fatal"
+
+
+@pytest.mark.parametrize("extra", [{}, {"CALIMERO_MCP_TOOLSETS": "core,governance"},
+                                   {"CALIMERO_MCP_APPS": "apps-kv-store,core-abi_conformance"}])
+def test_check_counts_the_shared_fixture_apps(start_server, tmp_path, extra):
+    paths = fixture_apps.manifest_paths(fixture_apps.SHARED_ABIS)
+    if not paths:
+        pytest.skip("%s is absent: the shared fixtures live beside the checkout, not in it" % fixture_apps.SHARED_ABIS)
+    double = NodeDouble()
+    fixture_apps.install(double, paths)
+    with double:
+        env = minimal_env(tmp_path / "home", dict(extra, CALIMERO_NODE_URL=double.url,
+                                                  CALIMERO_MCP_STATE_DIR=tmp_path / "state"))
+        output = run_check(env)
+        advertised, fixed, for_apps, rest = check_count(output)
+        assert (advertised, fixed) == listed_count(start_server, env)
+    if not extra:
+        assert for_apps == fixture_apps.tool_count(paths)
+        assert rest == "; over the limits of Cursor (40) and VS Code (128)", output
+
+
+def test_node_py_does_not_import_the_server():
+    """--check's count comes from mero_mcp.py through a parameter: node.py stays importable on its own."""
+    done = subprocess.run([sys.executable, "-c", "import sys, node; assert 'mero_mcp' not in sys.modules"],
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -124,14 +124,50 @@ def test_annotations_follow_tools_md(server):
             assert annotations == {"readOnlyHint": False, "destructiveHint": False}, name
 
 
-def test_every_property_is_described(server):
-    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
-    for name in FIXED:
-        schema = tools[name]["inputSchema"]
-        assert schema["type"] == "object", name
-        assert len(tools[name]["description"]) > 20, name
-        for prop, definition in schema["properties"].items():
-            assert definition.get("description"), (name, prop)
+# Properties whose name says what they take: a description would only repeat it (issue 11, "Lean"). How apps and
+# contexts are named is said once, in the server's instructions.
+SELF_EXPLAINING = {"application", "app", "group", "namespace", "name", "service", "context", "contextId", "blob",
+                   "method", "visibility", "members"}
+FIXED_TOOLS_BUDGET = 9000       # bytes of name + description + inputSchema, compact JSON, all 30 (as bench measures)
+
+
+def fixed_definitions(server):
+    return [t for t in server.result("tools/list")["tools"] if "_meta" not in t]
+
+
+def test_every_property_is_described_unless_its_name_says_it(server):
+    for tool in fixed_definitions(server):
+        schema = tool["inputSchema"]
+        assert schema["type"] == "object", tool["name"]
+        for prop, definition in (schema.get("properties") or {}).items():
+            assert definition.get("description") or prop in SELF_EXPLAINING, (tool["name"], prop)
+
+
+def test_a_no_argument_tool_says_so(server):
+    tools = {t["name"]: t for t in fixed_definitions(server)}
+    for name in ("node_status", "list_nodes", "list_namespaces", "list_blobs"):
+        assert tools[name]["inputSchema"] == {"type": "object", "additionalProperties": False}, name
+    refused = server.call_tool("node_status", {"verbose": True})
+    assert refused.get("isError") is True and "Unknown argument verbose" in text_of(refused)
+
+
+def test_first_sentences_tell_the_tools_apart(server):
+    """A host's tool search matches names and descriptions: each fixed tool's first sentence says what it does, and
+    no two say the same; no description passes Claude Code's 2,048-character cut."""
+    tools = fixed_definitions(server)
+    firsts = {t["name"]: t["description"].split(". ")[0].rstrip(".") for t in tools}
+    assert all(len(first.split()) >= 3 for first in firsts.values()), firsts
+    assert len(set(firsts.values())) == len(firsts), firsts
+    assert all(len(t["description"]) <= 2048 for t in tools)
+
+
+def test_the_fixed_tools_stay_lean(server):
+    """All 30 fixed tools, as a model reads them, within the issue-11 budget (bench prints the figure)."""
+    tools = fixed_definitions(server)
+    assert len(tools) == 30
+    read = [{key: t[key] for key in ("name", "description", "inputSchema")} for t in tools]
+    size = sum(len(json.dumps(part, separators=(",", ":"), ensure_ascii=False).encode("utf-8")) for part in read)
+    assert size <= FIXED_TOOLS_BUDGET, size
 
 
 def test_the_invitation_is_declared_opaque(server):
@@ -664,7 +700,8 @@ def test_every_fixed_tool_has_a_title_and_a_description(server):
     assert len(tools) == 30
     assert tools["node_status"]["title"] == "Node status"
     assert tools["list_group_members"]["title"] == "List group members"
-    assert all(t["title"] and len(t["description"]) > 20 for t in tools.values())
+    assert all(t["title"] and len(t["description"]) > 20 for t in tools.values()), [
+        name for name, t in tools.items() if len(t["description"]) <= 20]
 
 
 def test_join_namespace_waits_longer_than_other_calls(start_server, server_env, double):

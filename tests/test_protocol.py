@@ -14,10 +14,10 @@ from mcp_client import ROOT, SERVER, McpServer, minimal_env
 
 MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
           "io.modelcontextprotocol/clientCapabilities": {}}
-INSTRUCTIONS = ("Calimero apps describe themselves. Do not read app source. To use an app: list_applications, "
-                "then describe_app to plan or select_app to act, then pass the returned app_handle on every app "
-                "tool call. An app tool runs in the context its app_handle names; pass _context (a context id or "
-                "alias) to name one directly.")
+# reference-behaviour.md's instructions, exact: the critical part, so it comes first.
+FLOW = ("Calimero apps describe themselves. Do not read app source. To use an app: list_applications, then "
+        "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call.")
+INSTRUCTIONS_LIMIT = 2048        # Claude Code cuts longer instructions, silently
 
 
 @pytest.fixture
@@ -43,7 +43,26 @@ def test_initialize_negotiates_version(bare, requested, expected):
     assert result["serverInfo"]["name"] == "mero-mcp"
     assert isinstance(result["serverInfo"]["version"], str) and result["serverInfo"]["version"]
     assert result["capabilities"] == {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
-    assert result["instructions"] == INSTRUCTIONS
+    assert result["instructions"].startswith(FLOW + "\n")
+
+
+def test_instructions_carry_the_session(bare):
+    """What Claude Code loads before any tool: the flow first, then that call/call_many reach every method when no
+    tool shows, how app_handle and _context route, and how apps and contexts are named; within 2,048 characters."""
+    text = bare.result("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})["instructions"]
+    assert len(text) <= INSTRUCTIONS_LIMIT, len(text)
+    lines = text.split("\n")
+    assert lines[0] == FLOW
+    reach = next(line for line in lines if "call_many" in line)
+    assert reach.startswith("call runs any method of any installed app by name")
+    assert "even when no tool for it is listed" in reach
+    assert "an app installed during this session" in reach and "caps or defers tools" in reach
+    routing = next(line for line in lines if "_context" in line)
+    assert "app_handle names" in routing and "a context id or alias" in routing
+    assert "Without a handle, call takes app and context instead." in routing
+    assert any("Name an app by its id, package, last package segment or display name" in line for line in lines)
+    # the flow's tools are named before anything else
+    assert text.index("list_applications") < text.index("select_app") < text.index("call_many")
 
 
 def test_request_before_initialize_is_answered(bare):
@@ -186,7 +205,7 @@ def test_server_discover(bare):
     assert result["resultType"] == "complete"
     assert result["supportedVersions"][0] == "2026-07-28" and "2025-11-25" in result["supportedVersions"]
     assert result["capabilities"] == {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
-    assert result["instructions"] == INSTRUCTIONS
+    assert result["instructions"].startswith(FLOW + "\n") and len(result["instructions"]) <= INSTRUCTIONS_LIMIT
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mero-mcp"
     assert isinstance(result["ttlMs"], int) and result["cacheScope"] in ("public", "private")
 

@@ -3,7 +3,8 @@ with every manifest of tests/manifests/ and of ../shared/fixtures/abi/ (skipped 
 
 - a name matches ^[A-Za-z_][A-Za-z0-9_-]*$ and fits 64 behind a 15-character `mcp__<server>__` prefix (Gemini's rules
   on names; Claude Code never shortens the prefixed name);
-- a description of at most 2,048 characters (Claude Code cuts longer ones silently); a title on one line;
+- a description of at most 2,048 characters (Claude Code cuts longer ones silently) that does not start blank (a
+  host's tool search matches its first sentence); a title on one line;
 - every schema passes the JSON Schema 2020-12 meta-schema (Claude Code skips a tool whose schema does not), has no
   $ref/$defs, property keys within ^[a-zA-Z0-9_.-]{1,64}$, and a `type` on every node (older Gemini CLI releases
   dropped a tool with an untyped node); the root of every inputSchema, and of a handshake-era outputSchema, is an
@@ -63,6 +64,8 @@ def lint(tool, wrapped):
     description = tool.get("description")
     if not isinstance(description, str) or not description or len(description) > DESCRIPTION_LIMIT:
         problems.append("description of %s characters" % (len(description) if isinstance(description, str) else None))
+    elif description[:1].isspace():
+        problems.append("description starts blank: its first sentence is what a host's tool search matches")
     title = tool.get("title", "")
     if any(unicodedata.category(c) in ("Cc", "Cf") for c in title):
         problems.append("title %r is not one clean line" % title)
@@ -124,7 +127,8 @@ def test_the_lint_catches_what_it_is_for():
     assert lint(good, True) == []
     broken = [
         dict(good, name="3d_get"), dict(good, name="x" * 50), dict(good, name="kv.get"),
-        dict(good, description="d" * 2049), dict(good, title="Get (Evil\nApp)"),
+        dict(good, description="d" * 2049), dict(good, description="\n\n[view] get() -> string"),
+        dict(good, title="Get (Evil\nApp)"),
         dict(good, inputSchema={"type": "object", "properties": {"k": {"anyOf": [{"type": "string"}]}}}),
         dict(good, inputSchema={"type": "object", "properties": {"k": {"$ref": "#/$defs/K"}}, "$defs": {}}),
         dict(good, inputSchema={"type": "object", "properties": {"user name": {"type": "string"}}}),
