@@ -413,7 +413,8 @@ class HttpClock:
 
 
 def in_process_answer(server, channel, request_id, method, params=None):
-    server.handle_line(request_line(request_id, method, params))
+    received = server.receive(request_line(request_id, method, params))    # as the stdin thread does
+    server.handle_line(*received)
     answer = channel.last
     if not isinstance(answer, dict) or answer.get("id") != request_id or "result" not in answer:
         raise RuntimeError("%s answered %r" % (method, answer))
