@@ -1661,7 +1661,7 @@ class Apps:
     def load(self):
         """Read the installed apps and their ABIs; swap the snapshot and announce a change."""
         with self.load_lock:
-            units = self.read_units(self.installed())
+            units = self.read_units([app_record(raw) for raw in self.node.applications()])
             # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
             reserved = {t.name for t in FIXED_TOOLS}
             fresh = build_snapshot(units, reserved)
@@ -1682,17 +1682,20 @@ class Apps:
             log.warning("app list refresh failed: %s (the current app tools stay)", error)
 
     def read_units(self, apps):
-        """One unit per service (or one for the app); ABIs fetched concurrently; a bad one is skipped."""
+        """One unit per service (or one for the app); a bad one is skipped. Each app's reads (its record when the
+        list lacks services, then its ABIs) go out together with every other app's, on the one session."""
         self.budget.warn_unknown(apps)
-        wanted = [(app, service) for app in apps if self.budget.admits(app)
-                  for service in (app.services or (None,))]
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=ABI_FETCH_WORKERS) as pool:
-            futures = [pool.submit(self.manifest, app, service) for app, service in wanted]
+            read = list(pool.map(self.units_of, [app for app in apps if self.budget.admits(app)]))
+        return [unit for units in read for unit in units]
+
+    def units_of(self, app):
+        app = self.with_services(app)           # a failed record read fails the load, as the list's would
         units = []
-        for (app, service), future in zip(wanted, futures):
+        for service in app.services or (None,):
             try:
-                units.append(Unit(app, service, future.result()))
+                units.append(Unit(app, service, self.manifest(app, service)))
             except Exception as error:
                 log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
         return units
