@@ -1946,8 +1946,7 @@ class NodeDouble:
 
     def _h_list_namespaces(self, request):
         with self._lock:
-            views = [self._namespace_view(g) for g in self._namespaces()]
-        return {"data": paginate(views, request.query)}
+            return {"data": [self._namespace_view(g) for g in paginate(self._namespaces(), request.query)]}
 
     def _h_namespaces_for_application(self, request):
         with self._lock:
