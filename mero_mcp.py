@@ -1045,6 +1045,7 @@ def create_context(args, call):
     group = target_group(args)
     server = call.server
     app = server.apps.resolve(args["application"])
+    refuse_other_apps_group(server, group, app, args["application"])
     service = require_service(app, args.get("service"))
     init = init_parameters(server, app, service, args.get("args"), args["application"])
     return server.node.create_context(app.id, group, init, name=args.get("name"), service=service)
@@ -1058,6 +1059,17 @@ def target_group(args):
     if not chosen:
         raise ToolError("create_context needs group: the id of the namespace or subgroup to create the context in.")
     return chosen
+
+
+def refuse_other_apps_group(server, group, app, label):
+    """The node creates a context of the group's application whatever was asked (node-api §3.3, a warning in
+    its log only), so a group of another application is refused before anything is created."""
+    target = server.node.group(group)["targetApplicationId"]
+    if target != app.id:
+        owner = next((a.key for a in server.apps.installed() if a.id == target), None)
+        raise ToolError('Group %s is for application %s, not "%s": the node would create a context of %s there. '
+                        'Create the context in a namespace or group of "%s" (create_namespace makes one).'
+                        % (group, owner or target, label, owner or "that application", label))
 
 
 def init_parameters(server, app, service, init_args, label):
@@ -1327,6 +1339,9 @@ def create_group(args, call):
     node = call.server.node
     if args.get("parent") is None:
         return {"groupId": node.create_group(args["namespace"], args.get("name"), args.get("visibility") or "open")}
+    if not node.namespace_holds(args["namespace"], args["parent"]):      # core's nested create takes no namespace
+        raise ToolError("Group %s is not in namespace %s. Pass the namespace the parent is in, or a parent inside "
+                        "namespace %s." % (args["parent"], args["namespace"], args["namespace"]))
     return create_nested_group(node, args)
 
 
@@ -2176,6 +2191,10 @@ def select_app(args, call):
     contexts = apps.contexts_of(app)
     context = choose_context(apps, app, label, args.get("context"), contexts)
     service = context_service(context, app) if context else require_service(app, args.get("service"))
+    if context and args.get("service") is not None and args["service"] != service:
+        raise ToolError('Context %s runs %s, not "%s". Services of "%s": %s. Omit service, or choose a context that '
+                        'runs it.' % (context["id"], "service " + service if service else "no named service",
+                                      args["service"], label, ", ".join(app.services) or "(none)"))
     unit = apps.unit_for(app, service)
     apps.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
