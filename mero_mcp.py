@@ -1422,7 +1422,9 @@ SERVICE_NOTE = ("Not discoverable: a node exposes no service list for an applica
 GUIDE_SHOWN_NOTE = "This app's guide was shown earlier this session; read %s if it is not in your context."
 POLL_SECONDS = 30.0
 FIRST_LOAD_WAIT = 5.0        # tools/list waits this long for the first catalog read, then answers anyway
-ABI_FETCH_WORKERS = 8
+# Each app's catalog reads go out together with the others': latency a remote node hides; on loopback, where
+# requests' CPU under the GIL is the cost, more than 4 at once cost more than they save (measured).
+CATALOG_READERS = 4
 
 
 class AppRecord(namedtuple("AppRecord", "id package version signer_id name description guide metadata "
@@ -1831,10 +1833,12 @@ class Apps:
             fresh = build_snapshot(units, reserved)
             old, self.snapshot = self.snapshot, fresh
             changed = fresh.fingerprint != old.fingerprint
+        announce = changed and (self.first_load.is_set() or self.answered_early)
+        self.first_load.set()                # the readers waiting go on; what follows is for the log and later
         if changed:
             warn_uncallable_methods(fresh.units)
         self.start_polling()
-        if changed and (self.first_load.is_set() or self.answered_early):
+        if announce:
             self.server.announce_lists_changed(tools=fresh.definitions != old.definitions,
                                                resources=guide_entries(fresh) != guide_entries(old))
         return changed
@@ -1850,7 +1854,7 @@ class Apps:
         list lacks services, then its ABIs) go out together with every other app's, on the one session."""
         self.budget.warn_unknown(apps)
         from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=ABI_FETCH_WORKERS) as pool:
+        with ThreadPoolExecutor(max_workers=CATALOG_READERS) as pool:
             read = list(pool.map(self.units_of, [app for app in apps if self.budget.admits(app)]))
         return [unit for units in read for unit in units]
 
