@@ -12,8 +12,7 @@ import copy
 import hashlib
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Constants
@@ -72,16 +71,14 @@ class AbiError(ValueError):
     """A manifest we refuse; the message names the application."""
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(NamedTuple):
     name: str
     type: dict
     nullable: bool
     doc: Optional[str]
 
 
-@dataclass(frozen=True)
-class Method:
+class Method(NamedTuple):
     name: str
     params: Tuple[Param, ...]
     returns: Optional[dict]
@@ -96,8 +93,7 @@ class Method:
         return [param.name for param in self.params]
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):
     types: dict                   # name -> type definition; treat as read-only
     methods: Tuple[Method, ...]   # in ABI order
 
@@ -181,8 +177,7 @@ def _method_of(manifest: Manifest, method) -> Method:
 # ---------------------------------------------------------------------------------------------------------------------
 # Type -> JSON Schema (reference §4.2; `$ref` expanded inline, depth-capped, per the decisions in reference §0)
 
-@dataclass(frozen=True)
-class _At:
+class _At(NamedTuple):
     """Where the builder stands: how many `$ref`s deep, and whether inside an untagged enum."""
     depth: int = 0
     untagged: bool = False
@@ -616,8 +611,7 @@ def degradations(manifest: Manifest) -> List[str]:
 # ---------------------------------------------------------------------------------------------------------------------
 # Validation
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     path: str      # dotted, `args` for the arguments object itself
     message: str
 
@@ -1070,8 +1064,7 @@ def tool_meta(package: Optional[str], version: Optional[str], signer_id: Optiona
 # ---------------------------------------------------------------------------------------------------------------------
 # Tool names (abi-mapping.md "Tool naming", tools.md "Generated method tools", reference §3.14)
 
-@dataclass(frozen=True)
-class ToolUnit:
+class ToolUnit(NamedTuple):
     key: Any                          # the caller's handle on this unit, echoed in the result
     package: Optional[str]
     app_id: str

@@ -450,12 +450,13 @@ class Server:
             with self.node.traced(traceparent_of(call.meta)):
                 value = t.handler(arguments, call)
         except Refusal as refused:
-            return error_result(refused.text, refused.blocks, prefix="")
+            return bounded(error_result(refused.text, refused.blocks, prefix=""))
         except ToolError as error:
-            return error_result(error.text, error.blocks)
+            return bounded(error_result(error.text, error.blocks))
         except node_module().NodeError as error:
-            return error_result(node_error_text(error))
-        return render_result(value)
+            return bounded(error_result(node_error_text(error)))
+        # A method's output is the app's data, returned whole, as its generated tool returns it.
+        return render_result(value) if t.toolset is None or t.name in APP_OUTPUT else bounded(render_result(value))
 
     def announce_lists_changed(self, tools=True, resources=True):
         """The catalog changed: tell a handshake-era session, and every listen that asked for that list."""
@@ -805,14 +806,158 @@ def render_result(value):
         return value                      # already a CallToolResult (guide blocks and the like)
     if isinstance(value, str):
         return {"content": [{"type": "text", "text": value}]}
-    result = {"content": [{"type": "text", "text": json.dumps(value, indent=2, ensure_ascii=False)}]}
+    result = {"content": [{"type": "text", "text": json_text(value)}]}
     if isinstance(value, dict):
         result["structuredContent"] = value
     return result
 
 
+def json_text(value):
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+# ---- bounded answers: the list tools answer in pages ----
+
+TEXT_BOUND = 60000          # characters of text in one answer: well under Claude Code's 25,000-token reject
+CURSOR = {"type": "string", "description": "nextCursor of the previous page."}
+LONG_TEXT = 500             # a row that alone passes the bound keeps this much of each longer string
+
+
+def paged(tool, args, value, rows_key, id_key):
+    """`value`, whose `rows_key` list is complete, as the answer: unchanged when no cursor was passed and it fits
+    TEXT_BOUND; else the page the cursor starts (the first without one) holding the rows that fit, with
+    nextCursor and a line saying how to go on while rows are left.
+
+    A cursor is opaque: base64url of [offset, a digest of the page's last row id, a digest of the tool and its
+    other arguments]. The list is read live for every page; resuming after that last row (where it still is)
+    keeps every row once across pages even when rows come or go before it."""
+    query = query_fingerprint(tool, args)
+    rows = value[rows_key]
+    frame = len(json_text(dict(value, **{rows_key: []})))
+    costs = [row_cost(row) for row in rows]
+    if args.get("cursor") is None:
+        if frame + listed_cost(costs) <= TEXT_BOUND:
+            return value
+        start = 0
+    else:
+        start = resume_at(tool, args["cursor"], query, rows, id_key)
+    rows, costs = rows[start:], costs[start:]
+    count = fit_count(frame, costs, TEXT_BOUND)
+    if count == 0 and rows:                  # one row alone passes the bound: its long strings are cut
+        rows = [shortened(rows[0], id_key)] + rows[1:]
+        count = 1
+    while True:
+        page = dict(value, **{rows_key: rows[:count]})
+        if count == len(rows):
+            return page
+        page["nextCursor"] = make_cursor(query, start + count, rows[count - 1].get(id_key))
+        line = ('%s %d-%d of %d. For the rest, call %s again with the same arguments and cursor "%s".'
+                % (rows_key.capitalize(), start + 1, start + count, start + len(rows), tool, page["nextCursor"]))
+        text = json_text(page)
+        if len(text) + len(line) <= TEXT_BOUND or count == 1:
+            return {"content": [{"type": "text", "text": text}, {"type": "text", "text": line}],
+                    "structuredContent": page}
+        count -= 1                           # the cursor and the line took what the estimate left
+
+
+def row_cost(row):
+    """Characters a row takes inside the rendered list: its own text, indented 4 more, and a separator."""
+    text = json_text(row)
+    return len(text) + 4 * (text.count("\n") + 1) + 2
+
+
+def listed_cost(costs):
+    return sum(costs) + 2 if costs else 0
+
+
+def fit_count(frame, costs, budget):
+    """How many of the leading rows fit `budget` in a rendering that is `frame` characters without them."""
+    total, count = frame + 2, 0
+    for cost in costs:
+        total += cost
+        if total > budget:
+            break
+        count += 1
+    return count
+
+
+def text_size(blocks):
+    return sum(len(block.get("text") or (block.get("resource") or {}).get("text") or "") for block in blocks)
+
+
+def bounded(result):
+    """The last guard of TEXT_BOUND (lists page, guides and ABIs fit themselves first): the longest text blocks
+    are cut, saying so, and structuredContent, no longer the same, is left out."""
+    size = text_size(result["content"])
+    if size <= TEXT_BOUND:
+        return result
+    blocks = list(result["content"])
+    marker = "... [cut: this answer is %d characters; one answer carries at most %d]" % (size, TEXT_BOUND)
+    texts = [i for i, block in enumerate(blocks) if block.get("type") == "text"]
+    for index in sorted(texts, key=lambda i: -len(blocks[i]["text"])):
+        excess = text_size(blocks) - TEXT_BOUND
+        if excess <= 0:
+            break
+        text = blocks[index]["text"]
+        blocks[index] = dict(blocks[index], text=text[:max(0, len(text) - excess - len(marker))] + marker)
+    return {key: value for key, value in dict(result, content=blocks).items() if key != "structuredContent"}
+
+
+def shortened(row, id_key):
+    """A row too long for any answer: each string past LONG_TEXT cut and saying so; if even that is too long,
+    its id and a note."""
+    def cut(value):
+        if isinstance(value, str) and len(value) > LONG_TEXT:
+            return value[:LONG_TEXT] + "... [cut: %d characters in all, too long for one answer]" % len(value)
+        if isinstance(value, dict):
+            return {key: cut(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [cut(item) for item in value]
+        return value
+    short = cut(row)
+    if row_cost(short) <= TEXT_BOUND // 2:
+        return short
+    return {id_key: row.get(id_key), "cut": "This row is %d characters, more than one answer carries."
+            % row_cost(row)}
+
+
+def query_fingerprint(tool, args):
+    return digest([tool, {k: v for k, v in args.items() if k != "cursor"}])
+
+
+def digest(value):
+    """12 hex characters of a value's sha256: enough to tell queries (or rows) apart, short in a cursor."""
+    import hashlib
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()[:12]
+
+
+def make_cursor(query, offset, last_row_id):
+    return b64url(json.dumps([offset, digest(last_row_id), query], separators=(",", ":")).encode("utf-8"))
+
+
+def resume_at(tool, cursor, query, rows, id_key):
+    """Where the page a cursor names starts: after the row it ended on, else at its offset."""
+    try:
+        offset, anchor, made_for = json.loads(unb64url(cursor))
+        valid = type(offset) is int and offset >= 0 and isinstance(made_for, str)
+    except (ValueError, TypeError):          # not base64, not JSON, not three items
+        valid = False
+    shown = cursor if len(cursor) <= 100 else cursor[:100] + "..."
+    if not valid:
+        raise ToolError('Invalid cursor "%s": it is no nextCursor of %s. Omit cursor for the first page.'
+                        % (shown, tool))
+    if made_for != query:
+        raise ToolError('Invalid cursor "%s": it continues a %s call with other arguments. Pass the arguments of '
+                        'the call that returned it, or omit cursor for the first page.' % (shown, tool))
+    if 0 < offset <= len(rows) and digest(rows[offset - 1].get(id_key)) == anchor:
+        return offset
+    found = [index + 1 for index, row in enumerate(rows) if digest(row.get(id_key)) == anchor]
+    return found[0] if found else min(offset, len(rows))
+
+
 _fixed_validators = {}
 SELF_VALIDATING = frozenset({"call", "call_many"})
+APP_OUTPUT = frozenset({"call", "call_many"})
 # Accepted without being advertised: a generated tool takes context as _context's synonym (tools.md), and `call`
 # takes _context, the name generated tools advertise, as a synonym of its context.
 GENERATED_SYNONYMS = ("context", "_context")
@@ -908,11 +1053,12 @@ def connected_url(server):
 
 
 @tool("list_applications", "Applications installed on this node.",
-      {"verbose": flag_property("Full records: metadata, blob hashes, signer.")},
+      {"verbose": flag_property("Full records: metadata, blob hashes, signer."),
+       "cursor": CURSOR},
       annotations=READ_ONLY)
 def list_applications(args, call):
     row = verbose_app_row if args.get("verbose") else compact_app_row
-    return {"apps": [row(app) for app in call.server.apps.installed()]}
+    return paged("list_applications", args, {"apps": [row(app) for app in call.server.apps.installed()]}, "apps", "id")
 
 
 def compact_app_row(app):
@@ -934,14 +1080,15 @@ def verbose_app_row(app):
     return row
 
 
-@tool("list_namespaces", "Namespaces on this node.", annotations=READ_ONLY)
+@tool("list_namespaces", "Namespaces on this node.", {"cursor": CURSOR}, annotations=READ_ONLY)
 def list_namespaces(args, call):
-    return {"namespaces": call.server.node.namespaces()}
+    return paged("list_namespaces", args, {"namespaces": call.server.node.namespaces()}, "namespaces", "namespaceId")
 
 
 @tool("list_contexts", "Contexts on this node, of every application or of one.",
       {"application": text_property("Only this app's."),
-       "verbose": flag_property("Also state hash and DAG heads.")},
+       "verbose": flag_property("Also state hash and DAG heads."),
+       "cursor": CURSOR},
       annotations=READ_ONLY)
 def list_contexts(args, call):
     server = call.server
@@ -949,7 +1096,8 @@ def list_contexts(args, call):
         contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
     else:
         contexts = server.node.contexts()
-    return {"contexts": [context_row(c, args.get("verbose")) for c in contexts]}
+    rows = [context_row(c, args.get("verbose")) for c in contexts]
+    return paged("list_contexts", args, {"contexts": rows}, "contexts", "id")
 
 
 def context_row(context, verbose):
@@ -975,6 +1123,7 @@ def create_context(args, call):
     group = target_group(args)
     server = call.server
     app = server.apps.resolve(args["application"])
+    refuse_other_apps_group(server, group, app, args["application"])
     service = require_service(app, args.get("service"))
     init = init_parameters(server, app, service, args.get("args"), args["application"])
     return server.node.create_context(app.id, group, init, name=args.get("name"), service=service)
@@ -988,6 +1137,17 @@ def target_group(args):
     if not chosen:
         raise ToolError("create_context needs group: the id of the namespace or subgroup to create the context in.")
     return chosen
+
+
+def refuse_other_apps_group(server, group, app, label):
+    """The node creates a context of the group's application whatever was asked (node-api §3.3, a warning in
+    its log only), so a group of another application is refused before anything is created."""
+    target = server.node.group(group)["targetApplicationId"]
+    if target != app.id:
+        owner = next((a.key for a in server.apps.installed() if a.id == target), None)
+        raise ToolError('Group %s is for application %s, not "%s": the node would create a context of %s there. '
+                        'Create the context in a namespace or group of "%s" (create_namespace makes one).'
+                        % (group, owner or target, label, owner or "that application", label))
 
 
 def init_parameters(server, app, service, init_args, label):
@@ -1134,9 +1294,9 @@ def decoded_base64(text):
         raise ToolError("data is not valid base64 (%s). Encode the blob bytes with standard base64." % error)
 
 
-@tool("list_blobs", "Blobs stored on this node.", annotations=READ_ONLY, toolset="blobs")
+@tool("list_blobs", "Blobs stored on this node.", {"cursor": CURSOR}, annotations=READ_ONLY, toolset="blobs")
 def list_blobs(args, call):
-    return {"blobs": call.server.node.blobs()}
+    return paged("list_blobs", args, {"blobs": call.server.node.blobs()}, "blobs", "blobId")
 
 
 @tool("delete_blob", "Delete a blob from this node (not one an installed app uses).",
@@ -1207,9 +1367,9 @@ def leave_namespace(args, call):
 
 
 @tool("list_group_members", "Members of a group, with their roles.",
-      {"group": STRING}, required=("group",), annotations=READ_ONLY, toolset="governance")
+      {"group": STRING, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
-    return call.server.node.group_members(args["group"])
+    return paged("list_group_members", args, call.server.node.group_members(args["group"]), "members", "identity")
 
 
 @tool("add_group_members", "Add members to a group, each with a role.",
@@ -1237,6 +1397,9 @@ def create_group(args, call):
     node = call.server.node
     if args.get("parent") is None:
         return {"groupId": node.create_group(args["namespace"], args.get("name"), args.get("visibility") or "open")}
+    if not node.namespace_holds(args["namespace"], args["parent"]):      # core's nested create takes no namespace
+        raise ToolError("Group %s is not in namespace %s. Pass the namespace the parent is in, or a parent inside "
+                        "namespace %s." % (args["parent"], args["namespace"], args["namespace"]))
     return create_nested_group(node, args)
 
 
@@ -1314,7 +1477,9 @@ SERVICE_NOTE = ("Not discoverable: a node exposes no service list for an applica
 GUIDE_SHOWN_NOTE = "This app's guide was shown earlier this session; read %s if it is not in your context."
 POLL_SECONDS = 30.0
 FIRST_LOAD_WAIT = 5.0        # tools/list waits this long for the first catalog read, then answers anyway
-ABI_FETCH_WORKERS = 8
+# Each app's catalog reads go out together with the others': latency a remote node hides; on loopback, where
+# requests' CPU under the GIL is the cost, more than 4 at once cost more than they save (measured).
+CATALOG_READERS = 4
 
 
 class AppRecord(namedtuple("AppRecord", "id package version signer_id name description guide metadata "
@@ -1736,17 +1901,19 @@ class Apps:
     def load(self):
         """Read the installed apps and their ABIs; swap the snapshot and announce a change."""
         with self.load_lock:
-            apps = self.installed()
+            apps = [app_record(raw) for raw in self.node.applications()]
             units = self.read_units(apps)
             # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
             reserved = {t.name for t in FIXED_TOOLS}
             fresh = build_snapshot(units, reserved, self.server.config, apps)
             old, self.snapshot = self.snapshot, fresh
             changed = fresh.fingerprint != old.fingerprint
+        announce = changed and (self.first_load.is_set() or self.answered_early)
+        self.first_load.set()                # the readers waiting go on; what follows is for the log and later
         if changed:
             warn_uncallable_methods(fresh.units)
         self.start_polling()
-        if changed and (self.first_load.is_set() or self.answered_early):
+        if announce:
             self.server.announce_lists_changed(tools=fresh.definitions != old.definitions,
                                                resources=guide_entries(fresh) != guide_entries(old))
         return changed
@@ -1758,17 +1925,20 @@ class Apps:
             log.warning("app list refresh failed: %s (the current app tools stay)", error)
 
     def read_units(self, apps):
-        """One unit per service (or one for the app); ABIs fetched concurrently; a bad one is skipped."""
+        """One unit per service (or one for the app); a bad one is skipped. Each app's reads (its record when the
+        list lacks services, then its ABIs) go out together with every other app's, on the one session."""
         self.budget.warn_unknown(apps)
-        wanted = [(app, service) for app in apps if self.budget.admits(app)
-                  for service in (app.services or (None,))]
         from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=ABI_FETCH_WORKERS) as pool:
-            futures = [pool.submit(self.manifest, app, service) for app, service in wanted]
+        with ThreadPoolExecutor(max_workers=CATALOG_READERS) as pool:
+            read = list(pool.map(self.units_of, [app for app in apps if self.budget.admits(app)]))
+        return [unit for units in read for unit in units]
+
+    def units_of(self, app):
+        app = self.with_services(app)           # a failed record read fails the load, as the list's would
         units = []
-        for (app, service), future in zip(wanted, futures):
+        for service in app.services or (None,):
             try:
-                units.append(Unit(app, service, future.result()))
+                units.append(Unit(app, service, self.manifest(app, service)))
             except Exception as error:
                 log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
         return units
@@ -1844,7 +2014,7 @@ class Apps:
 
     def candidates(self, app, label, rejected):
         ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
-        return 'Contexts for "%s": %s' % (label, ", ".join(ids) or "(none)")
+        return 'Contexts for "%s": %s' % (label, some_contexts(ids, label) or "(none)")
 
     # ---- guides (reference §3.9) ----
     def served_guide_uri(self, app):
@@ -1858,6 +2028,8 @@ class Apps:
         label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
                  % (app.key, app.signer_id or "unknown")}
         uri = self.served_guide_uri(app)
+        if len(app.guide) > GUIDE_BOUND:         # the rest of an answer keeps its room
+            return [label, {"type": "text", "text": long_guide(app.guide, uri)}]
         if uri is None:
             return [label, {"type": "text", "text": app.guide}]
         self.shown_guides.add(uri)
@@ -1873,6 +2045,17 @@ class Apps:
         self.wait_first_load()
         app = self.snapshot.guides.get(uri)
         return [{"uri": uri, "mimeType": "text/markdown", "text": app.guide}] if app is not None else None
+
+
+GUIDE_BOUND = 40000
+
+
+def long_guide(guide, uri):
+    if uri:
+        return "The guide is %d characters, more than an answer carries; read it whole with resources/read %s" % (
+            len(guide), uri)
+    return guide[:GUIDE_BOUND] + "... [cut: the guide is %d characters; an answer carries %d of them]" % (
+        len(guide), GUIDE_BOUND)
 
 
 def guide_entries(snapshot):
@@ -2034,15 +2217,31 @@ def method_references(unit):
 
 def with_guide(apps, app, summary, always):
     """The summary as JSON, then the guide (always, or the first time this session meets this version)."""
-    content = [{"type": "text", "text": json.dumps(summary, indent=2, ensure_ascii=False)}]
     uri = apps.served_guide_uri(app)
     if not app.guide:
-        content.append({"type": "text", "text": "This app ships no guide."} if always else None)
+        guide = [{"type": "text", "text": "This app ships no guide."}] if always else []
     elif always or uri is None or uri not in apps.shown_guides:
-        content.extend(apps.guide_blocks(app))
+        guide = apps.guide_blocks(app)
     else:
-        content.append({"type": "text", "text": GUIDE_SHOWN_NOTE % uri})
-    return {"content": [c for c in content if c is not None], "structuredContent": summary}
+        guide = [{"type": "text", "text": GUIDE_SHOWN_NOTE % uri}]
+    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide))
+    return {"content": [{"type": "text", "text": json_text(summary)}] + guide, "structuredContent": summary}
+
+
+LEFT_OUT = "%d of the %d %s are left out: one answer carries at most %d characters. call reaches every method by name."
+
+
+def fitted_summary(summary, room):
+    """A huge ABI's methods (or tool names) cut to what fits `room`, saying how many were left out."""
+    for key in ("methods", "tools"):
+        items = summary.get(key)
+        if not items or len(json_text(summary)) <= room:
+            continue
+        cut = dict(summary, **{key: [], "omitted": LEFT_OUT % (len(items), len(items), key, TEXT_BOUND)})
+        count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
+        summary = dict(cut, **{key: items[:count], "omitted": LEFT_OUT % (len(items) - count, len(items), key,
+                                                                          TEXT_BOUND)})
+    return summary
 
 
 @tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
@@ -2073,6 +2272,10 @@ def select_app(args, call):
     contexts = apps.contexts_of(app)
     context = choose_context(apps, app, label, args.get("context"), contexts)
     service = context_service(context, app) if context else require_service(app, args.get("service"))
+    if context and args.get("service") is not None and args["service"] != service:
+        raise ToolError('Context %s runs %s, not "%s". Services of "%s": %s. Omit service, or choose a context that '
+                        'runs it.' % (context["id"], "service " + service if service else "no named service",
+                                      args["service"], label, ", ".join(app.services) or "(none)"))
     unit = apps.unit_for(app, service)
     apps.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
@@ -2095,9 +2298,20 @@ def choose_context(apps, app, label, value, contexts):
 def no_context_note(label, contexts):
     if contexts:
         return 'Application "%s" has %d contexts; pass context with one of: %s' % (
-            label, len(contexts), ", ".join(c["id"] for c in contexts))
+            label, len(contexts), some_contexts([c["id"] for c in contexts], label))
     return ('Application "%s" has no contexts on this node. Create one in the Calimero desktop app, or use '
             'create_context.' % label)
+
+
+LISTED_CONTEXTS = 20
+
+
+def some_contexts(ids, label):
+    """Context ids for a message: a node may hold thousands, so the first 20 and where the rest are."""
+    if len(ids) <= LISTED_CONTEXTS:
+        return ", ".join(ids)
+    return '%s and %d more (list_contexts with application "%s" lists them)' % (
+        ", ".join(ids[:LISTED_CONTEXTS]), len(ids) - LISTED_CONTEXTS, label)
 
 
 # ---- call / call_many ----

@@ -1385,12 +1385,30 @@ class Node:
 
     def create_nested_group(self, parent_id: str, name: Optional[str] = None) -> str:
         """A group under `parent_id`, for the parent's application; core creates it restricted. Its `groupId`."""
-        info = self._call("GET", "/admin-api/groups/" + quoted(parent_id), lambda a: a.object("targetApplicationId"))
-        body = {"applicationId": info["targetApplicationId"]}
+        body = {"applicationId": self.group(parent_id)["targetApplicationId"]}
         if name is not None:
             body["name"] = name
         body["parentGroupId"] = parent_id
         return self._create_with_policy("/admin-api/groups", body, lambda a: a.id("groupId"))
+
+    def group(self, group_id: str) -> Dict[str, Any]:
+        """A group's (or namespace's) info: `{groupId, targetApplicationId, namespaceId?, ...}`; `namespaceId`
+        since rc.83."""
+        return self._call("GET", "/admin-api/groups/" + quoted(group_id), lambda a: a.object("targetApplicationId"))
+
+    def namespace_holds(self, namespace_id: str, group_id: str) -> bool:
+        """Whether a group is the namespace or sits anywhere under it. Older releases' group info names no
+        namespace: their namespace's subgroups are walked down instead."""
+        namespace = self.group(group_id).get("namespaceId")
+        if namespace is not None:
+            return namespace == namespace_id
+        seen, level = {namespace_id}, [namespace_id]
+        while level and group_id not in seen:
+            level = [row["groupId"] for parent in level for row in self._call(
+                "GET", "/admin-api/groups/%s/subgroups" % quoted(parent), lambda a: a.rows("subgroups", "groupId"))
+                if row["groupId"] not in seen]
+            seen.update(level)
+        return group_id in seen
 
     def group_members(self, group_id: str) -> Dict[str, Any]:
         """`{members: [{identity, role, name?}], selfIdentity?}`, every page read; older releases put

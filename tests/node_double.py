@@ -1120,6 +1120,7 @@ class NodeDouble:
     states a test sets to reach the typed errors of current releases (§0.5):
       join_outcome    None (joins succeed), "no_peer" (504), "key_pending" or "not_endorsed" (503)
       registry_mode   "http" (installs from `registry`; a miss is a 502) or "dht" (every install is a 502)
+      legacy_group_info  True: group info as before rc.83, without namespaceId and ownerOpCounter
       expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
       auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
     refusals lists every closed-set refusal (§0.5.1) as {method, path, field}: tests assert it stays empty.
@@ -1141,6 +1142,7 @@ class NodeDouble:
         self.legacy_upgrade_policy = legacy_upgrade_policy
         self.refusals: List[Dict[str, Any]] = []
         self.join_outcome: Optional[str] = None
+        self.legacy_group_info = False       # releases before rc.83: group info without namespaceId
         self.registry_mode = "http"
         self._invitations: Dict[str, Dict[str, Any]] = {}   # secret salt (hex) -> {"spent": bool}
         self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
@@ -1948,8 +1950,7 @@ class NodeDouble:
 
     def _h_list_namespaces(self, request):
         with self._lock:
-            views = [self._namespace_view(g) for g in self._namespaces()]
-        return {"data": paginate(views, request.query)}
+            return {"data": [self._namespace_view(g) for g in paginate(self._namespaces(), request.query)]}
 
     def _h_namespaces_for_application(self, request):
         with self._lock:
@@ -2153,8 +2154,9 @@ class NodeDouble:
             group = self._group_or_404(request.params["group_id"])
             app = self._apps.get(group["applicationId"])
             info = {"groupId": group["id"], "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
-                    "targetApplicationId": group["applicationId"], "namespaceId": self._lineage(group)[-1]["id"],
-                    "ownerOpCounter": 0}   # both since rc.83 (§0.5.7)
+                    "targetApplicationId": group["applicationId"]}
+            if not self.legacy_group_info:     # both since rc.83 (§0.5.7)
+                info.update({"namespaceId": self._lineage(group)[-1]["id"], "ownerOpCounter": 0})
             counts = self._group_counts(group)
             info.update({"memberCount": counts["memberCount"], "contextCount": counts["contextCount"],
                          "defaultCapabilities": 0, "subgroupVisibility": group["visibility"]})

@@ -296,6 +296,27 @@ def test_create_context(node):
     assert call(node, "GET", "/admin-api/contexts/" + data["contextId"]).json()["data"]["name"] == "second"
 
 
+def test_create_context_takes_the_groups_application_over_the_requested_one(node):
+    """§3.3: core overrides applicationId with the group's target application (its log warns, the answer is 200)."""
+    counter = call(node, "GET", "/admin-api/applications").json()["data"]["apps"]
+    counter_id = next(app["id"] for app in counter if app.get("package") == "com.example.counter")
+    reply = call(node, "POST", "/admin-api/contexts", {"applicationId": counter_id, "groupId": namespace_of(node),
+                                                       "initializationParams": []})
+    created = call(node, "GET", "/admin-api/contexts/" + reply.json()["data"]["contextId"]).json()["data"]
+    assert reply.status == 200 and created["applicationId"] == kv_id()
+
+
+def test_group_info_names_its_namespace_since_rc83(node):
+    namespace = namespace_of(node)
+    child = node.add_group(namespace=namespace)
+    grandchild = node.add_group(parent=child)
+    info = call(node, "GET", "/admin-api/groups/" + grandchild).json()["data"]
+    assert info["namespaceId"] == namespace and info["targetApplicationId"] == kv_id()
+    node.legacy_group_info = True
+    older = call(node, "GET", "/admin-api/groups/" + grandchild).json()["data"]
+    assert "namespaceId" not in older and "ownerOpCounter" not in older and older["targetApplicationId"] == kv_id()
+
+
 @pytest.mark.parametrize("group_id, status, message", [
     ("default-group", 400, "Invalid group_id: expected hex-encoded 32 bytes"),
     ("abcd", 400, "Invalid group_id: must be exactly 32 bytes"),

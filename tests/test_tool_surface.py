@@ -106,7 +106,7 @@ def test_a_fixed_tool_refuses_an_argument_it_does_not_take(server, world):
                                                               "app": "kv-store"})) == \
             "Error: Unknown argument app. " + CREATE_CONTEXT_TAKES
         assert error_text(server.call_tool("list_contexts", {"aplication": "kv", "verbos": True})) == (
-            "Error: Unknown arguments aplication, verbos. list_contexts takes: application, verbose.")
+            "Error: Unknown arguments aplication, verbos. list_contexts takes: application, verbose, cursor.")
         assert error_text(server.call_tool("node_status", {"verbose": True})) == (
             "Error: Unknown argument verbose. node_status takes no arguments.")
         assert error_text(server.call_tool("call_many", {"calls": [], "parallel": False})).startswith(

@@ -1,0 +1,313 @@
+"""Bounded answers: no fixed tool answers more than 60,000 characters of text; the list tools page with a cursor
+(issue 11, point 5). Through the real server, against a double holding thousands of rows."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+from mcp_client import minimal_env
+from node_double import NodeDouble, counter_spec, hex_id, kv_store_spec, sample_double
+
+BOUND = 60000
+KV = "com.calimero.kv-store"
+ROWS = 3000
+NAMESPACES = 600            # a namespace row is large, and the double counts each one's contexts
+
+
+def text_length(result):
+    return sum(len(block["text"]) for block in result["content"] if block.get("type") == "text")
+
+
+def error_text(result):
+    assert result.get("isError") is True, result
+    return result["content"][-1]["text"]
+
+
+@pytest.fixture
+def serve(start_server, tmp_path):
+    doubles = []
+
+    def run(double):
+        doubles.append(double.start())
+        return start_server(minimal_env(tmp_path / "home", {
+            "CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
+            "CALIMERO_NODE_HOME": tmp_path / "nodes"}))
+    yield run
+    for double in doubles:
+        double.stop()
+
+
+def crowded_double():
+    """The sample node plus 3,000 of everything the list tools list (apps aside: each app is a catalog read)."""
+    double = sample_double()
+    kv_id = double._app_key(KV)
+    namespace = next(iter(double._groups))
+    for index in range(ROWS):
+        double.add_context(kv_id, context_id=hex_id("context-%d" % index), group_id=namespace)
+        double._blobs[hex_id("blob-%d" % index)] = b"x" * (index % 7 + 1)
+        double._groups[namespace]["members"][hex_id("member-%d" % index)] = "Member"
+    for index in range(NAMESPACES):
+        double.add_namespace(kv_id, name="team %d" % index)
+    return double, namespace
+
+
+def listed_ids(double, rows_key, namespace):
+    """What the node holds, by the ids the tool lists."""
+    if rows_key == "contexts":
+        return {c["id"] for c in double._contexts.values()}
+    if rows_key == "blobs":
+        return set(double._blobs) | set(double._app_blob_ids())
+    if rows_key == "namespaces":
+        return {g["id"] for g in double._groups.values() if g["parent"] is None}
+    return set(double._groups[namespace]["members"])
+
+
+LISTS = [  # tool, extra arguments, rows key, id key
+    ("list_contexts", {}, "contexts", "id"),
+    ("list_contexts", {"application": "kv-store", "verbose": True}, "contexts", "id"),
+    ("list_blobs", {}, "blobs", "blobId"),
+    ("list_namespaces", {}, "namespaces", "namespaceId"),
+    ("list_group_members", {"group": None}, "members", "identity"),
+]
+
+
+def pages(server, tool, arguments):
+    """Every page of a list, following nextCursor; each result checked against the bound on the way."""
+    results, cursor = [], None
+    while True:
+        result = server.call_tool(tool, dict(arguments, cursor=cursor) if cursor else arguments, timeout=60)
+        assert not result.get("isError"), result
+        assert text_length(result) <= BOUND
+        results.append(result)
+        cursor = result["structuredContent"].get("nextCursor")
+        if cursor is None:
+            return results
+        assert len(results) < 100, "paging does not end"
+
+
+@pytest.fixture(scope="module")
+def crowded():
+    double, namespace = crowded_double()
+    double.start()
+    yield double, namespace
+    double.stop()
+
+
+@pytest.mark.parametrize("tool,extra,rows_key,id_key", LISTS, ids=[t[0] + str(len(t[1])) for t in LISTS])
+def test_a_long_list_comes_in_pages_holding_every_row_once(start_server, tmp_path, crowded, tool, extra, rows_key,
+                                                           id_key):
+    double, namespace = crowded
+    server = start_server(minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
+                                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state"}))
+    arguments = {key: (namespace if value is None else value) for key, value in extra.items()}
+    results = pages(server, tool, arguments)
+    assert len(results) > 2
+    seen = []
+    for number, result in enumerate(results):
+        page = result["structuredContent"]
+        assert json.loads(result["content"][0]["text"]) == page     # the text block and structuredContent agree
+        seen += [row[id_key] for row in page[rows_key]]
+        last = number == len(results) - 1
+        assert ("nextCursor" in page) is not last
+        if not last:
+            line = result["content"][1]["text"]
+            assert len(result["content"]) == 2 and "\n" not in line
+            assert line.startswith("%s %d-%d of " % (rows_key.capitalize(), len(seen) - len(page[rows_key]) + 1,
+                                                     len(seen)))
+            assert ('call %s again with the same arguments and cursor "%s"' % (tool, page["nextCursor"])) in line
+        else:
+            assert len(result["content"]) == 1
+    assert len(seen) == len(set(seen)) and set(seen) == listed_ids(double, rows_key, namespace)
+    assert len(seen) >= NAMESPACES
+
+
+def test_a_page_is_filled_close_to_the_bound(start_server, tmp_path, crowded):
+    double, _ = crowded
+    server = start_server(minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
+                                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state"}))
+    first = server.call_tool("list_contexts", {"verbose": True}, timeout=60)
+    rows = first["structuredContent"]["contexts"]
+    assert BOUND - 2000 < text_length(first) <= BOUND, text_length(first)   # one more row would not fit
+    assert len(rows) > 20
+
+
+def test_small_answers_are_unchanged(server, double):
+    for tool, arguments, rows_key in [("list_contexts", {}, "contexts"), ("list_blobs", {}, "blobs"),
+                                      ("list_namespaces", {}, "namespaces"), ("list_applications", {}, "apps")]:
+        result = server.call_tool(tool, arguments)
+        assert len(result["content"]) == 1 and not result.get("isError")
+        assert set(result["structuredContent"]) == {rows_key}
+        assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
+        assert result["content"][0]["text"] == json.dumps(result["structuredContent"], indent=2, ensure_ascii=False)
+
+
+def test_the_cursor_is_advertised_briefly(server):
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
+    for name in ("list_applications", "list_contexts", "list_namespaces", "list_blobs", "list_group_members"):
+        cursor = tools[name]["inputSchema"]["properties"]["cursor"]
+        assert cursor["type"] == "string" and len(cursor["description"]) <= 40
+        assert "cursor" not in tools[name]["inputSchema"].get("required", [])
+
+
+def cursor_of(server, tool, arguments):
+    result = server.call_tool(tool, arguments, timeout=60)
+    return result["structuredContent"]["nextCursor"]
+
+
+def test_bad_cursors_are_refused_naming_them(start_server, tmp_path, crowded):
+    double, _ = crowded
+    server = start_server(minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
+                                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state"}))
+    plain = cursor_of(server, "list_contexts", {})
+    forged = base64.urlsafe_b64encode(b'{"offset": 3}').decode().rstrip("=")
+    for cursor in ("not a cursor!", forged, "", "e30"):
+        text = error_text(server.call_tool("list_contexts", {"cursor": cursor}))
+        assert text == ('Error: Invalid cursor "%s": it is no nextCursor of list_contexts. Omit cursor for the '
+                        'first page.' % cursor)
+    other = 'Error: Invalid cursor "%s": it continues a %s call with other arguments.'
+    for tool, arguments in [("list_contexts", {"verbose": True}), ("list_contexts", {"application": "kv-store"}),
+                            ("list_blobs", {}), ("list_namespaces", {})]:
+        text = error_text(server.call_tool(tool, dict(arguments, cursor=plain)))
+        assert text.startswith(other % (plain, tool)), text
+    long = "A" * 500
+    text = error_text(server.call_tool("list_blobs", {"cursor": long}))
+    assert ('"%s..."' % long[:100]) in text and long not in text          # quoted, but not whole
+    assert not error_text(server.call_tool("list_blobs", {"cursor": 7})).startswith("Error: Invalid cursor")
+
+
+def test_a_cursor_resumes_after_its_last_row_when_rows_come_and_go(serve):
+    double = NodeDouble(apps=[kv_store_spec()])
+    for index in range(ROWS):
+        double._blobs[hex_id("blob-%d" % index)] = b"y"
+    server = serve(double)
+    first = server.call_tool("list_blobs", timeout=60)["structuredContent"]
+    shown = [b["blobId"] for b in first["blobs"]]
+    with double._lock:                   # before the cursor: one row leaves, another arrives
+        del double._blobs[shown[0]]
+        del double._blobs[shown[1]]
+        double._blobs[hex_id("late arrival")] = b"z"
+    rest = [b["blobId"] for result in pages(server, "list_blobs", {"cursor": first["nextCursor"]})
+            for b in result["structuredContent"]["blobs"]]
+    assert not set(rest) & set(shown)
+    listed_now = [b["blobId"] for result in pages(server, "list_blobs", {})
+                  for b in result["structuredContent"]["blobs"]]
+    assert rest == listed_now[listed_now.index(shown[-1]) + 1:]            # nothing after the cursor missed
+
+
+def big_icon_app(index, icon_size):
+    return {"package": "com.example.big%d" % index, "version": "1.0.0", "signer_id": "signer-big",
+            "metadata": {"name": "Big %d" % index, "icon": "data:image/png;base64," + "A" * icon_size},
+            "abi": counter_spec()["abi"]}
+
+
+def test_verbose_applications_page_and_an_oversized_row_is_cut_saying_so(serve):
+    double = NodeDouble(apps=[kv_store_spec()] + [big_icon_app(i, 9000) for i in range(12)]
+                        + [big_icon_app(99, 200000)])
+    server = serve(double)
+    compact = server.call_tool("list_applications")
+    assert len(compact["content"]) == 1 and len(compact["structuredContent"]["apps"]) == 14
+    results = pages(server, "list_applications", {"verbose": True})
+    rows = [row for result in results for row in result["structuredContent"]["apps"]]
+    assert len(results) > 1 and len(rows) == 14 and len({row["id"] for row in rows}) == 14
+    huge = next(row for row in rows if row["package"] == "com.example.big99")
+    icon = huge["metadata"]["icon"]
+    assert icon.endswith("... [cut: %d characters in all, too long for one answer]" % (200000 + 22))
+    assert len(icon) < 1000
+    whole = next(row for row in rows if row["package"] == "com.example.big3")["metadata"]["icon"]
+    assert len(whole) == 9000 + 22                                         # rows that fit are never cut
+
+
+# ── The other fixed tools stay within the bound too ────────────────────────────────────────────────
+
+def huge_app(methods, guide_size, name_length=12):
+    """An app whose ABI and guide are each far beyond one answer."""
+    manifest = {"schema_version": "wasm-abi/1", "types": {}, "methods": [
+        {"name": "m%04d_%s" % (index, "x" * name_length), "doc": "Method %d. " % index + "Does a thing. " * 8,
+         "params": [{"name": "value", "type": {"kind": "string"}, "doc": "The value."}],
+         "returns": {"kind": "string"}} for index in range(methods)]}
+    guide = "# Huge\n\n## Procedure: start\n" + "A line of the guide.\n" * (guide_size // 21)
+    return {"package": "com.example.huge", "version": "1.0.0", "signer_id": "signer-h",
+            "metadata": {"name": "Huge", "guide": guide}, "abi": manifest}
+
+
+def summary_of(result):
+    return json.loads(result["content"][0]["text"])
+
+
+def test_describe_app_of_a_huge_abi_and_guide_fits(start_server, tmp_path):
+    double = NodeDouble(apps=[kv_store_spec(), huge_app(1500, 100000)]).start()
+    try:
+        env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_APPS": "kv-store",
+                                              "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
+        server = start_server(env)
+        for tool, arguments in [("describe_app", {"app": "huge"}), ("select_app", {"app": "huge", "verbose": True})]:
+            result = server.call_tool(tool, arguments, timeout=60)
+            assert not result.get("isError") and text_length(result) <= BOUND, (tool, text_length(result))
+            summary = summary_of(result)
+            assert summary == result["structuredContent"] and summary["app_handle"]
+            kept = summary["methods"]
+            assert 100 < len(kept) < 1500 and kept[0].startswith("Method 0.")
+            assert summary["omitted"] == ("%d of the 1500 methods are left out: one answer carries at most 60000 "
+                                          "characters. call reaches every method by name." % (1500 - len(kept)))
+            guide = result["content"][-1]["text"]
+            assert guide.startswith("The guide is 10") and "resources/read calimero://apps/" in guide
+    finally:
+        double.stop()
+
+
+def test_select_app_names_a_few_of_thousands_of_contexts(start_server, tmp_path, crowded):
+    double, _ = crowded
+    server = start_server(minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
+                                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state"}))
+    kv_contexts = [c["id"] for c in double._contexts.values()]      # every context there is the kv store's
+    result = server.call_tool("select_app", {"app": "kv-store"}, timeout=60)
+    assert text_length(result) <= BOUND
+    note = result["structuredContent"]["note"]
+    assert note.startswith('Application "kv-store" has %d contexts; pass context with one of: ' % len(kv_contexts))
+    assert note.endswith(' and %d more (list_contexts with application "kv-store" lists them)'
+                         % (len(kv_contexts) - 20))
+    assert len(note.split(": ")[1].split(" and ")[0].split(", ")) == 20
+    refused = server.call_tool("select_app", {"app": "kv-store", "context": "nope"}, timeout=60)
+    assert text_length(refused) <= 3000 and error_text(refused).endswith(
+        'and %d more (list_contexts with application "kv-store" lists them)' % (len(kv_contexts) - 20))
+
+
+def test_a_refusal_carrying_a_huge_guide_fits(serve):
+    double = NodeDouble(apps=[huge_app(3, 200000)])
+    double.add_context("com.example.huge")
+    server = serve(double)
+    tool = next(name for name in server.tool_names() if name.startswith("huge_"))
+    refused = server.call_tool(tool, {"app_handle": "forged", "value": "v"})
+    assert refused.get("isError") is True and text_length(refused) <= BOUND
+    assert any("resources/read calimero://apps/" in block.get("text", "") for block in refused["content"])
+
+
+def test_list_nodes_with_hundreds_of_node_folders_is_cut_saying_so(serve, tmp_path):
+    double = sample_double()
+    for index in range(400):
+        folder = tmp_path / "nodes" / ("node-%03d-" % index + "n" * 200)
+        folder.mkdir(parents=True)
+        (folder / "config.toml").write_text('[server]\nlisten = ["/ip4/127.0.0.1/tcp/%d"]\n' % (20000 + index))
+    server = serve(double)
+    result = server.call_tool("list_nodes", timeout=60)
+    assert not result.get("isError") and text_length(result) <= BOUND
+    text = result["content"][0]["text"]
+    cut = re.search(r"\.\.\. \[cut: this answer is (\d+) characters; one answer carries at most 60000\]$", text)
+    assert cut and int(cut.group(1)) > 400 * 200, text[-200:]
+    assert text.startswith('[\n  {\n    "url": "http://localhost:20000",\n    "name": "node-000-nnn')
+    assert "structuredContent" not in result
+
+
+def test_select_app_of_an_app_with_thousands_of_tools_names_those_that_fit(serve):
+    double = NodeDouble(apps=[huge_app(2500, 1000, name_length=40)])
+    double.add_context("com.example.huge")
+    server = serve(double)
+    result = server.call_tool("select_app", {"app": "huge"}, timeout=60)
+    assert not result.get("isError") and text_length(result) <= BOUND
+    summary = result["structuredContent"]
+    listed = {name for name in server.tool_names() if name.startswith("huge_")}
+    assert 500 < len(summary["tools"]) < 2500 and set(summary["tools"]) <= listed and summary["context"]
+    assert summary["omitted"].startswith("%d of the 2500 tools are left out" % (2500 - len(summary["tools"])))
