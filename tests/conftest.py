@@ -119,3 +119,21 @@ def start_server():
 @pytest.fixture
 def server(start_server, server_env):
     return start_server(server_env)
+
+
+@pytest.fixture
+def serve(start_server, tmp_path):
+    """A server against a double of the test's own making (started here once, stopped at the end); `env` adds or
+    overrides variables."""
+    doubles = []
+
+    def run(double, initialize="2025-11-25", **env):
+        if double not in doubles:
+            doubles.append(double.start())
+        settings = {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
+                    "CALIMERO_NODE_HOME": tmp_path / "nodes"}
+        settings.update(env)
+        return start_server(minimal_env(tmp_path / "home", settings), initialize=initialize)
+    yield run
+    for double in doubles:
+        double.stop()

@@ -26,19 +26,6 @@ def error_text(result):
     return result["content"][-1]["text"]
 
 
-@pytest.fixture
-def serve(start_server, tmp_path):
-    doubles = []
-
-    def run(double):
-        doubles.append(double.start())
-        return start_server(minimal_env(tmp_path / "home", {
-            "CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
-            "CALIMERO_NODE_HOME": tmp_path / "nodes"}))
-    yield run
-    for double in doubles:
-        double.stop()
-
 
 def crowded_double():
     """The sample node plus 3,000 of everything the list tools list (apps aside: each app is a catalog read)."""

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from mcp_client import ROOT, minimal_env
+from mcp_client import ROOT
 from node_double import (NODE_ACCOUNT, NodeDouble, counter_spec, error_reply, hex_id, kv_store_spec,
                          sample_double)
 
@@ -85,21 +85,6 @@ def every_row(server, tool, arguments, rows_key):
 def bodies(double, method, path):
     return [entry["json"] for entry in double.requests_to(method, path)]
 
-
-@pytest.fixture
-def serve(start_server, tmp_path):
-    """Start a server against a double of the test's own making (started here, stopped at the end)."""
-    doubles = []
-
-    def run(double, **env):
-        doubles.append(double.start())
-        settings = {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
-                    "CALIMERO_NODE_HOME": tmp_path / "nodes"}
-        settings.update(env)
-        return start_server(minimal_env(tmp_path / "home", settings))
-    yield run
-    for double in doubles:
-        double.stop()
 
 
 # ── the tool table: names, toolsets, annotations, schemas ─────────────────────────────────────────

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from mcp_client import minimal_env
 from node_double import NODE_ACCOUNT, counter_spec, hex_id, sample_double
 
 KV = "com.calimero.kv-store"
@@ -18,21 +17,6 @@ CLOSED_ROUTES = [("POST", "/admin-api/contexts"), ("POST", "/admin-api/install-a
                  ("POST", "/admin-api/groups/"), ("PUT", "/admin-api/groups/"), ("POST", "/auth/token"),
                  ("POST", "/auth/refresh"), ("POST", "/jsonrpc")]
 
-
-@pytest.fixture
-def serve(start_server, tmp_path):
-    """A server against a double of the test's own making (started here, stopped at the end)."""
-    doubles = []
-
-    def run(double, **env):
-        doubles.append(double.start())
-        settings = {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
-                    "CALIMERO_NODE_HOME": tmp_path / "nodes"}
-        settings.update(env)
-        return start_server(minimal_env(tmp_path / "home", settings))
-    yield run
-    for double in doubles:
-        double.stop()
 
 
 def ok(server, name, arguments=None):

@@ -5,25 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_client import minimal_env
 from node_double import NodeDouble, counter_spec, hex_id, kv_store_manifest, kv_store_spec, sample_double
 
 KV = "com.calimero.kv-store"
 COUNTER = "com.example.counter"
 
-
-@pytest.fixture
-def serve(start_server, tmp_path):
-    doubles = []
-
-    def run(double):
-        doubles.append(double.start())
-        return start_server(minimal_env(tmp_path / "home", {
-            "CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
-            "CALIMERO_NODE_HOME": tmp_path / "nodes"}))
-    yield run
-    for double in doubles:
-        double.stop()
 
 
 def error_text(result):

@@ -44,22 +44,6 @@ def sample_with_counter_context():
     return double
 
 
-@pytest.fixture
-def serve(start_server, tmp_path):
-    """A server against a double of the test's making (started here, stopped at the end)."""
-    doubles = []
-
-    def run(double, initialize="2025-11-25", **env):
-        if double not in doubles:
-            doubles.append(double.start())
-        settings = {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
-                    "CALIMERO_NODE_HOME": tmp_path / "nodes"}
-        settings.update(env)
-        return start_server(minimal_env(tmp_path / "home", settings), initialize=initialize)
-    yield run
-    for double in doubles:
-        double.stop()
-
 
 def tools_of(server, modern=False):
     params = {"_meta": MODERN} if modern else None
