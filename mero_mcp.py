@@ -972,6 +972,25 @@ def refuse_unknown_arguments(t, arguments):
     unknown = [name for name in arguments if name not in takes and name not in synonyms]
     if unknown:
         raise ToolError(unknown_arguments_text(unknown, t.name, takes))
+    if t.toolset is not None and t.name not in SELF_VALIDATING:     # call_many refuses per item, as call does
+        for name, value in arguments.items():
+            refuse_unknown_keys(t.input_schema["properties"][name], value, name)
+
+
+def refuse_unknown_keys(schema, value, path, owner=None):
+    """A key a fixed tool's nested object does not declare is refused too, naming where (`members.0`). An object
+    declaring no properties (an invitation, an app's args) or any (`additionalProperties`) is opaque here."""
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            refuse_unknown_keys(schema["items"], item, "%s.%d" % (path, index), "Each %s item" % path)
+    properties = schema.get("properties")
+    if not isinstance(value, dict) or not properties or "additionalProperties" in schema:
+        return
+    unknown = [key for key in value if key not in properties]
+    if unknown:
+        raise ToolError(unknown_arguments_text(unknown, owner or path, list(properties), " in " + path))
+    for key, inner in value.items():
+        refuse_unknown_keys(properties[key], inner, "%s.%s" % (path, key))
 
 
 def unknown_arguments_text(unknown, owner, takes, where=""):

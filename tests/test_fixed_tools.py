@@ -606,6 +606,17 @@ def test_group_members_list_and_add(server, double):
     assert double._groups[namespace]["members"][bob] == "ReadOnly"
 
 
+def test_a_key_a_member_item_does_not_take_is_refused_naming_where(server, double):
+    namespace = namespace_of(double)
+    members = [{"identity": hex_id("alice"), "role": "Member"},
+               {"identity": hex_id("bob"), "role": "Member", "rol": "Admin"}]
+    refused = server.call_tool("add_group_members", {"group": namespace, "members": members})
+    assert error_text(refused) == ("Error: Unknown argument rol in members.1. Each members item takes: identity, "
+                                   "role.")
+    assert double.requests_to("POST", "/admin-api/groups/%s/members" % namespace) == []
+    assert hex_id("alice") not in double._groups[namespace]["members"]
+
+
 def test_create_group_in_a_namespace_defaults_to_open(server, double):
     namespace = namespace_of(double)
     group_id = server.tool_json("create_group", {"namespace": namespace, "name": "ops"})["groupId"]
