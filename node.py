@@ -451,7 +451,13 @@ def _answers_health(url) -> bool:
         response = _session().get(url + "/admin-api/health", timeout=PROBE_TIMEOUT, allow_redirects=False)
     except requests.RequestException:
         return False
-    return 200 <= response.status_code < 300
+    if not 200 <= response.status_code < 300:
+        return False
+    try:                                # another HTTP server on a probed port is not a node
+        health_shape(Answer(decode_json(response, url), response.content))
+    except (NodeError, WrongShape):
+        return False
+    return True
 
 
 def list_nodes(env: Mapping[str, str], active_url: Optional[str], ports=None) -> List[Dict[str, Any]]:
@@ -1037,6 +1043,11 @@ def _compact(value) -> str:
 
 # ── Answer shapes: every admin answer is checked before a caller sees it (node-api §3, §0.5) ──────
 
+def health_shape(answer) -> Dict[str, Any]:
+    """`{"status": "alive"}` (§3.1): what tells a node's health answer (health, probe) from another server's page."""
+    return answer.object("status")
+
+
 class WrongShape(Exception):
     """Raised by the checks below; `str()` is what the answer should have been. Never leaves node.py."""
 
@@ -1247,8 +1258,7 @@ class Node:
     # plain values or raises NodeError: an answer of the wrong shape never turns into an empty list upstream.
 
     def health(self) -> Dict[str, Any]:
-        """`{"status": "alive"}` (§3.1)."""
-        return self._call("GET", "/admin-api/health", lambda a: a.object("status"))
+        return self._call("GET", "/admin-api/health", health_shape)
 
     # applications (§3.2)
     def applications(self) -> List[Dict[str, Any]]:

@@ -322,6 +322,21 @@ def test_probe_keeps_the_preference_order(plain):
         other.stop()
 
 
+@pytest.mark.parametrize("fault", [{"garbage": True}, {"status": 200, "body": "hello from nginx"},
+                                   {"json": [1, 2, 3]}, {"json": {"data": {"ok": True}}}, {"status": 204}],
+                         ids=["html", "plain text", "a list", "no status", "empty"])
+def test_probe_passes_over_an_http_server_that_is_not_a_node(tmp_path, plain, fault):
+    other = NodeDouble().start()
+    try:
+        other.faults.update(fault, paths=["/admin-api/health"])
+        assert node.probe([other.port, plain.port]) == ["http://localhost:%d" % plain.port]
+        assert requests_to(other, "/admin-api/health")             # it was asked, and its answer not taken
+        found = node.discover(make_env(tmp_path), ports=[other.port, plain.port])
+        assert found == Location("http://localhost:%d" % plain.port, None, "probe")
+    finally:
+        other.stop()
+
+
 def test_no_node_anywhere(tmp_path):
     env = make_env(tmp_path)
     with pytest.raises(NodeError) as caught:
