@@ -133,6 +133,19 @@ class MissingLibrary(ToolError):
     """node.py or abi.py, or a package they need, cannot be imported: a tool's isError, not an internal error."""
 
 
+_missing_told = set()
+
+
+def warn_catalog_failure(template, error):
+    """Log why a catalog read failed; a missing library only once per process (the poll retries every 30 s, and
+    a package does not install itself in between: every tool call still says it)."""
+    if isinstance(error, MissingLibrary):
+        if error.text in _missing_told:
+            return
+        _missing_told.add(error.text)
+    log.warning(template, error)
+
+
 PACKAGE_OF = {"node": "requests", "abi": "jsonschema"}
 
 
@@ -1899,7 +1912,7 @@ class Apps:
         try:
             self.load()
         except Exception as error:          # the node may be down: the fixed tools still work
-            log.warning("app list unavailable at connect: %s", error)
+            warn_catalog_failure("app list unavailable at connect: %s", error)
             self.start_polling()            # and its apps appear (list_changed) once it is up
         finally:
             self.first_load.set()
@@ -1941,7 +1954,7 @@ class Apps:
         try:
             self.load()
         except Exception as error:
-            log.warning("app list refresh failed: %s (the current app tools stay)", error)
+            warn_catalog_failure("app list refresh failed: %s (the current app tools stay)", error)
 
     def read_units(self, apps):
         """One unit per service (or one for the app); a bad one is skipped. Each app's reads (its record when the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import venv
 from pathlib import Path
 
@@ -106,6 +107,24 @@ def test_without_the_packages_tools_say_what_to_install(bare_python, double, tmp
         server.close()
     assert "Traceback" not in server.stderr and "Internal error" not in b"".join(server.raw_lines).decode()
     assert double.log == []
+
+
+def test_a_missing_package_is_logged_once_however_often_the_catalog_retries(bare_python, double, tmp_path):
+    """The catalog poll retries every 30 s; here every 0.2 s (the constant set before main runs), so a few polls
+    go by while the test waits."""
+    start = ("import sys; sys.path.insert(0, %r); import mero_mcp; mero_mcp.POLL_SECONDS = 0.2; "
+             "sys.exit(mero_mcp.main([]))" % str(ROOT))
+    server = McpServer(bare_env(tmp_path, double), command=[str(bare_python), "-c", start])
+    try:
+        server.initialize()
+        assert "node_status" in server.tool_names()          # the catalog's first read fails, and polling starts
+        time.sleep(2)
+        assert server.call_tool("list_namespaces")["isError"] is True      # every tool call still says it
+    finally:
+        server.close()
+    told = [line for line in server.stderr.splitlines() if "needs the Python packages requests and jsonschema" in line]
+    assert len(told) == 1 and "app list unavailable at connect" in told[0], server.stderr
+    assert "Traceback" not in server.stderr
 
 
 def test_without_the_packages_check_says_what_to_install(bare_python, double, tmp_path):
