@@ -880,6 +880,7 @@ def http_error(status: int, reason: Optional[str], body: bytes, url: str,
 # What an agent can do about the node's typed refusals (node-api §0.5.2, §0.5.3): (status, route or None,
 # words in the node's text, advice). `{0}` is the group or namespace the node's text names.
 JOIN_ROUTE = re.compile(r"/admin-api/namespaces/[^/]+/join$")
+INVITATION_ROUTE = re.compile(r"/admin-api/namespaces/[^/]+/(join|invite)$")     # where invitations are used
 INSTALL_ROUTE = re.compile(r"/admin-api/install-application$")
 NAMED_GROUP = re.compile(r"(group|namespace) '([^']*)'")
 _ADVICE = (
@@ -887,8 +888,8 @@ _ADVICE = (
                           "invitation once the inviting node (or another member) is online."),
     (503, JOIN_ROUTE, "", "The join went out but is not complete yet: wait a few seconds, check list_namespaces, "
                           "and retry join_namespace with the same invitation if the namespace is not there."),
-    (409, None, "invitation", "This invitation cannot be used (again): ask a member of the namespace for a new "
-                              "one (invite_to_namespace on their node) and join with that."),
+    (409, INVITATION_ROUTE, "invitation", "This invitation cannot be used (again): ask a member of the namespace "
+                                          "for a new one (invite_to_namespace on their node) and join with that."),
     (400, JOIN_ROUTE, "invitation", "Pass the invitation object exactly as invite_to_namespace returned it, to "
                                     "the namespace it was made for."),
     (409, None, "last admin", "Make another member Admin first (add_group_members with role Admin), then retry."),

@@ -128,6 +128,18 @@ def test_a_consumed_or_expired_invitation_asks_for_a_new_one(serve):
     assert expired == again
 
 
+
+def test_the_invitation_advice_stays_on_the_invitation_routes(serve):
+    """A 409 naming an invitation elsewhere (here an alias of that name) is not about a namespace invitation."""
+    double = sample_double()
+    server = serve(double)
+    context = next(iter(double._contexts))
+    double.faults.update({"status": 409, "json": {"error": "alias 'invitation-bob' already exists"},
+                          "paths": ["/admin-api/alias/create/context"]})
+    text = error_text(server.call_tool("create_alias", {"alias": "invitation-bob", "contextId": context}))
+    assert "alias 'invitation-bob' already exists" in text, text
+    assert "invite_to_namespace" not in text and "cannot be used (again)" not in text, text
+
 def test_a_reshaped_invitation_says_to_pass_it_unchanged(serve):
     double = sample_double()
     server = serve(double)
