@@ -682,17 +682,31 @@ DESTRUCTIVE = {"readOnlyHint": False, "destructiveHint": True}
 
 def enabled_toolsets(env):
     """CALIMERO_MCP_TOOLSETS: comma-separated; unset or `all` means every toolset; core is always on."""
-    raw = (env.get("CALIMERO_MCP_TOOLSETS") or "").strip()
-    if not raw or raw == "all":
+    names = toolset_names(env)
+    if not names or names == {"all"}:
         return set(TOOLSETS)
-    names = {part.strip() for part in raw.split(",") if part.strip()}
-    unknown = sorted(names - set(TOOLSETS) - {"all"})
-    if unknown:
-        log.warning("CALIMERO_MCP_TOOLSETS names unknown toolsets %s; known: %s",
-                    ", ".join(unknown), ", ".join(TOOLSETS))
+    problem = toolsets_problem(env)
+    if problem:
+        log.warning("%s; known: %s", problem[0], ", ".join(TOOLSETS))
     if "all" in names:
         return set(TOOLSETS)
     return (names & set(TOOLSETS)) | {"core"}
+
+
+def toolset_names(env):
+    raw = (env.get("CALIMERO_MCP_TOOLSETS") or "").strip()
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def toolsets_problem(env):
+    """(problem, fix) for CALIMERO_MCP_TOOLSETS names that are no toolset, or None: said on stderr at start, and
+    by --check (non-fatal: the names are left out)."""
+    unknown = sorted(toolset_names(env) - set(TOOLSETS) - {"all"})
+    if not unknown:
+        return None
+    return ("CALIMERO_MCP_TOOLSETS names unknown toolsets %s" % ", ".join(unknown),
+            "Name toolsets among %s (core is always on; all, or leaving it unset, gives every one)."
+            % ", ".join(TOOLSETS))
 
 
 # ---- read-only mode: the only least-privilege switch there is (a node mints no narrower token than admin) ----
@@ -2667,7 +2681,8 @@ def main(argv=None):
         except ImportError as error:
             sys.stdout.write("mero-mcp --check\nProblems:\n  - %s\n" % import_failure("node", error))
             return 1
-        return doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ), count_tools=count_tools)
+        return doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ), count_tools=count_tools,
+                      toolsets=toolsets_problem(os.environ))
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

@@ -1817,14 +1817,15 @@ class _Report:
         return 1 if fatal else 0
 
 
-def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None) -> int:
+def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, toolsets=None) -> int:
     """Print which discovery step found which node (or why none), the auth mode, health, installed apps with
     their tool counts, and one fix per problem. Non-zero when the server could not work. `mode` is the server's
     read-only setting as mero_mcp.read_only_mode gives it (read_only, line, problem, fix), which reads the variable;
     the per-app counts then are of the tools read-only mode offers.
 
     `count_tools(env, node)`, given by mero_mcp.py (this module never imports it), returns its ToolCount: what
-    tools/list advertises with this environment, counted by the code that answers it."""
+    tools/list advertises with this environment, counted by the code that answers it. `toolsets` is mero_mcp's
+    (problem, fix) for CALIMERO_MCP_TOOLSETS names that are no toolset, or None."""
     report = _Report(out)
     out.write("mero-mcp --check\n")
     packages_ok = _report_packages(report)
@@ -1832,6 +1833,8 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None) 
         report.line("Mode", mode.line)
         if mode.problem:
             report.problem(mode.problem, mode.fix, fatal=False)
+    if toolsets:
+        report.problem(*toolsets, fatal=False)
     if not packages_ok:
         return report.finish()            # without requests there is no talking to a node
     handoff = _report_handoff(report, env)

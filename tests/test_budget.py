@@ -183,6 +183,15 @@ def test_check_honours_calimero_mcp_apps_and_names_a_typo(server_env):
     assert output.rstrip().endswith("OK, the server can work with this node."), "a typo is not fatal"
 
 
+def test_check_names_an_unknown_toolset_with_the_known_ones(server_env):
+    output = run_check(dict(server_env, CALIMERO_MCP_TOOLSETS="core,blobz,all-of-them"))
+    assert ("  - CALIMERO_MCP_TOOLSETS names unknown toolsets all-of-them, blobz\n    Fix: Name toolsets among core, "
+            "blobs, governance (core is always on; all, or leaving it unset, gives every one).\n") in output
+    assert check_count(output)[1] == 14                       # core alone: the unknown names are left out
+    assert output.rstrip().endswith("OK, the server can work with this node."), "a typo is not fatal"
+    assert "unknown toolsets" not in run_check(dict(server_env, CALIMERO_MCP_TOOLSETS="all"))
+
+
 @pytest.mark.parametrize("extra", [{}, {"CALIMERO_MCP_TOOLSETS": "core,governance"},
                                    {"CALIMERO_MCP_APPS": "apps-kv-store,core-abi_conformance"}])
 def test_check_counts_the_shared_fixture_apps(start_server, tmp_path, extra):
