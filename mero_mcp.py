@@ -1170,7 +1170,7 @@ def create_context(args, call):
     server = call.server
     app = server.apps.resolve(args["application"])
     refuse_other_apps_group(server, group, app, args["application"])
-    service = require_service(app, args.get("service"))
+    service = require_service(server.apps, app, args.get("service"))
     init = init_parameters(server, app, service, args.get("args"), args["application"])
     return server.node.create_context(app.id, group, init, name=args.get("name"), service=service)
 
@@ -2244,8 +2244,11 @@ def app_summary(apps, app, service, contexts, handle_context):
     return summary
 
 
-def require_service(app, service):
+def require_service(apps, app, service):
     if service is not None:
+        if not app.services and apps.services_listed(app):     # before the node is asked for a service it lacks
+            raise ToolError('Application "%s" has no services, so no service "%s": omit service.'
+                            % (app.key, service))
         if not isinstance(service, str) or (app.services and service not in app.services):
             raise ToolError('Application "%s" has no service "%s". Services: %s'
                             % (app.key, service, ", ".join(app.services) or "(none)"))
@@ -2296,7 +2299,7 @@ def fitted_summary(summary, room):
 def describe_app(args, call):
     apps = call.server.apps
     app = apps.resolve(args["app"])
-    service = require_service(app, args.get("service"))
+    service = require_service(apps, app, args.get("service"))
     unit = apps.unit_for(app, service)
     apps.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, apps.contexts_of(app), None)
@@ -2317,7 +2320,7 @@ def select_app(args, call):
     app = apps.resolve(label)
     contexts = apps.contexts_of(app)
     context = choose_context(apps, app, label, args.get("context"), contexts)
-    service = context_service(context, app) if context else require_service(app, args.get("service"))
+    service = context_service(context, app) if context else require_service(apps, app, args.get("service"))
     if context and args.get("service") is not None and args["service"] != service:
         raise ToolError('Context %s runs %s, not "%s". Services of "%s": %s. Omit service, or choose a context that '
                         'runs it.' % (context["id"], "service " + service if service else "no named service",

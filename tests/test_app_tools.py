@@ -463,6 +463,20 @@ def test_multi_service_app_needs_a_service(shared, world):
         "[mut] register_folder(path: string) -> unit"]
 
 
+@pytest.mark.parametrize("list_services", [True, False], ids=["listed", "from its record"])
+def test_a_service_for_an_app_without_services_is_refused(serve, list_services):
+    """The node listed no services for the app (on its list row, or on its own record): a service name is refused
+    before the ABI is asked for it, by describe_app and by select_app with no context to decide it."""
+    double = NodeDouble(list_services=list_services)
+    double.add_app(counter_spec())
+    server = serve(double)
+    for tool in ("describe_app", "select_app"):
+        assert_error(server.call_tool(tool, {"app": "counter", "service": "main"}),
+                     'Application "com.example.counter" has no services, so no service "main": omit service.')
+    assert [e for e in double.log if e["path"].endswith("/abi") and e.get("query")] == []
+    assert summary_of(server.call_tool("select_app", {"app": "counter"}))["service"] is None
+
+
 def test_a_chosen_context_decides_the_service_and_tools(shared, world):
     for context, service in ((world.docs_ctx, "docs"), (world.registry_ctx, "registry")):
         summary = summary_of(shared.call_tool("select_app", {"app": "mero drive", "context": context}))
