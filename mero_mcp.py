@@ -2179,7 +2179,7 @@ def execute(apps, admitted, method, args):
 
 
 def plain_text(value):
-    return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+    return value if isinstance(value, str) else json_text(value)
 
 
 # ---- describe_app / select_app ----
@@ -2406,7 +2406,7 @@ def call_many(args, call):
                                                               "progress": done[0], "total": len(items)})
     with call.server.apps.reading():          # one app list, app record and context read for the batch
         list(call_pool().map(run, range(len(items))))
-    return json.dumps(results, indent=2, ensure_ascii=False)
+    return json_text(results)
 
 
 def describe_count(items):
@@ -2488,11 +2488,6 @@ def context_arguments(method, args):
     return [args[key] for key in ("_context", "context") if not declared(method, key) and args.get(key) is not None]
 
 
-def context_argument(apps, unit, method, args):
-    """The context a generated call names besides its handle."""
-    return agreed_context(apps, unit.app, context_arguments(method, args))
-
-
 def agreed_context(apps, app, values):
     """The one context `context` and `_context` name: given both, they must agree (an alias and the id it names
     do)."""
@@ -2507,7 +2502,7 @@ def agreed_context(apps, app, values):
 
 def admit_generated(apps, unit, method, args):
     handle = read_handle(apps.handle_key, args.get("app_handle"))
-    context_value = context_argument(apps, unit, method, args)
+    context_value = agreed_context(apps, unit.app, context_arguments(method, args))   # besides its handle
     if handle is not None:
         if handle.app != unit.app.id:
             raise foreign_handle(apps, handle, unit.app, unit.service)
