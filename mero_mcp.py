@@ -1341,22 +1341,7 @@ def invite_to_namespace(args, call):
       required=("namespace", "invitation"), toolset="governance")
 def join_namespace(args, call):
     # The parsed dict keeps the sender's key order: the invitation goes out as it was signed.
-    invitation, group_name = signed_invitation(args["invitation"])
-    group_name = args["groupName"] if args.get("groupName") is not None else group_name
-    return call.server.node.join_namespace(args["namespace"], invitation, group_name)
-
-
-def signed_invitation(given):
-    """The signed invitation to forward, and the inviter's group name if it came along.
-
-    Some nodes answer an invite with the signed invitation itself, others wrap it as {invitation, groupName}
-    (node-api §3.6); invite_to_namespace returns whichever the node sent. A wrapper is recognised by the
-    signature sitting one level down, and the signed object inside it goes out untouched.
-    """
-    inner = given.get("invitation")
-    if "inviter_signature" not in given and isinstance(inner, dict) and "inviter_signature" in inner:
-        return inner, given.get("groupName")
-    return given, None
+    return call.server.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName"))
 
 
 @tool("leave_namespace", "Leave a namespace (this node stops being a member).",

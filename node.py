@@ -1125,6 +1125,19 @@ class Answer:
         return self.value
 
 
+def signed_invitation(given: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
+    """The signed invitation to forward, and the inviter's group name if it came along.
+
+    Some nodes answer an invite with the signed invitation itself, others wrap it as {invitation, groupName}
+    (§3.6). A wrapper is recognised by the signature sitting one level down, and the signed object inside it goes
+    out untouched.
+    """
+    inner = given.get("invitation")
+    if "inviter_signature" not in given and isinstance(inner, dict) and "inviter_signature" in inner:
+        return inner, given.get("groupName")
+    return given, None
+
+
 def blob_record(blob: Dict[str, Any]) -> Dict[str, Any]:
     """One blob as the server shows it: camelCase, whichever casing this node release used (§3.5)."""
     record = {"blobId": blob.get("blobId") or blob.get("blob_id")}
@@ -1363,7 +1376,10 @@ class Node:
 
     def join_namespace(self, namespace_id: str, invitation: Dict[str, Any],
                        group_name: Optional[str] = None) -> Dict[str, Any]:
-        """Join with a signed invitation, passed through unchanged; waits JOIN_TIMEOUT for peer discovery."""
+        """Join with what invite_to_namespace returned (`group_name`, when None, is the inviter's if it came
+        along); the signed invitation goes out unchanged. Waits JOIN_TIMEOUT for peer discovery."""
+        invitation, inviter_group_name = signed_invitation(invitation)
+        group_name = inviter_group_name if group_name is None else group_name
         body = {"invitation": invitation}
         if group_name is not None:
             body["groupName"] = group_name
