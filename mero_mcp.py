@@ -1511,23 +1511,8 @@ def one_line(text, limit=NAME_LIMIT):
     return kept if len(kept) <= limit else kept[:limit - 1] + "\u2026"
 
 
-def decode_metadata(raw):
-    """Bundle metadata: an int array of UTF-8 JSON (usually an object); a plain string; or None."""
-    if isinstance(raw, list):
-        try:
-            raw = bytes(raw).decode("utf-8")
-        except (ValueError, TypeError):
-            return None
-    if not isinstance(raw, str) or not raw:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
 def app_record(raw):
-    metadata = decode_metadata(raw.get("metadata"))
+    metadata = raw.get("metadata")           # node.py decoded it from the bundle's bytes
     fields = metadata if isinstance(metadata, dict) else {}
     guide = fields.get("guide") if isinstance(fields.get("guide"), str) and fields.get("guide").strip() else None
     if isinstance(metadata, dict):

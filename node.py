@@ -1138,6 +1138,26 @@ def signed_invitation(given: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[s
     return given, None
 
 
+def decode_metadata(raw) -> Any:
+    """Bundle metadata as the node sends it: an int array of UTF-8 JSON (usually an object), or a plain string.
+    The decoded value; the string itself when it is not JSON; None when absent or not UTF-8."""
+    if isinstance(raw, list):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except (ValueError, TypeError):
+            return None
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def app_metadata_decoded(record: Dict[str, Any]) -> Dict[str, Any]:
+    return dict(record, metadata=decode_metadata(record.get("metadata")))
+
+
 def blob_record(blob: Dict[str, Any]) -> Dict[str, Any]:
     """One blob as the server shows it: camelCase, whichever casing this node release used (§3.5)."""
     record = {"blobId": blob.get("blobId") or blob.get("blob_id")}
@@ -1265,13 +1285,16 @@ class Node:
 
     # applications (§3.2)
     def applications(self) -> List[Dict[str, Any]]:
-        """The installed applications' records, each with its `id` (lists may omit `services`)."""
-        return self._call("GET", "/admin-api/applications", lambda a: a.rows("apps", "id"))
+        """The installed applications' records, each with its `id` (lists may omit `services`) and its `metadata`
+        decoded (decode_metadata)."""
+        return self._call("GET", "/admin-api/applications",
+                          lambda a: [app_metadata_decoded(row) for row in a.rows("apps", "id")])
 
     def application(self, app_id: str) -> Optional[Dict[str, Any]]:
-        """One application's full record (with `services`), or None when the node has none of that id."""
+        """One application's full record (with `services`, `metadata` decoded), or None when the node has none of
+        that id."""
         return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id),
-                                    lambda a: a.inner("application", "id"))
+                                    lambda a: app_metadata_decoded(a.inner("application", "id")))
 
     def abi(self, app_id: str, service: Optional[str] = None) -> Dict[str, Any]:
         """The application's embedded ABI manifest (of one service, for a multi-service bundle)."""
