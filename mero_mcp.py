@@ -1636,8 +1636,9 @@ Unit = namedtuple("Unit", "app service manifest")
 Binding = namedtuple("Binding", "unit method has_output wraps")   # wraps: handshake output rides as {result}
 # definitions: the tools/list entries of the generated tools, rendered once per era (wrap False, True).
 # guides: {uri: AppRecord} of every installed app with a guide, in the catalog or not (what resources/* serve).
-Snapshot = namedtuple("Snapshot", "units definitions index bindings fingerprint guides")
-EMPTY_SNAPSHOT = Snapshot((), {False: [], True: []}, {}, {}, "", {})
+# untooled: (unit, method name, why) of the methods besides init that get no tool (logged when the catalog changes).
+Snapshot = namedtuple("Snapshot", "units definitions index bindings fingerprint guides untooled")
+EMPTY_SNAPSHOT = Snapshot((), {False: [], True: []}, {}, {}, "", {}, ())
 
 
 def unit_fingerprint(unit):
@@ -1650,8 +1651,18 @@ def build_snapshot(units, reserved, config, apps=()):
     `apps` (the installed list: apps left out by the budget or without a readable ABI have guides too)."""
     import abi
     units = sorted(units, key=lambda u: (u.app.key, u.app.id, u.service or ""))
+    schemas, untooled = {}, []              # each input schema made once: it decides eligibility, then is the tool's
+    for unit in units:
+        for method in unit.manifest.methods:
+            schema = abi.input_schema(unit.manifest, method)
+            reason = abi.untooled_reason(unit.manifest, method, schema)
+            if reason is None:
+                schemas[(unit_key(unit), method.name)] = schema
+            elif method.name != "init":
+                untooled.append((unit, method.name, reason))
     tool_units = [abi.ToolUnit(unit_key(u), u.app.package, u.app.id, u.service, len(u.app.services) > 1,
-                               tuple(m.name for m in abi.tool_methods(u.manifest))) for u in units]
+                               tuple(sorted(m.name for m in u.manifest.methods if (unit_key(u), m.name) in schemas)))
+                  for u in units]
     names = abi.tool_names(tool_units, reserved)
     tools, bindings = [], {}
     for unit in units:
@@ -1659,7 +1670,7 @@ def build_snapshot(units, reserved, config, apps=()):
             name = names.get((unit_key(unit), method.name))
             if name is None:
                 continue
-            made = generated_tool(name, unit, method)
+            made = generated_tool(name, unit, method, schemas[(unit_key(unit), method.name)])
             tools.append(made)
             bindings[name] = Binding(unit, method, made.output_schema(False) is not None,
                                      made.output_schema(True) != made.output_schema(False))
@@ -1670,28 +1681,25 @@ def build_snapshot(units, reserved, config, apps=()):
             guides.setdefault(app.guide_uri, app)
     fingerprint = "\n".join([unit_fingerprint(u) for u in units] + ["%s:%s" % (uri, app.guide_hash)
                                                                      for uri, app in guides.items()])
-    return Snapshot(tuple(units), definitions, {t.name: t for t in tools}, bindings, fingerprint, guides)
+    return Snapshot(tuple(units), definitions, {t.name: t for t in tools}, bindings, fingerprint, guides,
+                    tuple(untooled))
 
 
-def warn_uncallable_methods(units):
-    import abi
-    for unit in units:
-        for method in unit.manifest.methods:
-            reason = abi.untooled_reason(unit.manifest, method) if method.name != "init" else None
-            if reason:
-                log.warning("no tool for %s %s %s: %s; use call", unit.app.key, unit.app.version, method.name, reason)
+def warn_uncallable_methods(snapshot):
+    for unit, name, reason in snapshot.untooled:
+        log.warning("no tool for %s %s %s: %s; use call", unit.app.key, unit.app.version, name, reason)
 
 
 def unit_key(unit):
     return "%s/%s" % (unit.app.id, unit.service or "")
 
 
-def generated_tool(name, unit, method):
+def generated_tool(name, unit, method, input_schema):
     import abi
     manifest, app = unit.manifest, unit.app
     outputs = {wrap: abi.output_schema(manifest, method, wrap, admit_null=True) for wrap in (True, False)}
     return Tool(name, abi.tool_title(method.name, app.label), abi.tool_description(manifest, method),
-                abi.input_schema(manifest, method), outputs.get, abi.tool_annotations(method),
+                input_schema, outputs.get, abi.tool_annotations(method),
                 abi.tool_meta(app.key, app.version, app.signer_id, method), None, partial(invoke_generated, name))
 
 
@@ -1881,7 +1889,7 @@ class Apps:
         announce = changed and (self.first_load.is_set() or self.answered_early)
         self.first_load.set()                # the readers waiting go on; what follows is for the log and later
         if changed:
-            warn_uncallable_methods(fresh.units)
+            warn_uncallable_methods(fresh)
         self.start_polling()
         if announce:
             self.server.announce_lists_changed(tools=fresh.definitions != old.definitions,
