@@ -1,8 +1,9 @@
 """node.py — every byte that goes to or comes from the Calimero node (merod).
 
 Discovery, authentication, the token cache shared with the Calimero desktop app and other local agents, the
-cross-process refresh lock, one `requests.Session`, and one exception (`NodeError`) whose message is what a
-person should read. Also `check()`, the `mero-mcp --check` doctor.
+cross-process refresh lock, one `requests.Session`, the admin API (every path, body and answer shape the server
+uses: `Node`'s methods), and one exception (`NodeError`) whose message is what a person should read. Also
+`check()`, the `mero-mcp --check` doctor.
 
 `requests` is imported lazily (first HTTP call): the server's cold start must not pay for it.
 Spec references: reference-behaviour.md (§1 configuration and auth, §2 endpoints, §6 error texts) and
@@ -76,7 +77,8 @@ class NodeError(Exception):
     `status` is the HTTP status (None for network, discovery and JSON-RPC failures); `retryable` says the same
     call may succeed later; `fix` is one concrete thing to do about it (used by `check`); `auth_error` is the
     node's `x-auth-error` header, when it sent one; `hint` is what an agent should do next, for failures whose
-    message names only what went wrong (unreachable, timed out, unreadable, 5xx): tools append it.
+    message names only what went wrong (unreachable, timed out, unreadable, 5xx, a typed refusal `node_advice`
+    knows, a JSON-RPC kind): tools append it.
     """
 
     def __init__(self, message, status=None, retryable=False, fix=None, auth_error=None, hint=None):
