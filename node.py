@@ -1999,8 +1999,8 @@ def _services_of(node, app) -> List[str]:
 
 
 def _tool_count(report, node, abi, app, label, service, read_only=False) -> str:
-    """How many tools the app's ABI generates: every method but `init` and those taking `app_handle`; in read-only
-    mode only its [view] methods' tools are offered."""
+    """How many tools the app's ABI generates (abi.tool_methods); in read-only mode only its [view] methods' tools
+    are offered."""
     if abi is None:
         return "tools unknown"
     where = label + ("/" + service if service else "")
