@@ -2301,14 +2301,15 @@ CALL_PROPERTIES = {
     "args": {"type": "object", "description": "By parameter name."},
     "app": text_property("With context, instead of app_handle."),
 }
+# call and call_many run whatever method they are given: it may destroy, and running it twice may differ.
+APP_CALL = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False}
 # call_many's items take what call takes; its description says so, and the types say the rest.
 CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for key, value in CALL_PROPERTIES.items()},
              "required": ["method"]}
 
 
 @tool("call", "Call any method of an installed app by name, even one with no tool listed.",
-      CALL_PROPERTIES, required=["method"], toolset="app",
-      annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
+      CALL_PROPERTIES, required=["method"], toolset="app", annotations=APP_CALL)
 def call_tool(args, call):
     with call.server.apps.reading():
         return plain_text(run_call(call.server.apps, args))
@@ -2361,8 +2362,7 @@ def admit_call(apps, args):
       "writes in no set order.",
       {"calls": {"type": "array", "minItems": 1, "maxItems": CALL_MANY_LIMIT,
                  "description": "Each takes what call takes.", "items": CALL_ITEM}},
-      required=["calls"], toolset="app",
-      annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
+      required=["calls"], toolset="app", annotations=APP_CALL)
 def call_many(args, call):
     items = args.get("calls")
     if not isinstance(items, list) or not 1 <= len(items) <= CALL_MANY_LIMIT:
