@@ -836,7 +836,7 @@ def paged(tool, args, value, rows_key, id_key):
     frame = len(json_text(dict(value, **{rows_key: []})))
     costs = [row_cost(row) for row in rows]
     if args.get("cursor") is None:
-        if frame + listed_cost(costs) <= TEXT_BOUND:
+        if fit_count(frame, costs, TEXT_BOUND) == len(costs):
             return value
         start = 0
     else:
@@ -864,10 +864,6 @@ def row_cost(row):
     """Characters a row takes inside the rendered list: its own text, indented 4 more, and a separator."""
     text = json_text(row)
     return len(text) + 4 * (text.count("\n") + 1) + 2
-
-
-def listed_cost(costs):
-    return sum(costs) + 2 if costs else 0
 
 
 def fit_count(frame, costs, budget):
