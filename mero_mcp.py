@@ -449,12 +449,10 @@ class Server:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, "\n".join(problems)))
             with self.node.traced(traceparent_of(call.meta)):
                 value = t.handler(arguments, call)
-        except Refusal as refused:
-            return bounded(error_result(refused.text, refused.blocks, prefix=""))
         except ToolError as error:
-            return bounded(error_result(error.text, error.blocks))
+            return bounded(error_result(failure_text(error), error.blocks))
         except node_module().NodeError as error:
-            return bounded(error_result(node_error_text(error)))
+            return bounded(error_result(failure_text(error)))
         # A method's output is the app's data, returned whole, as its generated tool returns it.
         return render_result(value) if t.toolset is None or t.name in APP_OUTPUT else bounded(render_result(value))
 
@@ -592,7 +590,7 @@ def on_tools_call(server, params, call):
     if tool is None:
         raise RpcError(INVALID_PARAMS, "Unknown tool: %s" % name)
     if not advertised(tool, server.config):          # a tool read-only mode leaves out, called by name anyway
-        return error_result(read_only_refusal(name))
+        return error_result("Error: " + read_only_refusal(name))
     return server.run_tool(tool, arguments, call)
 
 
@@ -795,9 +793,16 @@ def traceparent_of(meta):
     return value if isinstance(value, str) else None
 
 
-def error_result(text, blocks=(), prefix="Error: "):
-    content = list(blocks) + [{"type": "text", "text": prefix + text}]
-    return {"content": content, "isError": True}
+def error_result(text, blocks=()):
+    return {"content": list(blocks) + [{"type": "text", "text": text}], "isError": True}
+
+
+def failure_text(error):
+    """A failed call (a ToolError or a NodeError) as the agent reads it: a refusal's retry text as it is (reference
+    §3.0), anything else after `Error: `; the same for a tool's result and a call_many item."""
+    if isinstance(error, Refusal):
+        return error.text
+    return "Error: " + (error.text if isinstance(error, ToolError) else node_error_text(error))
 
 
 def render_result(value):
@@ -2399,12 +2404,10 @@ def call_many_item(server, item, traceparent, cancelled):
             return {"ok": True, "result": run_call(server.apps, item, cancelled)}
     except Cancelled:
         return {"ok": False, "error": "Cancelled before it ran."}
-    except Refusal as refused:
-        return {"ok": False, "error": refused.text}
     except ToolError as error:
-        return {"ok": False, "error": "Error: " + error.text}
+        return {"ok": False, "error": failure_text(error)}
     except node_module().NodeError as error:
-        return {"ok": False, "error": "Error: " + node_error_text(error)}
+        return {"ok": False, "error": failure_text(error)}
     except Exception:
         import traceback
         log.error("call_many item failed:\n%s", traceback.format_exc())
