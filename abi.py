@@ -1003,13 +1003,14 @@ def method_reference(manifest: Manifest, method) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # Tool definitions (tools.md "Generated method tools", reference §3.14)
 
-def untooled_reason(manifest: Manifest, method: Method) -> Optional[str]:
-    """Why a method gets no generated tool (it stays reachable through `call`), or None when it gets one."""
+def untooled_reason(manifest: Manifest, method: Method, schema: Optional[dict] = None) -> Optional[str]:
+    """Why a method gets no generated tool (it stays reachable through `call`), or None when it gets one.
+    `schema` is its input_schema when the caller has it already."""
     if method.name == "init":
         return "init runs in create_context"
     if "app_handle" in method.param_names():
         return "its app_handle parameter would collide"
-    odd = unportable_keys(input_schema(manifest, method))
+    odd = unportable_keys(input_schema(manifest, method) if schema is None else schema)
     if odd:
         return "its argument key %s is not one hosts accept ([a-zA-Z0-9_.-], at most 64)" % json.dumps(odd[0])
     return None

@@ -462,12 +462,10 @@ class Server:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, "\n".join(problems)))
             with self.node.traced(traceparent_of(call.meta)):
                 value = t.handler(arguments, call)
-        except Refusal as refused:
-            return bounded(error_result(refused.text, refused.blocks, prefix=""))
         except ToolError as error:
-            return bounded(error_result(error.text, error.blocks))
+            return bounded(error_result(failure_text(error), error.blocks))
         except node_module().NodeError as error:
-            return bounded(error_result(node_error_text(error)))
+            return bounded(error_result(failure_text(error)))
         # A method's output is the app's data, returned whole, as its generated tool returns it.
         return render_result(value) if t.toolset is None or t.name in APP_OUTPUT else bounded(render_result(value))
 
@@ -605,7 +603,7 @@ def on_tools_call(server, params, call):
     if tool is None:
         raise RpcError(INVALID_PARAMS, "Unknown tool: %s" % name)
     if not advertised(tool, server.config):          # a tool read-only mode leaves out, called by name anyway
-        return error_result(read_only_refusal(name))
+        return error_result("Error: " + read_only_refusal(name))
     return server.run_tool(tool, arguments, call)
 
 
@@ -822,9 +820,16 @@ def traceparent_of(meta):
     return value if isinstance(value, str) else None
 
 
-def error_result(text, blocks=(), prefix="Error: "):
-    content = list(blocks) + [{"type": "text", "text": prefix + text}]
-    return {"content": content, "isError": True}
+def error_result(text, blocks=()):
+    return {"content": list(blocks) + [{"type": "text", "text": text}], "isError": True}
+
+
+def failure_text(error):
+    """A failed call (a ToolError or a NodeError) as the agent reads it: a refusal's retry text as it is (reference
+    §3.0), anything else after `Error: `; the same for a tool's result and a call_many item."""
+    if isinstance(error, Refusal):
+        return error.text
+    return "Error: " + (error.text if isinstance(error, ToolError) else node_error_text(error))
 
 
 def render_result(value):
@@ -863,7 +868,7 @@ def paged(tool, args, value, rows_key, id_key):
     frame = len(json_text(dict(value, **{rows_key: []})))
     costs = [row_cost(row) for row in rows]
     if args.get("cursor") is None:
-        if frame + listed_cost(costs) <= TEXT_BOUND:
+        if fit_count(frame, costs, TEXT_BOUND) == len(costs):
             return value
         start = 0
     else:
@@ -891,10 +896,6 @@ def row_cost(row):
     """Characters a row takes inside the rendered list: its own text, indented 4 more, and a separator."""
     text = json_text(row)
     return len(text) + 4 * (text.count("\n") + 1) + 2
-
-
-def listed_cost(costs):
-    return sum(costs) + 2 if costs else 0
 
 
 def fit_count(frame, costs, budget):
@@ -1387,22 +1388,7 @@ def invite_to_namespace(args, call):
       required=("namespace", "invitation"), toolset="governance")
 def join_namespace(args, call):
     # The parsed dict keeps the sender's key order: the invitation goes out as it was signed.
-    invitation, group_name = signed_invitation(args["invitation"])
-    group_name = args["groupName"] if args.get("groupName") is not None else group_name
-    return call.server.node.join_namespace(args["namespace"], invitation, group_name)
-
-
-def signed_invitation(given):
-    """The signed invitation to forward, and the inviter's group name if it came along.
-
-    Some nodes answer an invite with the signed invitation itself, others wrap it as {invitation, groupName}
-    (node-api §3.6); invite_to_namespace returns whichever the node sent. A wrapper is recognised by the
-    signature sitting one level down, and the signed object inside it goes out untouched.
-    """
-    inner = given.get("invitation")
-    if "inviter_signature" not in given and isinstance(inner, dict) and "inviter_signature" in inner:
-        return inner, given.get("groupName")
-    return given, None
+    return call.server.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName"))
 
 
 @tool("leave_namespace", "Leave a namespace (this node stops being a member).",
@@ -1572,23 +1558,8 @@ def one_line(text, limit=NAME_LIMIT):
     return kept if len(kept) <= limit else kept[:limit - 1] + "\u2026"
 
 
-def decode_metadata(raw):
-    """Bundle metadata: an int array of UTF-8 JSON (usually an object); a plain string; or None."""
-    if isinstance(raw, list):
-        try:
-            raw = bytes(raw).decode("utf-8")
-        except (ValueError, TypeError):
-            return None
-    if not isinstance(raw, str) or not raw:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
 def app_record(raw):
-    metadata = decode_metadata(raw.get("metadata"))
+    metadata = raw.get("metadata")           # node.py decoded it from the bundle's bytes
     fields = metadata if isinstance(metadata, dict) else {}
     guide = fields.get("guide") if isinstance(fields.get("guide"), str) and fields.get("guide").strip() else None
     if isinstance(metadata, dict):
@@ -1712,8 +1683,9 @@ Unit = namedtuple("Unit", "app service manifest")
 Binding = namedtuple("Binding", "unit method has_output wraps")   # wraps: handshake output rides as {result}
 # definitions: the tools/list entries of the generated tools, rendered once per era (wrap False, True).
 # guides: {uri: AppRecord} of every installed app with a guide, in the catalog or not (what resources/* serve).
-Snapshot = namedtuple("Snapshot", "units definitions index bindings fingerprint guides")
-EMPTY_SNAPSHOT = Snapshot((), {False: [], True: []}, {}, {}, "", {})
+# untooled: (unit, method name, why) of the methods besides init that get no tool (logged when the catalog changes).
+Snapshot = namedtuple("Snapshot", "units definitions index bindings fingerprint guides untooled")
+EMPTY_SNAPSHOT = Snapshot((), {False: [], True: []}, {}, {}, "", {}, ())
 
 
 def unit_fingerprint(unit):
@@ -1726,8 +1698,18 @@ def build_snapshot(units, reserved, config, apps=()):
     `apps` (the installed list: apps left out by the budget or without a readable ABI have guides too)."""
     import abi
     units = sorted(units, key=lambda u: (u.app.key, u.app.id, u.service or ""))
+    schemas, untooled = {}, []              # each input schema made once: it decides eligibility, then is the tool's
+    for unit in units:
+        for method in unit.manifest.methods:
+            schema = abi.input_schema(unit.manifest, method)
+            reason = abi.untooled_reason(unit.manifest, method, schema)
+            if reason is None:
+                schemas[(unit_key(unit), method.name)] = schema
+            elif method.name != "init":
+                untooled.append((unit, method.name, reason))
     tool_units = [abi.ToolUnit(unit_key(u), u.app.package, u.app.id, u.service, len(u.app.services) > 1,
-                               tuple(m.name for m in abi.tool_methods(u.manifest))) for u in units]
+                               tuple(sorted(m.name for m in u.manifest.methods if (unit_key(u), m.name) in schemas)))
+                  for u in units]
     names = abi.tool_names(tool_units, reserved)
     tools, bindings = [], {}
     for unit in units:
@@ -1735,7 +1717,7 @@ def build_snapshot(units, reserved, config, apps=()):
             name = names.get((unit_key(unit), method.name))
             if name is None:
                 continue
-            made = generated_tool(name, unit, method)
+            made = generated_tool(name, unit, method, schemas[(unit_key(unit), method.name)])
             tools.append(made)
             bindings[name] = Binding(unit, method, made.output_schema(False) is not None,
                                      made.output_schema(True) != made.output_schema(False))
@@ -1746,28 +1728,25 @@ def build_snapshot(units, reserved, config, apps=()):
             guides.setdefault(app.guide_uri, app)
     fingerprint = "\n".join([unit_fingerprint(u) for u in units] + ["%s:%s" % (uri, app.guide_hash)
                                                                      for uri, app in guides.items()])
-    return Snapshot(tuple(units), definitions, {t.name: t for t in tools}, bindings, fingerprint, guides)
+    return Snapshot(tuple(units), definitions, {t.name: t for t in tools}, bindings, fingerprint, guides,
+                    tuple(untooled))
 
 
-def warn_uncallable_methods(units):
-    import abi
-    for unit in units:
-        for method in unit.manifest.methods:
-            reason = abi.untooled_reason(unit.manifest, method) if method.name != "init" else None
-            if reason:
-                log.warning("no tool for %s %s %s: %s; use call", unit.app.key, unit.app.version, method.name, reason)
+def warn_uncallable_methods(snapshot):
+    for unit, name, reason in snapshot.untooled:
+        log.warning("no tool for %s %s %s: %s; use call", unit.app.key, unit.app.version, name, reason)
 
 
 def unit_key(unit):
     return "%s/%s" % (unit.app.id, unit.service or "")
 
 
-def generated_tool(name, unit, method):
+def generated_tool(name, unit, method, input_schema):
     import abi
     manifest, app = unit.manifest, unit.app
     outputs = {wrap: abi.output_schema(manifest, method, wrap, admit_null=True) for wrap in (True, False)}
     return Tool(name, abi.tool_title(method.name, app.label), abi.tool_description(manifest, method),
-                abi.input_schema(manifest, method), outputs.get, abi.tool_annotations(method),
+                input_schema, outputs.get, abi.tool_annotations(method),
                 abi.tool_meta(app.key, app.version, app.signer_id, method), None, partial(invoke_generated, name))
 
 
@@ -1957,7 +1936,7 @@ class Apps:
         announce = changed and (self.first_load.is_set() or self.answered_early)
         self.first_load.set()                # the readers waiting go on; what follows is for the log and later
         if changed:
-            warn_uncallable_methods(fresh.units)
+            warn_uncallable_methods(fresh)
         self.start_polling()
         if announce:
             self.server.announce_lists_changed(tools=fresh.definitions != old.definitions,
@@ -2225,7 +2204,7 @@ def execute(apps, admitted, method, args):
 
 
 def plain_text(value):
-    return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+    return value if isinstance(value, str) else json_text(value)
 
 
 # ---- describe_app / select_app ----
@@ -2372,14 +2351,15 @@ CALL_PROPERTIES = {
     "args": {"type": "object", "description": "By parameter name."},
     "app": text_property("With context, instead of app_handle."),
 }
+# call and call_many run whatever method they are given: it may destroy, and running it twice may differ.
+APP_CALL = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False}
 # call_many's items take what call takes; its description says so, and the types say the rest.
 CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for key, value in CALL_PROPERTIES.items()},
              "required": ["method"]}
 
 
 @tool("call", "Call any method of an installed app by name, even one with no tool listed.",
-      CALL_PROPERTIES, required=["method"], toolset="app",
-      annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
+      CALL_PROPERTIES, required=["method"], toolset="app", annotations=APP_CALL)
 def call_tool(args, call):
     with call.server.apps.reading():
         return plain_text(run_call(call.server.apps, args))
@@ -2432,8 +2412,7 @@ def admit_call(apps, args):
       "writes in no set order.",
       {"calls": {"type": "array", "minItems": 1, "maxItems": CALL_MANY_LIMIT,
                  "description": "Each takes what call takes.", "items": CALL_ITEM}},
-      required=["calls"], toolset="app",
-      annotations={"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False})
+      required=["calls"], toolset="app", annotations=APP_CALL)
 def call_many(args, call):
     items = args.get("calls")
     if not isinstance(items, list) or not 1 <= len(items) <= CALL_MANY_LIMIT:
@@ -2455,7 +2434,7 @@ def call_many(args, call):
                                                               "progress": done[0], "total": len(items)})
     with call.server.apps.reading():          # one app list, app record and context read for the batch
         list(call_pool().map(run, range(len(items))))
-    return json.dumps(results, indent=2, ensure_ascii=False)
+    return json_text(results)
 
 
 def describe_count(items):
@@ -2474,12 +2453,10 @@ def call_many_item(server, item, traceparent, cancelled):
             return {"ok": True, "result": run_call(server.apps, item, cancelled)}
     except Cancelled:
         return {"ok": False, "error": "Cancelled before it ran."}
-    except Refusal as refused:
-        return {"ok": False, "error": refused.text}
     except ToolError as error:
-        return {"ok": False, "error": "Error: " + error.text}
+        return {"ok": False, "error": failure_text(error)}
     except node_module().NodeError as error:
-        return {"ok": False, "error": "Error: " + node_error_text(error)}
+        return {"ok": False, "error": failure_text(error)}
     except Exception:
         import traceback
         log.error("call_many item failed:\n%s", traceback.format_exc())
@@ -2537,11 +2514,6 @@ def context_arguments(method, args):
     return [args[key] for key in ("_context", "context") if not declared(method, key) and args.get(key) is not None]
 
 
-def context_argument(apps, unit, method, args):
-    """The context a generated call names besides its handle."""
-    return agreed_context(apps, unit.app, context_arguments(method, args))
-
-
 def agreed_context(apps, app, values):
     """The one context `context` and `_context` name: given both, they must agree (an alias and the id it names
     do)."""
@@ -2556,7 +2528,7 @@ def agreed_context(apps, app, values):
 
 def admit_generated(apps, unit, method, args):
     handle = read_handle(apps.handle_key, args.get("app_handle"))
-    context_value = context_argument(apps, unit, method, args)
+    context_value = agreed_context(apps, unit.app, context_arguments(method, args))   # besides its handle
     if handle is not None:
         if handle.app != unit.app.id:
             raise foreign_handle(apps, handle, unit.app, unit.service)

@@ -1,8 +1,9 @@
 """node.py — every byte that goes to or comes from the Calimero node (merod).
 
 Discovery, authentication, the token cache shared with the Calimero desktop app and other local agents, the
-cross-process refresh lock, one `requests.Session`, and one exception (`NodeError`) whose message is what a
-person should read. Also `check()`, the `mero-mcp --check` doctor.
+cross-process refresh lock, one `requests.Session`, the admin API (every path, body and answer shape the server
+uses: `Node`'s methods), and one exception (`NodeError`) whose message is what a person should read. Also
+`check()`, the `mero-mcp --check` doctor.
 
 `requests` is imported lazily (first HTTP call): the server's cold start must not pay for it.
 Spec references: reference-behaviour.md (§1 configuration and auth, §2 endpoints, §6 error texts) and
@@ -76,7 +77,8 @@ class NodeError(Exception):
     `status` is the HTTP status (None for network, discovery and JSON-RPC failures); `retryable` says the same
     call may succeed later; `fix` is one concrete thing to do about it (used by `check`); `auth_error` is the
     node's `x-auth-error` header, when it sent one; `hint` is what an agent should do next, for failures whose
-    message names only what went wrong (unreachable, timed out, unreadable, 5xx): tools append it.
+    message names only what went wrong (unreachable, timed out, unreadable, 5xx, a typed refusal `node_advice`
+    knows, a JSON-RPC kind): tools append it.
     """
 
     def __init__(self, message, status=None, retryable=False, fix=None, auth_error=None, hint=None):
@@ -1137,6 +1139,39 @@ class Answer:
         return self.value
 
 
+def signed_invitation(given: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
+    """The signed invitation to forward, and the inviter's group name if it came along.
+
+    Some nodes answer an invite with the signed invitation itself, others wrap it as {invitation, groupName}
+    (§3.6). A wrapper is recognised by the signature sitting one level down, and the signed object inside it goes
+    out untouched.
+    """
+    inner = given.get("invitation")
+    if "inviter_signature" not in given and isinstance(inner, dict) and "inviter_signature" in inner:
+        return inner, given.get("groupName")
+    return given, None
+
+
+def decode_metadata(raw) -> Any:
+    """Bundle metadata as the node sends it: an int array of UTF-8 JSON (usually an object), or a plain string.
+    The decoded value; the string itself when it is not JSON; None when absent or not UTF-8."""
+    if isinstance(raw, list):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except (ValueError, TypeError):
+            return None
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def app_metadata_decoded(record: Dict[str, Any]) -> Dict[str, Any]:
+    return dict(record, metadata=decode_metadata(record.get("metadata")))
+
+
 def blob_record(blob: Dict[str, Any]) -> Dict[str, Any]:
     """One blob as the server shows it: camelCase, whichever casing this node release used (§3.5)."""
     record = {"blobId": blob.get("blobId") or blob.get("blob_id")}
@@ -1263,13 +1298,16 @@ class Node:
 
     # applications (§3.2)
     def applications(self) -> List[Dict[str, Any]]:
-        """The installed applications' records, each with its `id` (lists may omit `services`)."""
-        return self._call("GET", "/admin-api/applications", lambda a: a.rows("apps", "id"))
+        """The installed applications' records, each with its `id` (lists may omit `services`) and its `metadata`
+        decoded (decode_metadata)."""
+        return self._call("GET", "/admin-api/applications",
+                          lambda a: [app_metadata_decoded(row) for row in a.rows("apps", "id")])
 
     def application(self, app_id: str) -> Optional[Dict[str, Any]]:
-        """One application's full record (with `services`), or None when the node has none of that id."""
+        """One application's full record (with `services`, `metadata` decoded), or None when the node has none of
+        that id."""
         return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id),
-                                    lambda a: a.inner("application", "id"))
+                                    lambda a: app_metadata_decoded(a.inner("application", "id")))
 
     def abi(self, app_id: str, service: Optional[str] = None) -> Dict[str, Any]:
         """The application's embedded ABI manifest (of one service, for a multi-service bundle)."""
@@ -1374,7 +1412,10 @@ class Node:
 
     def join_namespace(self, namespace_id: str, invitation: Dict[str, Any],
                        group_name: Optional[str] = None) -> Dict[str, Any]:
-        """Join with a signed invitation, passed through unchanged; waits JOIN_TIMEOUT for peer discovery."""
+        """Join with what invite_to_namespace returned (`group_name`, when None, is the inviter's if it came
+        along); the signed invitation goes out unchanged. Waits JOIN_TIMEOUT for peer discovery."""
+        invitation, inviter_group_name = signed_invitation(invitation)
+        group_name = inviter_group_name if group_name is None else group_name
         body = {"invitation": invitation}
         if group_name is not None:
             body["groupName"] = group_name
@@ -1972,8 +2013,8 @@ def _services_of(node, app) -> List[str]:
 
 
 def _tool_count(report, node, abi, app, label, service, read_only=False) -> str:
-    """How many tools the app's ABI generates: every method but `init` and those taking `app_handle`; in read-only
-    mode only its [view] methods' tools are offered."""
+    """How many tools the app's ABI generates (abi.tool_methods); in read-only mode only its [view] methods' tools
+    are offered."""
     if abi is None:
         return "tools unknown"
     where = label + ("/" + service if service else "")

@@ -1392,9 +1392,13 @@ class NodeDouble:
         """This node's role: its own row in the group, else the nearest ancestor's."""
         return next((g["members"][NODE_ACCOUNT] for g in self._lineage(group) if NODE_ACCOUNT in g["members"]), None)
 
+    def _is_admin(self, group: Dict[str, Any]) -> bool:
+        """This node holds Admin in the group or in a group above it."""
+        return any(g["members"].get(NODE_ACCOUNT) == "Admin" for g in self._lineage(group))
+
     def _require_admin(self, group: Dict[str, Any]) -> None:
         """Governing a group takes Admin there or in a group above it (403s of §0.5.2)."""
-        if any(g["members"].get(NODE_ACCOUNT) == "Admin" for g in self._lineage(group)):
+        if self._is_admin(group):
             return
         if self._role_in(group) is None:
             raise error_reply(403, NOT_A_MEMBER.format(group["id"]))
@@ -2123,7 +2127,7 @@ class NodeDouble:
 
     def _require_subgroup_admin(self, parent: Dict[str, Any]) -> None:
         """Creating a subgroup takes Admin of the namespace (or the parent group)."""
-        if not any(g["members"].get(NODE_ACCOUNT) == "Admin" for g in self._lineage(parent)):
+        if not self._is_admin(parent):
             raise error_reply(403, SUBGROUP_NEEDS_ADMIN.format(self._lineage(parent)[-1]["id"]))
 
     def _refuse_last_admin(self, group: Dict[str, Any]) -> None:
