@@ -467,7 +467,7 @@ class Server:
         except node_module().NodeError as error:
             return bounded(error_result(failure_text(error)))
         # A method's output is the app's data, returned whole, as its generated tool returns it.
-        return render_result(value) if t.toolset is None or t.name in APP_OUTPUT else bounded(render_result(value))
+        return render_result(value) if t.toolset is None or t.name in APP_CALLS else bounded(render_result(value))
 
     def announce_lists_changed(self, tools=True, resources=True):
         """The catalog changed: tell a handshake-era session, and every listen that asked for that list."""
@@ -711,8 +711,9 @@ def toolsets_problem(env):
 
 READ_ONLY_VARIABLE = "CALIMERO_MCP_READ_ONLY"
 READ_ONLY_VALUES = ("1", "true", "yes")
-# call and call_many stay offered in read-only mode: execute() refuses a method that is not [view] for them.
-READ_ONLY_GATED = frozenset({"call", "call_many"})
+# The two tools that reach any method of any app: they validate per item, answer the app's own data (never cut),
+# and stay offered in read-only mode, where execute() refuses a method that is not [view] for them.
+APP_CALLS = frozenset({"call", "call_many"})
 READ_ONLY_UNSET = ("To allow changes, unset %s in this server's entry of the host configuration (its env) and "
                    "restart the server." % READ_ONLY_VARIABLE)
 READ_ONLY_INSTRUCTION = ("This server runs read-only (%s): it offers only tools that cannot change the node, and "
@@ -756,12 +757,12 @@ def advertised(t, config):
     names and any tool count go through it. (CALIMERO_MCP_APPS acts earlier: apps it leaves out have no tools.)"""
     if not in_toolsets(t, config):
         return False
-    return not config.read_only or t.annotations.get("readOnlyHint") is True or t.name in READ_ONLY_GATED
+    return not config.read_only or t.annotations.get("readOnlyHint") is True or t.name in APP_CALLS
 
 
 def as_configured(t, config):
     """In read-only mode call and call_many cannot change the node either, and their annotations say so."""
-    return t._replace(annotations=READ_ONLY) if config.read_only and t.name in READ_ONLY_GATED else t
+    return t._replace(annotations=READ_ONLY) if config.read_only and t.name in APP_CALLS else t
 
 
 def read_only_refusal(name):
@@ -984,8 +985,6 @@ def resume_at(tool, cursor, query, rows, id_key):
 
 
 _fixed_validators = {}
-SELF_VALIDATING = frozenset({"call", "call_many"})
-APP_OUTPUT = frozenset({"call", "call_many"})
 # Accepted without being advertised: a generated tool takes context as _context's synonym (tools.md), and `call`
 # takes _context, the name generated tools advertise, as a synonym of its context.
 GENERATED_SYNONYMS = ("context", "_context")
@@ -1000,7 +999,7 @@ def refuse_unknown_arguments(t, arguments):
     unknown = [name for name in arguments if name not in takes and name not in synonyms]
     if unknown:
         raise ToolError(unknown_arguments_text(unknown, t.name, takes))
-    if t.toolset is not None and t.name not in SELF_VALIDATING:     # call_many refuses per item, as call does
+    if t.toolset is not None and t.name not in APP_CALLS:     # call_many refuses per item, as call does
         for name, value in arguments.items():
             refuse_unknown_keys(t.input_schema["properties"][name], value, name)
 
@@ -1031,7 +1030,7 @@ def unknown_arguments_text(unknown, owner, takes, where=""):
 def check_fixed_arguments(t, arguments):
     """Validate a fixed tool's arguments against its declared schema. Generated tools, `call` and `call_many`
     validate themselves: after the handle check, and per item (reference §3.12, §3.13)."""
-    if t.toolset is None or t.name in SELF_VALIDATING:
+    if t.toolset is None or t.name in APP_CALLS:
         return []
     validator = _fixed_validators.get(t.name)
     if validator is None:
