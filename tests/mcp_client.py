@@ -29,6 +29,18 @@ def minimal_env(home, extra=None):
     return env
 
 
+def tuned_server(env, setup, python=sys.executable, check="hasattr(mero_mcp, 'main')"):
+    """The real server with module constants changed before main() runs (a shorter poll or wait, a smaller
+    pool): `setup` is Python run against the imported `mero_mcp`; `check` says the knob is still there, so a
+    renamed constant fails the test loudly instead of testing nothing."""
+    script = ("import sys; sys.path.insert(0, %r); import mero_mcp\n"
+              "if not (%s):\n"
+              "    raise SystemExit('a tuned constant moved: %s')\n"
+              "%s\n"
+              "sys.exit(mero_mcp.main([]))" % (str(ROOT), check, check.replace("'", ""), setup))
+    return McpServer(env, command=[str(python), "-c", script])
+
+
 class McpServer:
     def __init__(self, env, args=(), command=None):
         self.proc = subprocess.Popen(

@@ -6,12 +6,11 @@ while every other request still waits its turn (one request handled at a time).
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest
 
-from mcp_client import ROOT, McpServer
+from mcp_client import tuned_server
 from node_double import sample_double
 
 ITEMS = 32
@@ -34,17 +33,13 @@ def slow_env(server_env, slow_double):
 def few_workers(env):
     """The real server with a small call_many pool, so most of 32 items are still waiting when the cancel
     arrives (with the default pool every item of one call_many starts at once)."""
-    script = ("import sys; sys.path.insert(0, %r); import mero_mcp\n"
-              "from concurrent.futures import ThreadPoolExecutor\n"
-              "pool = ThreadPoolExecutor(max_workers=%d, thread_name_prefix='call')\n"
-              "if hasattr(mero_mcp, '_call_pool'):\n"
-              "    mero_mcp._call_pool[:] = [pool]\n"
-              "elif hasattr(mero_mcp, 'CALL_POOL'):\n"
-              "    mero_mcp.CALL_POOL = pool\n"
-              "else:\n"
-              "    raise SystemExit('the call_many pool moved: update tests/test_cancellation.py')\n"
-              "sys.exit(mero_mcp.main())" % (str(ROOT), WORKERS))
-    return McpServer(env, command=[sys.executable, "-c", script])
+    return tuned_server(env, "from concurrent.futures import ThreadPoolExecutor\n"
+                             "pool = ThreadPoolExecutor(max_workers=%d, thread_name_prefix='call')\n"
+                             "if hasattr(mero_mcp, '_call_pool'):\n"
+                             "    mero_mcp._call_pool[:] = [pool]\n"
+                             "else:\n"
+                             "    mero_mcp.CALL_POOL = pool" % WORKERS,
+                        check="hasattr(mero_mcp, '_call_pool') or hasattr(mero_mcp, 'CALL_POOL')")
 
 
 @pytest.fixture
@@ -180,6 +175,16 @@ def slow_call(server, handle, request_id="slow"):
                  "params": {"name": "call", "arguments": {"app_handle": handle, "method": "len"}}})
 
 
+def busy_with_a_slow_call(server, double, handle_of):
+    """Select the app, then keep the main loop in a 2 s call: (handle, executions before it)."""
+    handle = handle_of(server)
+    double.exec_delay = 2.0
+    before = len(double.executions)
+    slow_call(server, handle)
+    wait_until(lambda: len(double.executions) > before, "the slow call to reach the node")
+    return handle, before
+
+
 def set_request(request_id, handle, key):
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
             "params": {"name": "call", "arguments": {"app_handle": handle, "method": "set",
@@ -190,11 +195,7 @@ def test_a_request_cancelled_while_it_waits_never_runs(start_server, slow_env, s
     """Cancelled behind a slow call: it never reaches the node and is never answered; a later request reusing
     its id is a request of its own, answered once, and does not bring the cancelled one back."""
     server = start_server(slow_env)
-    handle = handle_of(server)
-    slow_double.exec_delay = 2.0
-    before = len(slow_double.executions)
-    slow_call(server, handle)
-    wait_until(lambda: len(slow_double.executions) > before, "the slow call to reach the node")
+    handle, before = busy_with_a_slow_call(server, slow_double, handle_of)
     server.send(set_request("queued", handle, "cancelled-key"))
     server.notify("notifications/cancelled", {"requestId": "queued", "reason": "changed my mind"})
     reused = server.request("tools/call", {"name": "call", "arguments": {"app_handle": handle, "method": "len"}},
@@ -213,11 +214,7 @@ def test_a_request_cancelled_while_it_waits_stays_cancelled_when_its_id_returns(
         start_server, slow_env, slow_double, handle_of):
     """The id comes back while the cancelled request still waits: only the new one runs."""
     server = start_server(slow_env)
-    handle = handle_of(server)
-    slow_double.exec_delay = 2.0
-    before = len(slow_double.executions)
-    slow_call(server, handle)
-    wait_until(lambda: len(slow_double.executions) > before, "the slow call to reach the node")
+    handle, before = busy_with_a_slow_call(server, slow_double, handle_of)
     server.send(set_request(9, handle, "first"))
     server.notify("notifications/cancelled", {"requestId": 9})
     server.send(set_request(9, handle, "second"))
@@ -232,11 +229,7 @@ def test_a_request_cancelled_while_it_waits_stays_cancelled_when_its_id_returns(
 
 def test_a_batch_item_cancelled_while_it_waits_never_runs(start_server, slow_env, slow_double, handle_of):
     server = start_server(slow_env, initialize="2025-03-26")
-    handle = handle_of(server)
-    slow_double.exec_delay = 2.0
-    before = len(slow_double.executions)
-    slow_call(server, handle)
-    wait_until(lambda: len(slow_double.executions) > before, "the slow call to reach the node")
+    handle, before = busy_with_a_slow_call(server, slow_double, handle_of)
     server.send([set_request("a", handle, "kept"), set_request("b", handle, "dropped")])
     server.notify("notifications/cancelled", {"requestId": "b"})
     assert "result" in server.wait_for("a", LONG)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_client import ROOT, McpServer, minimal_env
+from mcp_client import ROOT, McpServer, minimal_env, tuned_server
 
 OFFLINE_SIGNS = ("NewConnectionError", "No matching distribution", "Could not find a version", "Temporary failure")
 
@@ -112,9 +112,8 @@ def test_without_the_packages_tools_say_what_to_install(bare_python, double, tmp
 def test_a_missing_package_is_logged_once_however_often_the_catalog_retries(bare_python, double, tmp_path):
     """The catalog poll retries every 30 s; here every 0.2 s (the constant set before main runs), so a few polls
     go by while the test waits."""
-    start = ("import sys; sys.path.insert(0, %r); import mero_mcp; mero_mcp.POLL_SECONDS = 0.2; "
-             "sys.exit(mero_mcp.main([]))" % str(ROOT))
-    server = McpServer(bare_env(tmp_path, double), command=[str(bare_python), "-c", start])
+    server = tuned_server(bare_env(tmp_path, double), "mero_mcp.POLL_SECONDS = 0.2", python=bare_python,
+                          check="hasattr(mero_mcp, 'POLL_SECONDS')")
     try:
         server.initialize()
         assert "node_status" in server.tool_names()          # the catalog's first read fails, and polling starts

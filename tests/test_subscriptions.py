@@ -2,11 +2,10 @@
 server/tools "List Changed Notification"), and a slow first catalog read announced in both eras."""
 from __future__ import annotations
 
-import sys
 
 import pytest
 
-from mcp_client import ROOT, McpServer, minimal_env
+from mcp_client import McpServer, minimal_env, tuned_server
 from node_double import NodeDouble, counter_spec, kv_store_spec, sample_double
 
 MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -177,12 +176,7 @@ def test_the_handshake_era_has_no_listen_and_hears_on_the_session(start_server, 
 
 def impatient_server(env, seconds=0.5):
     """The real server, with tools/list waiting `seconds` (not 5 s) for the first catalog read."""
-    script = ("import sys; sys.path.insert(0, %r); import mero_mcp\n"
-              "if not hasattr(mero_mcp, 'FIRST_LOAD_WAIT'):\n"
-              "    raise SystemExit('FIRST_LOAD_WAIT moved: update tests/test_subscriptions.py')\n"
-              "mero_mcp.FIRST_LOAD_WAIT = %r\n"
-              "sys.exit(mero_mcp.main())" % (str(ROOT), seconds))
-    return McpServer(env, command=[sys.executable, "-c", script])
+    return tuned_server(env, "mero_mcp.FIRST_LOAD_WAIT = %r" % seconds, check="hasattr(mero_mcp, 'FIRST_LOAD_WAIT')")
 
 
 @pytest.fixture
