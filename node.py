@@ -1094,11 +1094,15 @@ class Answer:
             raise WrongShape("an object with %s boolean" % _named(key))
         return self.value
 
-    def inner(self, key: str, id_key: str) -> Dict[str, Any]:
-        """The object at `key` (`{"application": {…}}`), carrying `id_key` as a string."""
+    def inner(self, key: str, id_key: str, nullable: bool = False) -> Optional[Dict[str, Any]]:
+        """The object at `key` (`{"application": {…}}`), carrying `id_key` as a string; with `nullable`, None for
+        `{key: null}`."""
         inner = self.value.get(key) if isinstance(self.value, dict) else None
+        if nullable and inner is None and isinstance(self.value, dict) and key in self.value:
+            return None
         if not isinstance(inner, dict) or not _is_text(inner.get(id_key)):
-            raise WrongShape('an object whose "%s" is an object with %s string' % (key, _named(id_key)))
+            raise WrongShape('an object whose "%s" is an object with %s string%s'
+                             % (key, _named(id_key), ", or null" if nullable else ""))
         return inner
 
     def rows(self, key: Optional[str], *id_keys) -> List[Dict[str, Any]]:
@@ -1170,6 +1174,11 @@ def decode_metadata(raw) -> Any:
 
 def app_metadata_decoded(record: Dict[str, Any]) -> Dict[str, Any]:
     return dict(record, metadata=decode_metadata(record.get("metadata")))
+
+
+def _application(answer: Answer) -> Optional[Dict[str, Any]]:
+    record = answer.inner("application", "id", nullable=True)
+    return app_metadata_decoded(record) if record is not None else None
 
 
 def blob_record(blob: Dict[str, Any]) -> Dict[str, Any]:
@@ -1305,9 +1314,8 @@ class Node:
 
     def application(self, app_id: str) -> Optional[Dict[str, Any]]:
         """One application's full record (with `services`, `metadata` decoded), or None when the node has none of
-        that id."""
-        return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id),
-                                    lambda a: app_metadata_decoded(a.inner("application", "id")))
+        that id: a 404, or (core's `application: Option<Application>`, older releases) `{"application": null}`."""
+        return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id), _application)
 
     def abi(self, app_id: str, service: Optional[str] = None) -> Dict[str, Any]:
         """The application's embedded ABI manifest (of one service, for a multi-service bundle)."""

@@ -316,6 +316,21 @@ def test_a_null_id_is_never_reported_as_success(session, double, tool, arguments
     assert "The node may have carried it out anyway: check before repeating it." in text
 
 
+def test_an_app_record_answered_as_null_reads_as_absent(start_server, server_env, double):
+    """core's GET /applications/:id carries `application: Option<Application>`: older releases answered an id
+    they had just dropped with `{"application": null}` (200), not a 404. That app is then one without a record,
+    not a failure of every list."""
+    double.list_services = False                                 # so the server asks each app's own record
+    kv = ids_of(double)["kv"]
+    double.faults.update({"json": {"data": {"application": None}}, "paths": ["/admin-api/applications/" + kv],
+                          "exact": True})
+    server = start_server(server_env)
+    result = server.call_tool("list_applications")
+    assert not result.get("isError"), result
+    assert kv in [row["id"] for row in result["structuredContent"]["apps"]]
+    assert double.requests_to("GET", "/admin-api/applications/" + kv)
+
+
 def test_create_group_with_parent_says_what_came_back_when_the_id_is_missing(session, double):
     """The group exists, but the node's answer lacks its id: an isError the agent can act on, not -32603."""
     server, _ = session

@@ -1079,7 +1079,7 @@ ANY_ID = "ab" * 32
 OPERATIONS = [   # (what the client calls, the request it makes, what the answer should have been)
     (lambda c: c.health(), "GET /admin-api/health", 'an object with a "status" string'),
     (lambda c: c.application(KV_ID), "GET /admin-api/applications/" + KV_ID,
-     'an object whose "application" is an object with an "id" string'),
+     'an object whose "application" is an object with an "id" string, or null'),
     (lambda c: c.abi(KV_ID), "GET /admin-api/applications/%s/abi" % KV_ID, "an object"),
     (lambda c: c.install_application("com.x", "1.0.0"), "POST /admin-api/install-application",
      'an object with an "applicationId" string'),
