@@ -37,7 +37,6 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 HEX_STRING = re.compile(r"^(?:[0-9a-fA-F]{2})*$")
-BASE58 = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{32,44}$")
 ALIAS = re.compile(r"^[A-Za-z0-9._-]{1,50}$")  # §3.4
 ZERO_HASH = "0" * 64
 REGISTRY_URL = "https://registry.calimero.network"
@@ -73,7 +72,7 @@ MEMBERS_FIELDS = ("members",)
 MEMBER_FIELDS = ("identity", "role")                     # each entry of add-members
 METADATA_FIELDS = ("name", "data")
 VISIBILITY_FIELDS = ("subgroupVisibility",)
-INVITE_FIELDS = ("expirationTimestamp", "recursive")
+INVITE_FIELDS = ("expirationTimestamp", "recursive", "admitters", "admitterAddrs")
 JOIN_FIELDS = ("invitation", "groupName")
 LOGIN_FIELDS = ("auth_method", "public_key", "client_name", "permissions", "timestamp", "provider_data")
 REFRESH_FIELDS = ("access_token", "refresh_token")
@@ -112,6 +111,51 @@ LOGIN_THROTTLED = "Too many failed login attempts; please try again later"      
 REFRESH_MISMATCH = "Access and refresh tokens do not belong to the same key"                  # §0.5.6
 LOGIN_ATTEMPTS = 5             # failed logins per (auth_method, public_key) before 429
 RETRY_AFTER_SECONDS = 60
+# Request validation (core's `Validate` impls, crates/server/primitives): the limits and ValidationError's texts.
+MAX_PACKAGE_LENGTH, MAX_VERSION_LENGTH = 128, 64                      # install coordinates (§0.5.3)
+MAX_METADATA_NAME, MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 64, 64, 4096   # bytes (§3.7)
+EMPTY_FIELD = "Field '{}' is required but was empty"
+TOO_LONG = "Field '{}' exceeds maximum length of {} characters (got {})"
+INVALID_FORMAT = "Field '{}' has invalid format: {}"
+READ_ONLY_TEE_ADDED = INVALID_FORMAT.format("members[].role",
+                                           "ReadOnlyTee role can only be assigned via TEE attestation")
+
+
+def coordinate_problems(package: Any, version: Any) -> List[str]:
+    """InstallApplicationRequest: both strings (serde), non-empty and within their lengths (Validate)."""
+    if not isinstance(package, str) or not isinstance(version, str):
+        return ["Invalid JSON data: Failed to deserialize the JSON body into the target type: invalid type: "
+                "expected a string"]
+    problems = []
+    for field, value, limit in (("package", package, MAX_PACKAGE_LENGTH), ("version", version, MAX_VERSION_LENGTH)):
+        if not value:
+            problems.append(EMPTY_FIELD.format(field))
+        elif utf8_size(value) > limit:
+            problems.append(TOO_LONG.format(field, limit, utf8_size(value)))
+    return problems
+
+
+def utf8_size(text: str) -> int:
+    """Core's limits count UTF-8 bytes (Rust's `str::len`)."""
+    return len(text.encode("utf-8"))
+
+
+def metadata_problem(name: Optional[str], data: Dict[str, str]) -> Optional[str]:
+    """core's validate_metadata_payload (crates/primitives/src/metadata.rs), the reason it gives."""
+    if name is not None and not name:
+        return "metadata name must not be the empty string — use null to clear it"
+    if name is not None and utf8_size(name) > MAX_METADATA_NAME:
+        return "metadata name too long: {} bytes (max {})".format(utf8_size(name), MAX_METADATA_NAME)
+    if len(data) > MAX_METADATA_ENTRIES:
+        return "metadata data has too many entries: {} (max {})".format(len(data), MAX_METADATA_ENTRIES)
+    for key, value in sorted(data.items()):
+        if not key:
+            return "metadata data key must not be the empty string"
+        if utf8_size(key) > MAX_METADATA_KEY:
+            return "metadata data key too long: {} bytes (max {})".format(utf8_size(key), MAX_METADATA_KEY)
+        if utf8_size(value) > MAX_METADATA_VALUE:
+            return "metadata data value too long: {} bytes (max {})".format(utf8_size(value), MAX_METADATA_VALUE)
+    return None
 
 
 def hex_id(label: str) -> str:
@@ -153,6 +197,11 @@ def json_reply(status: int, value: Any, headers: Optional[Dict[str, str]] = None
 def error_reply(status: int, message: str) -> Reply:
     """Handled errors are `{"error": "<message>"}` JSON (§1.2)."""
     return json_reply(status, {"error": message})
+
+
+def validation_reply(problems: List[str]) -> Reply:
+    """core's ValidatedJson after its Validate impl: one problem as is, several joined (§1.2)."""
+    return error_reply(400, problems[0] if len(problems) == 1 else "Validation errors: " + "; ".join(problems))
 
 
 def text_reply(status: int, message: str) -> Reply:
@@ -836,14 +885,18 @@ class Route:
         self.regex = re.compile("^" + regex + "$")
 
 
-# How a malformed id in a path param is refused (checklist 2): typed extractors answer text, manual parsers JSON.
+# How a malformed id in a path param is refused (checklist 2): typed extractors answer text, manual parsers JSON
+# (a route's `bad_id`). Core types the context id of GET /contexts/:id, …/group and …/identities; delete, join and
+# leave parse it by hand.
 ID_PARAM_ERRORS = {
     "application_id": ("text", "Invalid URL: Cannot parse `{}` as an application id: expected 64 hex characters"),
-    "context_id": ("json", "Invalid context id"),
+    "context_id": ("text", "Invalid URL: Cannot parse `{}` as a context id: expected 64 hex characters"),
     "blob_id": ("json", "Invalid blob ID format"),
     "group_id": ("json", "Invalid group id format: expected hex-encoded 32 bytes"),
     "namespace_id": ("json", "Invalid group id format: expected hex-encoded 32 bytes"),
 }
+
+PARSED_CONTEXT_ID = {"context_id": "Invalid context id format: expected base58 or hex-encoded 32 bytes"}
 
 ROUTES = [
     # health & identity (§3.1)
@@ -869,10 +922,9 @@ ROUTES = [
     Route("GET", "/admin-api/contexts/for-application/:application_id", "contexts_for_application",
           permission="context:list"),
     Route("GET", "/admin-api/contexts/:context_id", "get_context", permission="context:list"),
-    Route("DELETE", "/admin-api/contexts/:context_id", "delete_context"),
-    Route("POST", "/admin-api/contexts/:context_id/join", "join_context", bad_id={
-        "context_id": "Invalid context id format: expected base58 or hex-encoded 32 bytes"}),
-    Route("POST", "/admin-api/contexts/:context_id/leave", "leave_context"),
+    Route("DELETE", "/admin-api/contexts/:context_id", "delete_context", bad_id={"context_id": "Invalid context id"}),
+    Route("POST", "/admin-api/contexts/:context_id/join", "join_context", bad_id=PARSED_CONTEXT_ID),
+    Route("POST", "/admin-api/contexts/:context_id/leave", "leave_context", bad_id=PARSED_CONTEXT_ID),
     Route("GET", "/admin-api/contexts/:context_id/identities", "context_identities"),
     Route("GET", "/admin-api/contexts/:context_id/identities-owned", "context_identities"),
     Route("GET", "/admin-api/contexts/:context_id/group", "context_group"),
@@ -1684,6 +1736,9 @@ class NodeDouble:
         if absent:
             raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
                                    "missing field `{}` at line 1 column {}".format(absent, len(request.body)))
+        problems = coordinate_problems(body["package"], body["version"])
+        if problems:
+            raise validation_reply(problems)
         if self.registry_mode == "dht":   # §0.5.3: such a node cannot install by coordinates at all
             raise text_reply(502, DHT_REGISTRY_MODE)
         spec = self.registry.get("{}@{}".format(body["package"], body["version"]))
@@ -2198,12 +2253,19 @@ class NodeDouble:
 
     def _h_add_group_members(self, request):
         members = request.json.get("members")
-        if not isinstance(members, list) or not members:
-            raise error_reply(400, "Validation errors: members must not be empty")
+        if not isinstance(members, list):
+            raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
+                                   "members: invalid type: expected a sequence")
         for member in members:
             problem = self._member_problem(member)
             if problem:
                 raise error_reply(400, problem)
+        problems = ([] if members else [EMPTY_FIELD.format("members")]) + [
+            READ_ONLY_TEE_ADDED for member in members if member["role"] == "ReadOnlyTee"]
+        if problems:
+            raise validation_reply(problems)
+        if any(member["role"] == "RelayTee" for member in members):   # the double's own rule: attestation grants it
+            raise error_reply(400, "role RelayTee cannot be assigned directly")
         with self._lock:
             group = self._group_or_404(request.params["group_id"])
             self._require_admin(group)
@@ -2213,16 +2275,14 @@ class NodeDouble:
 
     @staticmethod
     def _member_problem(member: Any) -> Optional[str]:
+        """serde's part of an entry: both fields, a 64-hex account or key (§0.5.7), a known role."""
         if not isinstance(member, dict) or "identity" not in member or "role" not in member:
             return "Invalid JSON data: missing field `identity` or `role`"
         identity = member["identity"]
-        if not isinstance(identity, str) or not (HEX64.match(identity) or BASE58.match(identity)):
-            return "Invalid JSON data: invalid member identity"
+        if not isinstance(identity, str) or not HEX64.match(identity):
+            return "Invalid JSON data: invalid member identity: expected 64 hex characters"
         if member["role"] not in ROLES:
-            return "Invalid JSON data: unknown variant `{}`, expected one of `Admin`, `Member`, `ReadOnly`".format(
-                member["role"])
-        if member["role"] in ("ReadOnlyTee", "RelayTee"):   # granted through TEE attestation only
-            return "role {} cannot be assigned directly".format(member["role"])
+            return "Invalid JSON data: unknown variant `{}`, expected {}".format(member["role"], serde_one_of(ROLES))
         return None
 
     def _h_set_visibility(self, request):
@@ -2246,9 +2306,12 @@ class NodeDouble:
         name = body.get("name")
         if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
             raise error_reply(400, "Invalid JSON data: data must map strings to strings")
-        if name is not None and (not isinstance(name, str) or not name or len(name.encode()) > 64):
-            raise error_reply(400, "Field 'name' has invalid format: must be 1-64 bytes")
-        with self._lock:   # PUT replaces the whole record (§3.7)
+        if name is not None and not isinstance(name, str):
+            raise error_reply(400, "Invalid JSON data: name: invalid type: expected a string")
+        problem = metadata_problem(name, data)
+        if problem:
+            raise validation_reply([INVALID_FORMAT.format("metadata", problem)])
+        with self._lock:   # PUT replaces the whole record, an absent name erasing it (core's apply path, §3.7)
             group = self._group_or_404(request.params["group_id"])
             self._require_admin(group)
             group["metadata"] = {

@@ -189,6 +189,30 @@ def test_not_found_is_the_nodes_own_text(serve):
         "Error: namespace '%s' not found" % unknown
 
 
+def test_bodies_the_node_validates_are_refused_in_its_words(serve):
+    """Past serde, each request type's Validate impl decides (install coordinates' lengths, metadata limits, a
+    ReadOnlyTee member, a base58 identity current nodes no longer read): the agent reads the node's own text."""
+    double = sample_double()
+    server = serve(double)
+    namespace = namespace_of(double)
+    install = error_text(server.call_tool("install_application", {"coords": "p" * 129 + "@1.0.0"}))
+    assert install == "Error: Field 'package' exceeds maximum length of 128 characters (got 129)"
+    metadata = error_text(server.call_tool("set_group_metadata", {"group": namespace, "name": "Ops",
+                                                                  "data": {"k": "v" * 4097}}))
+    assert metadata == ("Error: Field 'metadata' has invalid format: metadata data value too long: 4097 bytes "
+                        "(max 4096)")
+    tee = error_text(server.call_tool("add_group_members", {
+        "group": namespace, "members": [{"identity": hex_id("t"), "role": "ReadOnlyTee"}]}))
+    assert tee == ("Error: Field 'members[].role' has invalid format: ReadOnlyTee role can only be assigned via TEE "
+                   "attestation")
+    base58 = error_text(server.call_tool("add_group_members", {
+        "group": namespace, "members": [{"identity": "1" * 32, "role": "Member"}]}))
+    assert base58.startswith("Error: Invalid JSON data: ") and "expected 64 hex characters" in base58
+    assert double._groups[namespace]["metadata"] is None and list(double._groups[namespace]["members"]) == [
+        NODE_ACCOUNT]
+    assert double.refusals == []
+
+
 @pytest.mark.parametrize("mode, text", [
     ("http", "Error: HTTP 502 Bad Gateway from {url}/admin-api/install-application - the node said: the configured "
              "Http source has no application published at com.x@9.9.9. Check the package and version: the node's "

@@ -864,7 +864,8 @@ def test_serde_names_the_known_fields_the_way_serde_does(node):
     many = call(node, "POST", "/admin-api/namespaces/%s/invite" % namespace, {"expiry": 5})
     assert "unknown field `x`, expected `subgroupVisibility` at line 1 column 4" in one.json()["error"]
     assert "unknown field `force`, there are no fields" in empty.json()["error"]
-    assert "unknown field `expiry`, expected `expirationTimestamp` or `recursive`" in many.json()["error"]
+    assert ("unknown field `expiry`, expected one of `expirationTimestamp`, `recursive`, `admitters`, "
+            "`admitterAddrs`") in many.json()["error"]          # core's CreateGroupInvitationApiRequest, rc.83
 
 
 def test_each_added_member_is_a_closed_set_too(node):
@@ -907,6 +908,51 @@ def test_auth_bodies_are_closed(auth_node):
         refused = call(auth_node, "POST", path, sent)
         assert refused.status == 400 and refused.json()["error"].startswith("Invalid JSON: unknown field `"), path
     assert len(auth_node.refusals) == 3 and login(auth_node).status == 200
+
+
+def test_request_validation_speaks_cores_validation_texts(node):
+    """What passes serde then meets the request type's Validate impl: ValidationError's texts, several joined."""
+    namespace = namespace_of(node)
+    install = "/admin-api/install-application"
+    long_package = call(node, "POST", install, {"package": "p" * 129, "version": "1.0.0"})
+    both = call(node, "POST", install, {"package": "", "version": "v" * 65})
+    assert (long_package.status, long_package.json()) == (400, {
+        "error": "Field 'package' exceeds maximum length of 128 characters (got 129)"})
+    assert both.json() == {"error": "Validation errors: Field 'package' is required but was empty; Field 'version' "
+                                    "exceeds maximum length of 64 characters (got 65)"}
+    members = "/admin-api/groups/%s/members" % namespace
+    empty = call(node, "POST", members, {"members": []})
+    tee = call(node, "POST", members, {"members": [{"identity": hex_id("t"), "role": "ReadOnlyTee"}]})
+    base58 = call(node, "POST", members, {"members": [{"identity": "1" * 32, "role": "Member"}]})
+    assert (empty.status, empty.json()) == (400, {"error": "Field 'members' is required but was empty"})
+    assert tee.json() == {"error": "Field 'members[].role' has invalid format: ReadOnlyTee role can only be "
+                                   "assigned via TEE attestation"}
+    assert base58.status == 400 and "expected 64 hex characters" in base58.json()["error"]   # hex only (§0.5.7)
+    metadata = "/admin-api/groups/%s/metadata" % namespace
+    for body, reason in (({"name": ""}, "metadata name must not be the empty string — use null to clear it"),
+                         ({"data": {"k": "v" * 4097}}, "metadata data value too long: 4097 bytes (max 4096)"),
+                         ({"data": {str(i): "" for i in range(65)}}, "metadata data has too many entries: 65 (max 64)")):
+        refused = call(node, "PUT", metadata, body)
+        assert (refused.status, refused.json()) == (400, {"error": "Field 'metadata' has invalid format: " + reason})
+    assert node._groups[namespace]["members"] == {NODE_ACCOUNT: "Admin"} and node._groups[namespace]["metadata"] is None
+
+
+def test_a_malformed_context_id_is_refused_the_way_each_route_parses_it(node):
+    """GET /contexts/:id types its path (axum's text 400); delete, join and leave parse it by hand (JSON)."""
+    read = call(node, "GET", "/admin-api/contexts/nope")
+    assert (read.status, read.content_type.split(";")[0]) == (400, "text/plain")
+    assert read.body.decode().startswith("Invalid URL: ")
+    assert call(node, "DELETE", "/admin-api/contexts/nope").json() == {"error": "Invalid context id"}
+    parsed = {"error": "Invalid context id format: expected base58 or hex-encoded 32 bytes"}
+    assert call(node, "POST", "/admin-api/contexts/nope/join").json() == parsed
+    assert call(node, "POST", "/admin-api/contexts/nope/leave").json() == parsed
+
+
+def test_an_invitation_may_name_its_admitters(node):
+    namespace = namespace_of(node)
+    named = call(node, "POST", "/admin-api/namespaces/%s/invite" % namespace,
+                 {"admitters": [NODE_ACCOUNT], "admitterAddrs": []})
+    assert named.status == 200 and "invitation" in named.json()["data"] and node.refusals == []
 
 
 def test_typed_not_found_answers_echo_the_id(node):
