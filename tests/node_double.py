@@ -1953,6 +1953,8 @@ class NodeDouble:
             if key in request.query and normalise_hex64(request.query[key]) is None:
                 raise error_reply(400, message)
         blob_id = hashlib.sha256(request.body).hexdigest()
+        if normalise_hex64(request.query.get("hash")) not in (None, blob_id):   # core checks it once stored
+            raise error_reply(500, "Failed to store blob: fatal: blob hash mismatch")
         with self._lock:
             self._blobs[blob_id] = request.body
         return {"data": {"blob_id": blob_id, "size": len(request.body)}}

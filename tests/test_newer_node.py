@@ -4,6 +4,7 @@ words plus what to do about it."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 
 import pytest
@@ -211,6 +212,18 @@ def test_bodies_the_node_validates_are_refused_in_its_words(serve):
     assert double._groups[namespace]["metadata"] is None and list(double._groups[namespace]["members"]) == [
         NODE_ACCOUNT]
     assert double.refusals == []
+
+
+def test_a_blob_whose_bytes_miss_the_expected_hash_is_refused(serve):
+    """core stores the bytes, then compares their hash with `hash`: a mismatch is a 500 and no blob."""
+    double = sample_double()
+    server = serve(double)
+    data = base64.b64encode(b"bytes").decode()
+    text = error_text(server.call_tool("upload_blob", {"data": data, "hash": "ab" * 32}))
+    assert text == "Error: Failed to store blob: fatal: blob hash mismatch"
+    assert double._blobs == {}
+    stored = ok(server, "upload_blob", {"data": data, "hash": hashlib.sha256(b"bytes").hexdigest()})
+    assert stored["blobId"] in double._blobs
 
 
 @pytest.mark.parametrize("mode, text", [

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import http.client
 import json
 import signal
@@ -410,6 +411,10 @@ def test_blob_lifecycle(node):
     assert protected.status == 403
     bad_hash = call(node, "PUT", "/admin-api/blobs?hash=xyz", raw=b"x")
     assert bad_hash.json() == {"error": "The provided hash is not a valid format"}
+    other_hash = call(node, "PUT", "/admin-api/blobs?hash=" + "ab" * 32, raw=b"x")     # core's add_blob checks it
+    assert (other_hash.status, other_hash.json()) == (500, {"error": "Failed to store blob: fatal: blob hash mismatch"})
+    matching = call(node, "PUT", "/admin-api/blobs?hash=" + hashlib.sha256(b"x").hexdigest(), raw=b"x")
+    assert matching.status == 200
 
 
 # ---------------------------------------------------------------------------------------------------------------
