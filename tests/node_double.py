@@ -93,6 +93,8 @@ LAST_ADMIN = "node is the last admin of group '{}'; make another member admin fi
 GROUP_EXISTS = "group '{}' already exists"
 GROUP_HAS_CONTEXTS = "group '{}' has registered contexts; delete or detach them first"
 INVITATION_SPENT = "invitation already consumed or expired"
+NOT_ELIGIBLE = "identity not eligible for inheritance-based join"                      # core's typed 403s, verbatim
+NO_NAMESPACE_IDENTITY = "no namespace identity for this group; join the parent namespace first"
 LEAVE_NAMESPACE_AS_GROUP = "group '{}' is a namespace: leave it through /admin-api/namespaces/{{id}}/leave"
 INVITATION_INVALID = "invitation is invalid: its signature does not verify"
 JOIN_NO_PEER = ("could not reach any member of this namespace to complete the join; make sure the inviting node is "
@@ -2325,8 +2327,10 @@ class NodeDouble:
         with self._lock:
             group = self._group_or_404(group_id)
             parent = self._groups.get(group["parent"]) if group["parent"] else None
+            if NODE_ACCOUNT not in self._lineage(group)[-1]["members"]:
+                raise error_reply(403, NO_NAMESPACE_IDENTITY)
             if group["visibility"] != "open" or parent is None or NODE_ACCOUNT not in parent["members"]:
-                raise error_reply(403, "node is not eligible to join group '{}' via inheritance".format(group_id))
+                raise error_reply(403, NOT_ELIGIBLE)
             group["members"].setdefault(NODE_ACCOUNT, "Member")
         return {"data": {"groupId": group_id, "memberPublicKey": NODE_PUBLIC_KEY, "wasInherited": True}}
 

@@ -694,7 +694,9 @@ def test_join_open_group(server, double):
     assert double.requests_to("POST", "/admin-api/groups/%s/join-via-inheritance" % group)
     closed = double.add_group(namespace=namespace_of(double), member=False)
     refused = error_text(server.call_tool("join_open_group", {"group": closed}))
-    assert refused.startswith("Error: node is not eligible to join group '%s' via inheritance" % closed)
+    assert refused == ("Error: identity not eligible for inheritance-based join. join_open_group joins only an open "
+                       "group inside a namespace or group this node belongs to: ask an admin of that group to add "
+                       "this node (add_group_members) instead.")     # core's JoinSubgroupInheritanceError, verbatim
 
 
 def test_node_failures_are_error_results(server, double):

@@ -496,7 +496,7 @@ def test_group_members_visibility_metadata_and_inheritance(node):
     joined = call(node, "POST", base + "/join-via-inheritance", {}).json()
     added = call(node, "POST", base + "/members", {"members": [{"identity": hex_id("bob"), "role": "Member"}]})
     members = call(node, "GET", base + "/members").json()
-    assert refused.status == 403
+    assert (refused.status, refused.json()) == (403, {"error": "identity not eligible for inheritance-based join"})
     assert (bad_visibility.status, bad_visibility.json()) == (400, {
         "error": "Field 'subgroup_visibility' has invalid format: must be 'open' or 'restricted'"})
     assert joined == {"data": {"groupId": group_id, "memberPublicKey": joined["data"]["memberPublicKey"],
@@ -990,6 +990,15 @@ def test_membership_and_role_refusals_are_403s_that_say_which(node):
         ns = namespace_of(outsider)
         refused = call(outsider, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": ns})
     assert (refused.status, refused.json()["error"]) == (403, "node is not a member of group '%s'" % ns)
+
+
+def test_joining_by_inheritance_without_the_namespace_is_core_typed_403(node):
+    outsider = NodeDouble(apps=[kv_store_spec()], namespaces=[{"app": kv_id(), "member": False}])
+    with outsider:
+        group = outsider.add_group(namespace=namespace_of(outsider), visibility="open", member=False)
+        refused = call(outsider, "POST", "/admin-api/groups/%s/join-via-inheritance" % group, {})
+    assert (refused.status, refused.json()) == (403, {
+        "error": "no namespace identity for this group; join the parent namespace first"})
 
 
 def test_the_last_admin_cannot_leave_while_others_stay(node):
