@@ -884,7 +884,9 @@ def http_error(status: int, reason: Optional[str], body: bytes, url: str,
 JOIN_ROUTE = re.compile(r"/admin-api/namespaces/[^/]+/join$")
 INVITATION_ROUTE = re.compile(r"/admin-api/namespaces/[^/]+/(join|invite)$")     # where invitations are used
 INSTALL_ROUTE = re.compile(r"/admin-api/install-application$")
-NAMED_GROUP = re.compile(r"(group|namespace) '([^']*)'")
+# The group a refusal names: quoted (core's "node is not a member of group '<id>'", §1.2) or bare hex (its
+# governance store's membership errors: "identity … is not an admin of group <id>").
+NAMED_GROUP = re.compile(r"(group|namespace) (?:'([^']*)'|([0-9a-f]{64})\b)")
 _ADVICE = (
     (504, JOIN_ROUTE, "", "No member of the namespace answered the join: retry join_namespace with the same "
                           "invitation once the inviting node (or another member) is online."),
@@ -916,7 +918,8 @@ def node_advice(status: int, path: str, text: str) -> Optional[str]:
     for code, route, words, advice in _ADVICE:
         if code == status and (route is None or route.search(path)) and words in lowered:
             named = NAMED_GROUP.search(text)
-            return advice.format("%s %s" % named.groups() if named else "that group")
+            return advice.format("%s %s" % (named.group(1), named.group(2) or named.group(3)) if named
+                                 else "that group")
     return None
 
 

@@ -172,6 +172,19 @@ def test_a_403_says_which_membership_or_role_is_missing(serve):
                                "in namespace %s" % (namespace, namespace))
 
 
+def test_a_refusal_naming_its_group_unquoted_still_names_it_in_the_advice(serve):
+    """core's governance store words membership refusals "identity <key> is not an admin of group <hex>"."""
+    double = sample_double()
+    server = serve(double)
+    namespace = namespace_of(double)
+    said = "identity %s is not an admin of group %s" % (hex_id("key"), namespace)
+    double.faults.update({"status": 403, "json": {"error": said}, "paths": ["/admin-api/groups/%s/members" % namespace]})
+    text = error_text(server.call_tool("add_group_members", {
+        "group": namespace, "members": [{"identity": hex_id("z"), "role": "Member"}]}))
+    assert text == ("Error: %s. This needs the Admin role in group %s (or a group above it), which this node lacks: "
+                    "ask an admin there to give it that role (add_group_members with role Admin)." % (said, namespace))
+
+
 def test_leaving_as_the_last_admin_says_to_promote_someone(serve):
     double = sample_double()
     server = serve(double)
