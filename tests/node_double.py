@@ -2349,8 +2349,8 @@ class NodeDouble:
     def _h_jsonrpc(self, request):
         body = request.json
         if body.get("jsonrpc") != "2.0":
-            raise text_reply(422, "Failed to deserialize the JSON body into the target type: jsonrpc: invalid "
-                             "value, expected \"2.0\"")
+            raise text_reply(422, "Failed to deserialize the JSON body into the target type: jsonrpc: Invalid "
+                             "JSON-RPC version")   # core's own Version visitor
         if "id" not in body:
             raise text_reply(422, "Failed to deserialize the JSON body into the target type: missing field `id`")
         request_id = body["id"]

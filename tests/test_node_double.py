@@ -612,6 +612,9 @@ def test_jsonrpc_framework_rejections_are_text(node):
     no_type = call(node, "POST", "/jsonrpc", raw=b"{}")
     assert not_json.status == 400 and not_json.body.startswith(b"Failed to parse the request body as JSON")
     assert no_type.status == 415
+    version = call(node, "POST", "/jsonrpc", {"jsonrpc": "1.0", "id": 1, "method": "execute", "params": {}})
+    assert (version.status, version.body) == (422, b"Failed to deserialize the JSON body into the target type: "
+                                                   b"jsonrpc: Invalid JSON-RPC version")
 
 
 def test_generic_apps_return_sample_values_and_record_executions():
