@@ -115,9 +115,11 @@ LOGIN_ATTEMPTS = 5             # failed logins per (auth_method, public_key) bef
 RETRY_AFTER_SECONDS = 60
 # Request validation (core's `Validate` impls, crates/server/primitives): the limits and ValidationError's texts.
 MAX_PACKAGE_LENGTH, MAX_VERSION_LENGTH = 128, 64                      # install coordinates (§0.5.3)
+MAX_INIT_PARAMS = 1024 * 1024                                          # create-context initializationParams (§3.3)
 MAX_METADATA_NAME, MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 64, 64, 4096   # bytes (§3.7)
 EMPTY_FIELD = "Field '{}' is required but was empty"
 TOO_LONG = "Field '{}' exceeds maximum length of {} characters (got {})"
+TOO_LARGE = "Field '{}' exceeds maximum size of {} bytes (got {})"
 INVALID_FORMAT = "Field '{}' has invalid format: {}"
 READ_ONLY_TEE_ADDED = INVALID_FORMAT.format("members[].role",
                                            "ReadOnlyTee role can only be assigned via TEE attestation")
@@ -1844,10 +1846,13 @@ class NodeDouble:
 
     def _h_create_context(self, request):
         body = request.json
-        absent = missing_field(body, ("applicationId", "groupId"))
+        absent = missing_field(body, ("applicationId", "initializationParams", "groupId"))
         if absent:
             raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target type: "
                               "missing field `{}`".format(absent))
+        params = body["initializationParams"]
+        if isinstance(params, list) and len(params) > MAX_INIT_PARAMS:
+            raise validation_reply([TOO_LARGE.format("initialization_params", MAX_INIT_PARAMS, len(params))])
         group_id = self._parse_group_id_field(body["groupId"])
         with self._lock:
             group = self._group_or_404(group_id)

@@ -324,7 +324,8 @@ def test_group_info_names_its_namespace_since_rc83(node):
     (hex_id("unknown-group"), 404, "group '%s' not found" % hex_id("unknown-group")),   # typed (§0.5.2)
 ])
 def test_create_context_group_errors(node, group_id, status, message):
-    reply = call(node, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": group_id})
+    reply = call(node, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "initializationParams": [],
+                                                       "groupId": group_id})
     assert (reply.status, reply.json()) == (status, {"error": message})
 
 
@@ -360,9 +361,9 @@ def test_create_context_needs_a_service_for_multi_service_apps():
     with NodeDouble(apps=[multi_service_spec()]) as double:
         app_id = call(double, "GET", "/admin-api/applications").json()["data"]["apps"][0]["id"]
         namespace = double.add_namespace(app_id)
-        refused = call(double, "POST", "/admin-api/contexts", {"applicationId": app_id, "groupId": namespace})
-        created = call(double, "POST", "/admin-api/contexts", {"applicationId": app_id, "groupId": namespace,
-                                                               "serviceName": "docs"})
+        body = {"applicationId": app_id, "initializationParams": [], "groupId": namespace}
+        refused = call(double, "POST", "/admin-api/contexts", body)
+        created = call(double, "POST", "/admin-api/contexts", dict(body, serviceName="docs"))
         context = call(double, "GET", "/admin-api/contexts/" + created.json()["data"]["contextId"]).json()["data"]
     assert refused.status == 400 and "serviceName" in refused.json()["error"]
     assert context["serviceName"] == "docs"
@@ -840,7 +841,7 @@ def closed_bodies(node):
     group = node.add_group(namespace=namespace, name="g")
     return [
         ("POST", "/admin-api/install-application", {"package": "p", "version": "1"}),
-        ("POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": namespace}),
+        ("POST", "/admin-api/contexts", {"applicationId": kv_id(), "initializationParams": [], "groupId": namespace}),
         ("POST", "/admin-api/namespaces", {"applicationId": kv_id()}),
         ("DELETE", "/admin-api/namespaces/" + namespace, {}),
         ("POST", "/admin-api/groups", {"applicationId": kv_id(), "parentGroupId": namespace}),
@@ -937,12 +938,19 @@ def test_request_validation_speaks_cores_validation_texts(node):
                                    "assigned via TEE attestation"}
     assert base58.status == 400 and "expected 64 hex characters" in base58.json()["error"]   # hex only (§0.5.7)
     metadata = "/admin-api/groups/%s/metadata" % namespace
+    many = {str(i): "" for i in range(65)}
     for body, reason in (({"name": ""}, "metadata name must not be the empty string — use null to clear it"),
                          ({"data": {"k": "v" * 4097}}, "metadata data value too long: 4097 bytes (max 4096)"),
-                         ({"data": {str(i): "" for i in range(65)}}, "metadata data has too many entries: 65 (max 64)")):
+                         ({"data": many}, "metadata data has too many entries: 65 (max 64)")):
         refused = call(node, "PUT", metadata, body)
         assert (refused.status, refused.json()) == (400, {"error": "Field 'metadata' has invalid format: " + reason})
     assert node._groups[namespace]["members"] == {NODE_ACCOUNT: "Admin"} and node._groups[namespace]["metadata"] is None
+    create = {"applicationId": kv_id(), "groupId": namespace}
+    missing = call(node, "POST", "/admin-api/contexts", create)
+    too_large = call(node, "POST", "/admin-api/contexts", dict(create, initializationParams=[32] * (1024 * 1024 + 1)))
+    assert "missing field `initializationParams`" in missing.json()["error"]            # a Vec without a default
+    assert too_large.json() == {"error": "Field 'initialization_params' exceeds maximum size of 1048576 bytes "
+                                         "(got 1048577)"}
 
 
 def test_a_malformed_context_id_is_refused_the_way_each_route_parses_it(node):
@@ -991,7 +999,8 @@ def test_membership_and_role_refusals_are_403s_that_say_which(node):
     outsider = NodeDouble(apps=[kv_store_spec()], namespaces=[{"app": kv_id(), "member": False}])
     with outsider:
         ns = namespace_of(outsider)
-        refused = call(outsider, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "groupId": ns})
+        refused = call(outsider, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "initializationParams": [],
+                                                                 "groupId": ns})
     assert (refused.status, refused.json()["error"]) == (403, "node is not a member of group '%s'" % ns)
 
 
