@@ -2220,6 +2220,8 @@ class NodeDouble:
     def _h_group_info(self, request):
         with self._lock:
             group = self._group_or_404(request.params["group_id"])
+            if self._role_in(group) is None:   # core's get_group_info gates on membership (typed 403, §0.5.2)
+                raise error_reply(403, NOT_A_MEMBER.format(group["id"]))
             app = self._apps.get(group["applicationId"])
             info = {"groupId": group["id"], "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
                     "targetApplicationId": group["applicationId"]}

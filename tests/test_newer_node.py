@@ -185,6 +185,18 @@ def test_a_refusal_naming_its_group_unquoted_still_names_it_in_the_advice(serve)
                     "ask an admin there to give it that role (add_group_members with role Admin)." % (said, namespace))
 
 
+def test_a_group_this_node_is_not_in_is_refused_at_its_info(serve):
+    """core answers group info to members only: create_context's check of the group's application meets the 403."""
+    double = sample_double()
+    foreign = double.add_namespace(double._app_key(KV), name="foreign", member=False)
+    server = serve(double)
+    text = error_text(server.call_tool("create_context", {"application": "kv-store", "group": foreign}))
+    assert text == ("Error: node is not a member of group '%s'. This node is not a member of group %s: join it first "
+                    "(join_namespace with an invitation, or join_open_group for an open subgroup)." % (foreign, foreign))
+    assert double.requests_to("GET", "/admin-api/groups/" + foreign) and not double.requests_to("POST",
+                                                                                                "/admin-api/contexts")
+
+
 def test_leaving_as_the_last_admin_says_to_promote_someone(serve):
     double = sample_double()
     server = serve(double)

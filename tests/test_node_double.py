@@ -1001,7 +1001,9 @@ def test_membership_and_role_refusals_are_403s_that_say_which(node):
         ns = namespace_of(outsider)
         refused = call(outsider, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "initializationParams": [],
                                                                  "groupId": ns})
+        info = call(outsider, "GET", "/admin-api/groups/" + ns)          # core answers group info to members only
     assert (refused.status, refused.json()["error"]) == (403, "node is not a member of group '%s'" % ns)
+    assert (info.status, info.json()["error"]) == (403, "node is not a member of group '%s'" % ns)
 
 
 def test_joining_by_inheritance_without_the_namespace_is_core_typed_403(node):
