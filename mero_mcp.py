@@ -457,6 +457,7 @@ class Server:
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
         try:
             refuse_unknown_arguments(t, arguments)
+            refuse_lone_surrogates(t, arguments)
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, "\n".join(problems)))
@@ -1018,6 +1019,34 @@ def refuse_unknown_keys(schema, value, path, owner=None):
         raise ToolError(unknown_arguments_text(unknown, owner or path, list(properties), " in " + path))
     for key, inner in value.items():
         refuse_unknown_keys(properties[key], inner, "%s.%s" % (path, key))
+
+
+def refuse_lone_surrogates(t, arguments):
+    """JSON's \\ud800 escapes can spell half a character: no UTF-8 request can carry it (URL or body), and the node
+    would refuse it, so it is refused here, naming where, before anything is sent."""
+    stack = [("", arguments)]
+    while stack:                             # not recursive: arguments may nest as deep as the decoder allows
+        path, value = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            where = "%s.%s" % (path, key) if path else str(key)
+            for text, said in ((key, where + " (a key)"), (item, where)):
+                code = lone_surrogate(text)
+                if code is not None:
+                    raise ToolError("Invalid arguments for %s:\n- %s: holds a lone surrogate (\\u%04x), half of a "
+                                    "character, which no request to the node can carry; send the character itself"
+                                    % (t.name, said.encode("utf-8", "backslashreplace").decode("utf-8"), code))
+            stack.append((where, item))
+
+
+def lone_surrogate(text):
+    """The code point of the first unpaired surrogate in a string (JSON decoding pairs the valid ones), else None."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return ord(text[error.start])
+    return None
 
 
 def unknown_arguments_text(unknown, owner, takes, where=""):
