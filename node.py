@@ -1068,6 +1068,39 @@ def _is_text(value) -> bool:
     return isinstance(value, str) and value != ""
 
 
+class Fields(NamedTuple):
+    """The fields of a record the server relies on besides its id: `required` strings, and `texts` (strings) and
+    `objects` where given (null is not given). Of the wrong type, they are the node's error, not a crash of ours
+    nor a wrong refusal. A dotted name reaches into an object (`blob.bytecode`)."""
+    required: Tuple[str, ...] = ()
+    texts: Tuple[str, ...] = ()
+    objects: Tuple[str, ...] = ()
+
+    def wrong(self, record: Dict[str, Any]) -> Optional[str]:
+        """What the first wrong field should have been (`"version" a string where given`), or None."""
+        for key in self.required:
+            if not _is_text(_field(record, key)):
+                return '%s string' % _named(key)
+        for keys, kind in ((self.objects, "an object"), (self.texts, "a string")):
+            for key in keys:
+                value = _field(record, key)
+                if value is not None and not isinstance(value, dict if kind == "an object" else str):
+                    return '"%s" %s where given' % (key, kind)
+        return None
+
+
+def _field(record: Dict[str, Any], dotted: str):
+    for key in dotted.split("."):
+        record = record.get(key) if isinstance(record, dict) else None
+    return record
+
+
+APP_FIELDS = Fields(texts=("package", "version", "signer_id", "blob.bytecode"), objects=("blob", "services"))
+CONTEXT_FIELDS = Fields(required=("applicationId",), texts=("serviceName",))
+GROUP_FIELDS = Fields(texts=("namespaceId",))
+NO_FIELDS = Fields()
+
+
 class Answer:
     """One admin answer: `value` is its JSON with `{"data": …}` unwrapped, `body` the bytes that came back.
     The methods return the part a caller needs, or raise WrongShape saying what was expected. Fields a release
@@ -1077,11 +1110,13 @@ class Answer:
         self.value = value
         self.body = body
 
-    def object(self, id_key: Optional[str] = None) -> Dict[str, Any]:
+    def object(self, id_key: Optional[str] = None, fields: Fields = NO_FIELDS) -> Dict[str, Any]:
         """The answer as an object; with `id_key`, that field must be a non-empty string."""
         value = self.value
+        expected = "an object with %s string" % _named(id_key) if id_key else "an object"
         if not isinstance(value, dict) or (id_key and not _is_text(value.get(id_key))):
-            raise WrongShape("an object with %s string" % _named(id_key) if id_key else "an object")
+            raise WrongShape(expected)
+        _check_fields(value, fields, expected)
         return value
 
     def id(self, key: str) -> str:
@@ -1094,21 +1129,26 @@ class Answer:
             raise WrongShape("an object with %s boolean" % _named(key))
         return self.value
 
-    def inner(self, key: str, id_key: str) -> Dict[str, Any]:
+    def inner(self, key: str, id_key: str, fields: Fields = NO_FIELDS) -> Dict[str, Any]:
         """The object at `key` (`{"application": {…}}`), carrying `id_key` as a string."""
         inner = self.value.get(key) if isinstance(self.value, dict) else None
+        expected = 'an object whose "%s" is an object with %s string' % (key, _named(id_key))
         if not isinstance(inner, dict) or not _is_text(inner.get(id_key)):
-            raise WrongShape('an object whose "%s" is an object with %s string' % (key, _named(id_key)))
+            raise WrongShape(expected)
+        _check_fields(inner, fields, expected)
         return inner
 
-    def rows(self, key: Optional[str], *id_keys) -> List[Dict[str, Any]]:
+    def rows(self, key: Optional[str], *id_keys, fields: Fields = NO_FIELDS) -> List[Dict[str, Any]]:
         """The list at `key` (the answer itself when None); every entry an object with one of `id_keys`."""
         container = "a list" if key is None else "an object with %s list" % _named(key)
         rows = self.value if key is None else self.value.get(key) if isinstance(self.value, dict) else None
         if not isinstance(rows, list):
             raise WrongShape(container)
+        expected = "%s of objects, each with %s string" % (container, _named(id_keys[0]))
         if not all(isinstance(row, dict) and any(_is_text(row.get(k)) for k in id_keys) for row in rows):
-            raise WrongShape("%s of objects, each with %s string" % (container, _named(id_keys[0])))
+            raise WrongShape(expected)
+        for row in rows:
+            _check_fields(row, fields, expected)
         return rows
 
     def blob(self) -> Dict[str, Any]:
@@ -1137,6 +1177,12 @@ class Answer:
         if self.value is not None and not isinstance(self.value, dict):
             raise WrongShape("an object or null")
         return self.value
+
+
+def _check_fields(record: Dict[str, Any], fields: Fields, expected: str) -> None:
+    wrong = fields.wrong(record)
+    if wrong:
+        raise WrongShape("%s and %s" % (expected, wrong))
 
 
 def signed_invitation(given: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
@@ -1301,13 +1347,13 @@ class Node:
         """The installed applications' records, each with its `id` (lists may omit `services`) and its `metadata`
         decoded (decode_metadata)."""
         return self._call("GET", "/admin-api/applications",
-                          lambda a: [app_metadata_decoded(row) for row in a.rows("apps", "id")])
+                          lambda a: [app_metadata_decoded(row) for row in a.rows("apps", "id", fields=APP_FIELDS)])
 
     def application(self, app_id: str) -> Optional[Dict[str, Any]]:
         """One application's full record (with `services`, `metadata` decoded), or None when the node has none of
         that id."""
         return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id),
-                                    lambda a: app_metadata_decoded(a.inner("application", "id")))
+                                    lambda a: app_metadata_decoded(a.inner("application", "id", APP_FIELDS)))
 
     def abi(self, app_id: str, service: Optional[str] = None) -> Dict[str, Any]:
         """The application's embedded ABI manifest (of one service, for a multi-service bundle)."""
@@ -1326,17 +1372,17 @@ class Node:
     # contexts (§3.3)
     def contexts(self) -> List[Dict[str, Any]]:
         """Every context on the node (all pages), each with its `id`."""
-        return self._every_page("/admin-api/contexts", lambda a: a.rows("contexts", "id"))
+        return self._every_page("/admin-api/contexts", lambda a: a.rows("contexts", "id", fields=CONTEXT_FIELDS))
 
     def contexts_of(self, app_id: str) -> List[Dict[str, Any]]:
         """The contexts of one application (one answer, not paged), each with its `id`."""
         return self._call("GET", "/admin-api/contexts/for-application/" + quoted(app_id),
-                          lambda a: a.rows("contexts", "id"))
+                          lambda a: a.rows("contexts", "id", fields=CONTEXT_FIELDS))
 
     def context(self, context_id: str) -> Optional[Dict[str, Any]]:
         """One context, or None when the node knows no such context (404; 400 for a string no id could be)."""
         return self._absent_as_none((400, 404), "GET", "/admin-api/contexts/" + quoted(context_id),
-                                    lambda a: a.object("id"))
+                                    lambda a: a.object("id", CONTEXT_FIELDS))
 
     def create_context(self, application_id: str, group_id: str, initialization_params: List[int],
                        name: Optional[str] = None, service: Optional[str] = None) -> Dict[str, Any]:
@@ -1446,7 +1492,8 @@ class Node:
     def group(self, group_id: str) -> Dict[str, Any]:
         """A group's (or namespace's) info: `{groupId, targetApplicationId, namespaceId?, ...}`; `namespaceId`
         since rc.83."""
-        return self._call("GET", "/admin-api/groups/" + quoted(group_id), lambda a: a.object("targetApplicationId"))
+        return self._call("GET", "/admin-api/groups/" + quoted(group_id),
+                          lambda a: a.object("targetApplicationId", GROUP_FIELDS))
 
     def namespace_holds(self, namespace_id: str, group_id: str) -> bool:
         """Whether a group is the namespace or sits anywhere under it. Older releases' group info names no

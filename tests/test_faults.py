@@ -384,6 +384,93 @@ def test_set_group_metadata_never_erases_the_name_it_could_not_read(session, dou
     assert double._groups[group]["metadata"]["data"] == {"b": "2"}
 
 
+# ── fields the server relies on, of the wrong type: the node's error, never -32603 or a wrong refusal ─
+
+def with_field(record, dotted, value):
+    """A copy of a node record with one (dotted) field replaced."""
+    import copy
+    record = copy.deepcopy(record)
+    *parents, last = dotted.split(".")
+    inner = record
+    for key in parents:
+        inner = inner[key]
+    inner[last] = value
+    return record
+
+
+def assert_unexpected(result, request_line, expected):
+    assert result.get("isError") is True, result
+    assert text_of(result).startswith("Error: The node answered %s with an unexpected body (expected %s): "
+                                      % (request_line, expected)), text_of(result)
+
+
+APP_FIELDS = [("package", 42, '"package" a string where given'), ("version", True, '"version" a string where given'),
+              ("signer_id", ["x"], '"signer_id" a string where given'), ("blob", "b", '"blob" an object where given'),
+              ("blob.bytecode", {"x": 1}, '"blob.bytecode" a string where given'),
+              ("services", ["api"], '"services" an object where given')]
+
+
+@pytest.mark.parametrize("field, value, said", APP_FIELDS, ids=[f[0] for f in APP_FIELDS])
+def test_an_app_record_with_a_wrong_typed_field_is_the_nodes_error(session, double, field, value, said):
+    server, handle = session
+    kv = ids_of(double)["kv"]
+    listed = double._h_list_applications(None)["data"]["apps"]
+    answer = {"data": {"apps": [with_field(listed[0], field, value)] + listed[1:]}}
+    double.faults.update({"json": answer, "paths": ["/admin-api/applications"], "exact": True})
+    for tool, arguments in [("list_applications", {}), ("select_app", {"app": "kv-store"}),
+                            ("describe_app", {"app": "kv-store"}), ("call", {"app": "kv-store", "context": "demo",
+                                                                             "method": "len"})]:
+        assert_unexpected(server.call_tool(tool, arguments), "GET /admin-api/applications",
+                          'an object with an "apps" list of objects, each with an "id" string and ' + said)
+    record = double._h_get_application(type("Request", (), {"params": {"application_id": kv}}))
+    path = "/admin-api/applications/" + kv
+    double.faults.update({"json": {"data": {"application": with_field(record["data"]["application"], field, value)}},
+                          "paths": [path], "exact": True})
+    assert_unexpected(server.call_tool("kv_store_len", {"app_handle": handle}), "GET " + path,
+                      'an object whose "application" is an object with an "id" string and ' + said)
+    assert "Traceback" not in server.stderr
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
+def test_a_context_record_with_a_wrong_typed_field_is_the_nodes_error(session, double):
+    """A service name that is no string crashed describe_app and select_app; an application id that is no string
+    told the agent its context "does not belong" to its own app."""
+    server, handle = session
+    ids = ids_of(double)
+    path = "/admin-api/contexts/for-application/" + ids["kv"]
+    double.faults.update({"json": {"data": {"contexts": [{"id": ids["ctx"], "applicationId": ids["kv"],
+                                                          "serviceName": ["api"]}]}}, "paths": [path]})
+    for tool in ("describe_app", "select_app"):
+        assert_unexpected(server.call_tool(tool, {"app": "kv-store"}), "GET " + path,
+                          'an object with a "contexts" list of objects, each with an "id" string and "serviceName" a '
+                          'string where given')
+    path = "/admin-api/contexts/" + ids["ctx"]
+    double.faults.update({"json": {"data": {"id": ids["ctx"], "applicationId": 5}}, "paths": [path], "exact": True})
+    for tool, arguments in [("call", {"app": "kv-store", "context": ids["ctx"], "method": "len"}),
+                            ("kv_store_len", {"app_handle": handle})]:
+        result = server.call_tool(tool, arguments)
+        assert_unexpected(result, "GET " + path, 'an object with an "id" string and an "applicationId" string')
+        assert "does not belong" not in text_of(result) and "select_app" not in text_of(result)
+    assert "Traceback" not in server.stderr
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
+def test_a_group_whose_namespace_id_is_no_string_is_the_nodes_error(session, double):
+    """Not "the group is not in that namespace": the node's answer says nothing either way."""
+    server, _ = session
+    namespace = ids_of(double)["ns"]
+    info = double._h_group_info(type("Request", (), {"params": {"group_id": namespace}}))["data"]
+    path = "/admin-api/groups/" + namespace
+    double.faults.update({"json": {"data": dict(info, namespaceId=7)}, "paths": [path], "exact": True})
+    before = len(double._groups)
+    result = server.call_tool("create_group", {"namespace": namespace, "parent": namespace})
+    assert_unexpected(result, "GET " + path, 'an object with a "targetApplicationId" string and "namespaceId" a string '
+                                             'where given')
+    assert "is not in namespace" not in text_of(result) and len(double._groups) == before
+
+
 # ── a failed catalog re-read keeps the catalog ────────────────────────────────────────────────────
 
 def app_tools(server):
