@@ -1179,7 +1179,8 @@ def context_row(context, verbose):
     row = dict(context)
     if verbose:
         row["contextStateHash"] = hex_of(row.get("contextStateHash"))
-        row["dagHeads"] = [hex_of(head) for head in row.get("dagHeads") or []]
+        heads = row.get("dagHeads") or []
+        row["dagHeads"] = [hex_of(head) for head in heads] if isinstance(heads, list) else heads   # as the node sent
     else:
         row.pop("contextStateHash", None)
         row.pop("dagHeads", None)

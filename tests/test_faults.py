@@ -457,6 +457,17 @@ def test_a_context_record_with_a_wrong_typed_field_is_the_nodes_error(session, d
     assert_all_work(server, handle)
 
 
+def test_dag_heads_of_another_shape_are_listed_as_the_node_sent_them(session, double):
+    server, handle = session
+    ids = ids_of(double)
+    row = {"id": ids["ctx"], "applicationId": ids["kv"], "contextStateHash": "ab" * 32, "dagHeads": 5}
+    double.faults.update({"json": {"data": {"contexts": [row]}}, "paths": ["/admin-api/contexts"], "exact": True})
+    listed = server.call_tool("list_contexts", {"verbose": True})
+    assert not listed.get("isError"), listed
+    assert listed["structuredContent"]["contexts"] == [row]
+    assert "Traceback" not in server.stderr
+
+
 def test_a_group_whose_namespace_id_is_no_string_is_the_nodes_error(session, double):
     """Not "the group is not in that namespace": the node's answer says nothing either way."""
     server, _ = session
