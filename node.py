@@ -1324,16 +1324,18 @@ class Node:
         body = {"jsonrpc": "2.0", "id": next(self._ids), "method": "execute",
                 "params": {"contextId": context_id, "method": method, "argsJson": {} if args is None else args}}
         try:
-            reply = self._request("POST", "/jsonrpc", body=body, timeout=timeout)
+            answer = self._exchange("POST", "/jsonrpc", body=body, timeout=timeout)
         except RecursionError:          # json.loads gives up past Python's recursion limit
             raise NodeError("%s ran, but its output is nested too deeply to decode (more levels than Python's JSON "
                             "decoder allows)" % method) from None
-        if not isinstance(reply, dict) or ("result" not in reply and "error" not in reply):
-            raise NodeError("Unreadable response from %s: not a JSON-RPC reply" % display_url(self._base + "/jsonrpc"))
+        reply = answer.value if isinstance(answer.value, dict) else {}
         if reply.get("error") is not None:
             raise rpc_error(reply["error"], context_id, method)
         result = reply.get("result")
-        return result["output"] if isinstance(result, dict) and "output" in result else result
+        if not isinstance(result, dict) or "output" not in result:     # never a made-up output (node-api §4.2)
+            raise self._unexpected("POST", "/jsonrpc", 'a JSON-RPC reply: a "result" object with the "output", or '
+                                   'an "error"', answer.body)
+        return result["output"]
 
     # ---- the admin API (node-api §3, §0.5): one method per node operation the server uses ----
     # Each knows its path, its body (current nodes refuse unknown keys) and the shape of its answer, and returns

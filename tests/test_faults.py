@@ -482,6 +482,28 @@ def test_a_group_whose_namespace_id_is_no_string_is_the_nodes_error(session, dou
     assert "is not in namespace" not in text_of(result) and len(double._groups) == before
 
 
+NO_OUTPUT = {"an empty result": {"jsonrpc": "2.0", "id": 1, "result": {}},
+             "a null result": {"jsonrpc": "2.0", "id": 1, "result": None},
+             "a string result": {"jsonrpc": "2.0", "id": 1, "result": "done"},
+             "neither result nor error": {"jsonrpc": "2.0", "id": 1}}
+
+
+@pytest.mark.parametrize("name", sorted(NO_OUTPUT))
+def test_a_reply_without_an_output_is_an_error_not_a_result(session, double, name):
+    server, handle = session
+    answer = NO_OUTPUT[name]
+    double.faults.update({"json": answer, "paths": ["/jsonrpc"]})
+    wanted = ('Error: The node answered POST /jsonrpc with an unexpected body (expected a JSON-RPC reply: a "result" '
+              'object with the "output", or an "error"): %s' % json.dumps(answer, separators=(",", ":")))
+    for tool, arguments in probe_calls(handle)[1:]:
+        text = text_of(server.call_tool(tool, arguments))
+        assert text.startswith(wanted) and "may have carried it out anyway" in text, text
+    items = json.loads(text_of(server.call_tool("call_many", {"calls": [{"app_handle": handle, "method": "len"}]})))
+    assert items[0]["ok"] is False and items[0]["error"].startswith(wanted), items
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
 # ── a failed catalog re-read keeps the catalog ────────────────────────────────────────────────────
 
 def app_tools(server):
