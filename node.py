@@ -1172,6 +1172,12 @@ class Answer:
             raise WrongShape('an object whose "name" is a string or null, or null')
         return record
 
+    def invitation(self) -> Dict[str, Any]:
+        """A signed invitation (its "inviter_signature" beside the inner object), bare or wrapped (§3.6)."""
+        if not isinstance(self.value, dict) or "inviter_signature" not in signed_invitation(self.value)[0]:
+            raise WrongShape('a signed invitation: an object with "inviter_signature", bare or as its "invitation"')
+        return self.value
+
     def optional_object(self) -> Optional[Dict[str, Any]]:
         """An object, or None for `{"data": null}`: what writes answer (`{}`, `{"data": null}`, a record)."""
         if self.value is not None and not isinstance(self.value, dict):
@@ -1456,7 +1462,8 @@ class Node:
 
     def invite_to_namespace(self, namespace_id: str) -> Dict[str, Any]:
         """The signed invitation, bare or wrapped as `{invitation, groupName}` depending on the release."""
-        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), Answer.object, body={})
+        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), Answer.invitation,
+                          body={})
 
     def join_namespace(self, namespace_id: str, invitation: Dict[str, Any],
                        group_name: Optional[str] = None) -> Dict[str, Any]:

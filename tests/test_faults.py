@@ -504,6 +504,20 @@ def test_a_reply_without_an_output_is_an_error_not_a_result(session, double, nam
     assert_all_work(server, handle)
 
 
+@pytest.mark.parametrize("answer", [{"data": {}}, {"data": {"invitation": None, "groupName": "demo-team"}},
+                                    {"data": {"groupName": "demo-team"}}])
+def test_an_invitation_without_its_signature_is_an_error_not_a_result(session, double, answer):
+    server, _ = session
+    namespace = ids_of(double)["ns"]
+    path = "/admin-api/namespaces/%s/invite" % namespace
+    double.faults.update({"json": answer, "paths": [path]})
+    assert_unexpected(server.call_tool("invite_to_namespace", {"namespace": namespace}), "POST " + path,
+                      'a signed invitation: an object with "inviter_signature", bare or as its "invitation"')
+    double.faults.clear()
+    invited = server.tool_json("invite_to_namespace", {"namespace": namespace})
+    assert "inviter_signature" in invited["invitation"]
+
+
 # ── a failed catalog re-read keeps the catalog ────────────────────────────────────────────────────
 
 def app_tools(server):
