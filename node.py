@@ -1574,13 +1574,19 @@ class Node:
                     "check that %s is a Calimero node (merod) and read its log." % display_url(self._base))
         return UnexpectedAnswer("The node answered %s %s %s" % (method, path, said), hint=hint)
 
+    def _redacted_body(self, response) -> bytes:
+        """A refusal's body with our secrets taken out before any of it is quoted (a proxy may echo a request)."""
+        return self._redacted(response.content.decode("utf-8", "replace")).encode("utf-8")
+
     def _redacted(self, text: str) -> str:
-        """An echoing proxy may quote our headers back: no token or password of ours reaches a message."""
+        """An echoing proxy may quote our headers or body back (a JSON body escapes the password's quotes): no
+        token or password of ours reaches a message."""
         tokens = self._tokens or {}
         for secret in (tokens.get("access_token"), tokens.get("refresh_token"),
                        self._credentials[1] if self._credentials else None):
             if secret:
-                text = text.replace(secret, "[redacted]")
+                for form in (secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]):
+                    text = text.replace(form, "[redacted]")
         return text
 
     def _absent_as_none(self, statuses, method, path, shape, **request):
@@ -1639,7 +1645,7 @@ class Node:
             raise network_error(error, url, timeout) from None
 
     def _refusal(self, response, url) -> NodeError:
-        error = http_error(response.status_code, response.reason, response.content, url,
+        error = http_error(response.status_code, response.reason, self._redacted_body(response), url,
                            _auth_error(response))
         # Only the auth guard's answers get login advice: a 403 without x-auth-error is the node's own
         # refusal (a blob an app still uses, a group this node may not join) and its text says why.
@@ -1795,7 +1801,8 @@ class Node:
         response = self._send("POST", url, None, json.dumps(body).encode("utf-8"), "application/json",
                               None, self._timeout)
         if not 200 <= response.status_code < 300:
-            error = http_error(response.status_code, response.reason, response.content, url, _auth_error(response))
+            error = http_error(response.status_code, response.reason, self._redacted_body(response), url,
+                               _auth_error(response))
             if response.status_code == 429:      # the login throttle (node-api §0.5.6)
                 wait = response.headers.get("Retry-After", "").strip()
                 error.retryable = True
