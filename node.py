@@ -1474,8 +1474,8 @@ class Node:
         body = {"invitation": invitation}
         if group_name is not None:
             body["groupName"] = group_name
-        return self._call("POST", "/admin-api/namespaces/%s/join" % quoted(namespace_id), Answer.object,
-                          body=body, timeout=JOIN_TIMEOUT)
+        return self._call("POST", "/admin-api/namespaces/%s/join" % quoted(namespace_id),
+                          lambda a: a.object("namespaceId"), body=body, timeout=JOIN_TIMEOUT)
 
     def leave_namespace(self, namespace_id: str) -> None:
         self._call("POST", "/admin-api/namespaces/%s/leave" % quoted(namespace_id), Answer.optional_object, body={})

@@ -518,6 +518,18 @@ def test_an_invitation_without_its_signature_is_an_error_not_a_result(session, d
     assert "inviter_signature" in invited["invitation"]
 
 
+@pytest.mark.parametrize("answer", [{}, {"data": {}}, {"data": {"memberIdentity": "x"}}])
+def test_a_join_answered_without_its_namespace_is_an_error_not_a_result(session, double, answer):
+    server, _ = session
+    namespace = ids_of(double)["ns"]
+    invitation = server.tool_json("invite_to_namespace", {"namespace": namespace})
+    path = "/admin-api/namespaces/%s/join" % namespace
+    double.faults.update({"json": answer, "paths": [path], "times": 1})
+    result = server.call_tool("join_namespace", {"namespace": namespace, "invitation": invitation})
+    assert_unexpected(result, "POST " + path, 'an object with a "namespaceId" string')
+    assert "may have carried it out anyway" in text_of(result)
+
+
 # ── a failed catalog re-read keeps the catalog ────────────────────────────────────────────────────
 
 def app_tools(server):
