@@ -943,12 +943,17 @@ def decode_json(response, url: str):
     if not content.strip():
         return None
     try:
-        value = json.loads(content)
+        value = json.loads(content, parse_constant=_not_json)
     except ValueError:
         raise UnexpectedAnswer("Unreadable response from %s: HTTP %d with a body that is not valid JSON (%d bytes; "
                                "garbled or cut off)" % (display_url(url), response.status_code, len(content)),
                                hint=_unreadable_hint(display_url(_base_of(url)))) from None
     return unwrap(value)
+
+
+def _not_json(constant):
+    """Python's json reads NaN and Infinity; JSON has neither, and they would come out as null or invalid text."""
+    raise ValueError("%s is not JSON" % constant)
 
 
 def unwrap(value):

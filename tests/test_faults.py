@@ -530,6 +530,21 @@ def test_a_join_answered_without_its_namespace_is_an_error_not_a_result(session,
     assert "may have carried it out anyway" in text_of(result)
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_number_json_has_not_is_an_unreadable_answer_not_a_null(session, double, constant):
+    """Python's decoder reads NaN; passed on, it came out as null in structuredContent and as NaN in the text."""
+    server, handle = session
+    double.faults.update({"paths": ["/jsonrpc"], "raw": '{"jsonrpc":"2.0","id":1,"result":{"output":[1,%s]}}'
+                          % constant})
+    for tool, arguments in probe_calls(handle)[1:]:
+        assert_fault(server.call_tool(tool, arguments), double.url, "Unreadable response from", "not valid JSON")
+    double.faults.update({"paths": ["/admin-api/namespaces"], "raw": '{"data":[{"namespaceId":"%s","memberCount":%s}]}'
+                          % (ids_of(double)["ns"], constant)})
+    assert_fault(server.call_tool("list_namespaces"), double.url, "Unreadable response from", "not valid JSON")
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
 # ── a failed catalog re-read keeps the catalog ────────────────────────────────────────────────────
 
 def app_tools(server):
