@@ -460,7 +460,7 @@ class Server:
             refuse_lone_surrogates(t, arguments)
             problems = check_fixed_arguments(t, arguments)
             if problems:
-                raise ToolError("Invalid arguments for %s:\n%s" % (t.name, "\n".join(problems)))
+                raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
             with self.node.traced(traceparent_of(call.meta)):
                 value = t.handler(arguments, call)
         except ToolError as error:
@@ -1064,11 +1064,9 @@ def check_fixed_arguments(t, arguments):
     validator = _fixed_validators.get(t.name)
     if validator is None:
         validator = _fixed_validators[t.name] = heavy("abi").compile_schema(t.input_schema)
-    problems = []
-    for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path)):
-        path = ".".join(str(p) for p in error.absolute_path) or "arguments"
-        problems.append("- %s: %s" % (path, error.message))
-    return problems
+    # abi's words (`visibility: expected one of "open", "restricted", got "public"`): a value is shown short, so
+    # what was expected survives a long one, and as JSON (null, not None).
+    return heavy("abi").schema_problems(validator, arguments)
 
 
 # ── Fixed tools: core ─────────────────────────────────────────────────────────────────────────────
