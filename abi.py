@@ -620,6 +620,11 @@ def render_problems(problems: Iterable[Problem]) -> str:
     return "\n".join(f"- {problem.path}: {problem.message}" for problem in problems)
 
 
+def schema_problems(validator, instance: Any) -> List[Problem]:
+    """A compiled schema's errors for `instance` in the words Validator.check uses (values shown short, as JSON)."""
+    return _problems(validator.iter_errors(instance))
+
+
 def compile_schema(schema: dict):
     """A Draft 2020-12 validator. jsonschema is imported here, so the server answers initialize without it."""
     from jsonschema import Draft202012Validator

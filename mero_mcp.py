@@ -457,9 +457,10 @@ class Server:
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
         try:
             refuse_unknown_arguments(t, arguments)
+            refuse_lone_surrogates(t, arguments)
             problems = check_fixed_arguments(t, arguments)
             if problems:
-                raise ToolError("Invalid arguments for %s:\n%s" % (t.name, "\n".join(problems)))
+                raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
             with self.node.traced(traceparent_of(call.meta)):
                 value = t.handler(arguments, call)
         except ToolError as error:
@@ -1020,6 +1021,34 @@ def refuse_unknown_keys(schema, value, path, owner=None):
         refuse_unknown_keys(properties[key], inner, "%s.%s" % (path, key))
 
 
+def refuse_lone_surrogates(t, arguments):
+    """JSON's \\ud800 escapes can spell half a character: no UTF-8 request can carry it (URL or body), and the node
+    would refuse it, so it is refused here, naming where, before anything is sent."""
+    stack = [("", arguments)]
+    while stack:                             # not recursive: arguments may nest as deep as the decoder allows
+        path, value = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            where = "%s.%s" % (path, key) if path else str(key)
+            for text, said in ((key, where + " (a key)"), (item, where)):
+                code = lone_surrogate(text)
+                if code is not None:
+                    raise ToolError("Invalid arguments for %s:\n- %s: holds a lone surrogate (\\u%04x), half of a "
+                                    "character, which no request to the node can carry; send the character itself"
+                                    % (t.name, said.encode("utf-8", "backslashreplace").decode("utf-8"), code))
+            stack.append((where, item))
+
+
+def lone_surrogate(text):
+    """The code point of the first unpaired surrogate in a string (JSON decoding pairs the valid ones), else None."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return ord(text[error.start])
+    return None
+
+
 def unknown_arguments_text(unknown, owner, takes, where=""):
     """`Unknown argument app. create_context takes: application, group, ...`"""
     told = "takes: " + ", ".join(takes) if takes else "takes no arguments"
@@ -1035,11 +1064,9 @@ def check_fixed_arguments(t, arguments):
     validator = _fixed_validators.get(t.name)
     if validator is None:
         validator = _fixed_validators[t.name] = heavy("abi").compile_schema(t.input_schema)
-    problems = []
-    for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path)):
-        path = ".".join(str(p) for p in error.absolute_path) or "arguments"
-        problems.append("- %s: %s" % (path, error.message))
-    return problems
+    # abi's words (`visibility: expected one of "open", "restricted", got "public"`): a value is shown short, so
+    # what was expected survives a long one, and as JSON (null, not None).
+    return heavy("abi").schema_problems(validator, arguments)
 
 
 # ── Fixed tools: core ─────────────────────────────────────────────────────────────────────────────
@@ -1150,7 +1177,8 @@ def context_row(context, verbose):
     row = dict(context)
     if verbose:
         row["contextStateHash"] = hex_of(row.get("contextStateHash"))
-        row["dagHeads"] = [hex_of(head) for head in row.get("dagHeads") or []]
+        heads = row.get("dagHeads") or []
+        row["dagHeads"] = [hex_of(head) for head in heads] if isinstance(heads, list) else heads   # as the node sent
     else:
         row.pop("contextStateHash", None)
         row.pop("dagHeads", None)

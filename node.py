@@ -946,12 +946,17 @@ def decode_json(response, url: str):
     if not content.strip():
         return None
     try:
-        value = json.loads(content)
+        value = json.loads(content, parse_constant=_not_json)
     except ValueError:
         raise UnexpectedAnswer("Unreadable response from %s: HTTP %d with a body that is not valid JSON (%d bytes; "
                                "garbled or cut off)" % (display_url(url), response.status_code, len(content)),
                                hint=_unreadable_hint(display_url(_base_of(url)))) from None
     return unwrap(value)
+
+
+def _not_json(constant):
+    """Python's json reads NaN and Infinity; JSON has neither, and they would come out as null or invalid text."""
+    raise ValueError("%s is not JSON" % constant)
 
 
 def unwrap(value):
@@ -1071,6 +1076,39 @@ def _is_text(value) -> bool:
     return isinstance(value, str) and value != ""
 
 
+class Fields(NamedTuple):
+    """The fields of a record the server relies on besides its id: `required` strings, and `texts` (strings) and
+    `objects` where given (null is not given). Of the wrong type, they are the node's error, not a crash of ours
+    nor a wrong refusal. A dotted name reaches into an object (`blob.bytecode`)."""
+    required: Tuple[str, ...] = ()
+    texts: Tuple[str, ...] = ()
+    objects: Tuple[str, ...] = ()
+
+    def wrong(self, record: Dict[str, Any]) -> Optional[str]:
+        """What the first wrong field should have been (`"version" a string where given`), or None."""
+        for key in self.required:
+            if not _is_text(_field(record, key)):
+                return '%s string' % _named(key)
+        for keys, kind in ((self.objects, "an object"), (self.texts, "a string")):
+            for key in keys:
+                value = _field(record, key)
+                if value is not None and not isinstance(value, dict if kind == "an object" else str):
+                    return '"%s" %s where given' % (key, kind)
+        return None
+
+
+def _field(record: Dict[str, Any], dotted: str):
+    for key in dotted.split("."):
+        record = record.get(key) if isinstance(record, dict) else None
+    return record
+
+
+APP_FIELDS = Fields(texts=("package", "version", "signer_id", "blob.bytecode"), objects=("blob", "services"))
+CONTEXT_FIELDS = Fields(required=("applicationId",), texts=("serviceName",))
+GROUP_FIELDS = Fields(texts=("namespaceId",))
+NO_FIELDS = Fields()
+
+
 class Answer:
     """One admin answer: `value` is its JSON with `{"data": …}` unwrapped, `body` the bytes that came back.
     The methods return the part a caller needs, or raise WrongShape saying what was expected. Fields a release
@@ -1080,11 +1118,13 @@ class Answer:
         self.value = value
         self.body = body
 
-    def object(self, id_key: Optional[str] = None) -> Dict[str, Any]:
+    def object(self, id_key: Optional[str] = None, fields: Fields = NO_FIELDS) -> Dict[str, Any]:
         """The answer as an object; with `id_key`, that field must be a non-empty string."""
         value = self.value
+        expected = "an object with %s string" % _named(id_key) if id_key else "an object"
         if not isinstance(value, dict) or (id_key and not _is_text(value.get(id_key))):
-            raise WrongShape("an object with %s string" % _named(id_key) if id_key else "an object")
+            raise WrongShape(expected)
+        _check_fields(value, fields, expected)
         return value
 
     def id(self, key: str) -> str:
@@ -1097,25 +1137,30 @@ class Answer:
             raise WrongShape("an object with %s boolean" % _named(key))
         return self.value
 
-    def inner(self, key: str, id_key: str, nullable: bool = False) -> Optional[Dict[str, Any]]:
+    def inner(self, key: str, id_key: str, fields: Fields = NO_FIELDS,
+              nullable: bool = False) -> Optional[Dict[str, Any]]:
         """The object at `key` (`{"application": {…}}`), carrying `id_key` as a string; with `nullable`, None for
         `{key: null}`."""
         inner = self.value.get(key) if isinstance(self.value, dict) else None
         if nullable and inner is None and isinstance(self.value, dict) and key in self.value:
             return None
+        expected = 'an object whose "%s" is an object with %s string' % (key, _named(id_key))
         if not isinstance(inner, dict) or not _is_text(inner.get(id_key)):
-            raise WrongShape('an object whose "%s" is an object with %s string%s'
-                             % (key, _named(id_key), ", or null" if nullable else ""))
+            raise WrongShape(expected + (", or null" if nullable else ""))
+        _check_fields(inner, fields, expected)
         return inner
 
-    def rows(self, key: Optional[str], *id_keys) -> List[Dict[str, Any]]:
+    def rows(self, key: Optional[str], *id_keys, fields: Fields = NO_FIELDS) -> List[Dict[str, Any]]:
         """The list at `key` (the answer itself when None); every entry an object with one of `id_keys`."""
         container = "a list" if key is None else "an object with %s list" % _named(key)
         rows = self.value if key is None else self.value.get(key) if isinstance(self.value, dict) else None
         if not isinstance(rows, list):
             raise WrongShape(container)
+        expected = "%s of objects, each with %s string" % (container, _named(id_keys[0]))
         if not all(isinstance(row, dict) and any(_is_text(row.get(k)) for k in id_keys) for row in rows):
-            raise WrongShape("%s of objects, each with %s string" % (container, _named(id_keys[0])))
+            raise WrongShape(expected)
+        for row in rows:
+            _check_fields(row, fields, expected)
         return rows
 
     def blob(self) -> Dict[str, Any]:
@@ -1139,11 +1184,23 @@ class Answer:
             raise WrongShape('an object whose "name" is a string or null, or null')
         return record
 
+    def invitation(self) -> Dict[str, Any]:
+        """A signed invitation (its "inviter_signature" beside the inner object), bare or wrapped (§3.6)."""
+        if not isinstance(self.value, dict) or "inviter_signature" not in signed_invitation(self.value)[0]:
+            raise WrongShape('a signed invitation: an object with "inviter_signature", bare or as its "invitation"')
+        return self.value
+
     def optional_object(self) -> Optional[Dict[str, Any]]:
         """An object, or None for `{"data": null}`: what writes answer (`{}`, `{"data": null}`, a record)."""
         if self.value is not None and not isinstance(self.value, dict):
             raise WrongShape("an object or null")
         return self.value
+
+
+def _check_fields(record: Dict[str, Any], fields: Fields, expected: str) -> None:
+    wrong = fields.wrong(record)
+    if wrong:
+        raise WrongShape("%s and %s" % (expected, wrong))
 
 
 def signed_invitation(given: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
@@ -1180,7 +1237,7 @@ def app_metadata_decoded(record: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _application(answer: Answer) -> Optional[Dict[str, Any]]:
-    record = answer.inner("application", "id", nullable=True)
+    record = answer.inner("application", "id", APP_FIELDS, nullable=True)
     return app_metadata_decoded(record) if record is not None else None
 
 
@@ -1290,16 +1347,18 @@ class Node:
         body = {"jsonrpc": "2.0", "id": next(self._ids), "method": "execute",
                 "params": {"contextId": context_id, "method": method, "argsJson": {} if args is None else args}}
         try:
-            reply = self._request("POST", "/jsonrpc", body=body, timeout=timeout)
+            answer = self._exchange("POST", "/jsonrpc", body=body, timeout=timeout)
         except RecursionError:          # json.loads gives up past Python's recursion limit
             raise NodeError("%s ran, but its output is nested too deeply to decode (more levels than Python's JSON "
                             "decoder allows)" % method) from None
-        if not isinstance(reply, dict) or ("result" not in reply and "error" not in reply):
-            raise NodeError("Unreadable response from %s: not a JSON-RPC reply" % display_url(self._base + "/jsonrpc"))
+        reply = answer.value if isinstance(answer.value, dict) else {}
         if reply.get("error") is not None:
             raise rpc_error(reply["error"], context_id, method)
         result = reply.get("result")
-        return result["output"] if isinstance(result, dict) and "output" in result else result
+        if not isinstance(result, dict) or "output" not in result:     # never a made-up output (node-api §4.2)
+            raise self._unexpected("POST", "/jsonrpc", 'a JSON-RPC reply: a "result" object with the "output", or '
+                                   'an "error"', answer.body)
+        return result["output"]
 
     # ---- the admin API (node-api §3, §0.5): one method per node operation the server uses ----
     # Each knows its path, its body (current nodes refuse unknown keys) and the shape of its answer, and returns
@@ -1313,7 +1372,7 @@ class Node:
         """The installed applications' records, each with its `id` (lists may omit `services`) and its `metadata`
         decoded (decode_metadata)."""
         return self._call("GET", "/admin-api/applications",
-                          lambda a: [app_metadata_decoded(row) for row in a.rows("apps", "id")])
+                          lambda a: [app_metadata_decoded(row) for row in a.rows("apps", "id", fields=APP_FIELDS)])
 
     def application(self, app_id: str) -> Optional[Dict[str, Any]]:
         """One application's full record (with `services`, `metadata` decoded), or None when the node has none of
@@ -1337,17 +1396,17 @@ class Node:
     # contexts (§3.3)
     def contexts(self) -> List[Dict[str, Any]]:
         """Every context on the node (all pages), each with its `id`."""
-        return self._every_page("/admin-api/contexts", lambda a: a.rows("contexts", "id"))
+        return self._every_page("/admin-api/contexts", lambda a: a.rows("contexts", "id", fields=CONTEXT_FIELDS))
 
     def contexts_of(self, app_id: str) -> List[Dict[str, Any]]:
         """The contexts of one application (one answer, not paged), each with its `id`."""
         return self._call("GET", "/admin-api/contexts/for-application/" + quoted(app_id),
-                          lambda a: a.rows("contexts", "id"))
+                          lambda a: a.rows("contexts", "id", fields=CONTEXT_FIELDS))
 
     def context(self, context_id: str) -> Optional[Dict[str, Any]]:
         """One context, or None when the node knows no such context (404; 400 for a string no id could be)."""
         return self._absent_as_none((400, 404), "GET", "/admin-api/contexts/" + quoted(context_id),
-                                    lambda a: a.object("id"))
+                                    lambda a: a.object("id", CONTEXT_FIELDS))
 
     def create_context(self, application_id: str, group_id: str, initialization_params: List[int],
                        name: Optional[str] = None, service: Optional[str] = None) -> Dict[str, Any]:
@@ -1419,7 +1478,8 @@ class Node:
 
     def invite_to_namespace(self, namespace_id: str) -> Dict[str, Any]:
         """The signed invitation, bare or wrapped as `{invitation, groupName}` depending on the release."""
-        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), Answer.object, body={})
+        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), Answer.invitation,
+                          body={})
 
     def join_namespace(self, namespace_id: str, invitation: Dict[str, Any],
                        group_name: Optional[str] = None) -> Dict[str, Any]:
@@ -1430,8 +1490,8 @@ class Node:
         body = {"invitation": invitation}
         if group_name is not None:
             body["groupName"] = group_name
-        return self._call("POST", "/admin-api/namespaces/%s/join" % quoted(namespace_id), Answer.object,
-                          body=body, timeout=JOIN_TIMEOUT)
+        return self._call("POST", "/admin-api/namespaces/%s/join" % quoted(namespace_id),
+                          lambda a: a.object("namespaceId"), body=body, timeout=JOIN_TIMEOUT)
 
     def leave_namespace(self, namespace_id: str) -> None:
         self._call("POST", "/admin-api/namespaces/%s/leave" % quoted(namespace_id), Answer.optional_object, body={})
@@ -1457,7 +1517,8 @@ class Node:
     def group(self, group_id: str) -> Dict[str, Any]:
         """A group's (or namespace's) info: `{groupId, targetApplicationId, namespaceId?, ...}`; `namespaceId`
         since rc.83."""
-        return self._call("GET", "/admin-api/groups/" + quoted(group_id), lambda a: a.object("targetApplicationId"))
+        return self._call("GET", "/admin-api/groups/" + quoted(group_id),
+                          lambda a: a.object("targetApplicationId", GROUP_FIELDS))
 
     def namespace_holds(self, namespace_id: str, group_id: str) -> bool:
         """Whether a group is the namespace or sits anywhere under it. Older releases' group info names no
@@ -1529,13 +1590,19 @@ class Node:
                     "check that %s is a Calimero node (merod) and read its log." % display_url(self._base))
         return UnexpectedAnswer("The node answered %s %s %s" % (method, path, said), hint=hint)
 
+    def _redacted_body(self, response) -> bytes:
+        """A refusal's body with our secrets taken out before any of it is quoted (a proxy may echo a request)."""
+        return self._redacted(response.content.decode("utf-8", "replace")).encode("utf-8")
+
     def _redacted(self, text: str) -> str:
-        """An echoing proxy may quote our headers back: no token or password of ours reaches a message."""
+        """An echoing proxy may quote our headers or body back (a JSON body escapes the password's quotes): no
+        token or password of ours reaches a message."""
         tokens = self._tokens or {}
         for secret in (tokens.get("access_token"), tokens.get("refresh_token"),
                        self._credentials[1] if self._credentials else None):
             if secret:
-                text = text.replace(secret, "[redacted]")
+                for form in (secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]):
+                    text = text.replace(form, "[redacted]")
         return text
 
     def _absent_as_none(self, statuses, method, path, shape, **request):
@@ -1594,7 +1661,7 @@ class Node:
             raise network_error(error, url, timeout) from None
 
     def _refusal(self, response, url) -> NodeError:
-        error = http_error(response.status_code, response.reason, response.content, url,
+        error = http_error(response.status_code, response.reason, self._redacted_body(response), url,
                            _auth_error(response))
         # Only the auth guard's answers get login advice: a 403 without x-auth-error is the node's own
         # refusal (a blob an app still uses, a group this node may not join) and its text says why.
@@ -1750,7 +1817,8 @@ class Node:
         response = self._send("POST", url, None, json.dumps(body).encode("utf-8"), "application/json",
                               None, self._timeout)
         if not 200 <= response.status_code < 300:
-            error = http_error(response.status_code, response.reason, response.content, url, _auth_error(response))
+            error = http_error(response.status_code, response.reason, self._redacted_body(response), url,
+                               _auth_error(response))
             if response.status_code == 429:      # the login throttle (node-api §0.5.6)
                 wait = response.headers.get("Retry-After", "").strip()
                 error.retryable = True

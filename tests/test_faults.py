@@ -399,6 +399,167 @@ def test_set_group_metadata_never_erases_the_name_it_could_not_read(session, dou
     assert double._groups[group]["metadata"]["data"] == {"b": "2"}
 
 
+# ── fields the server relies on, of the wrong type: the node's error, never -32603 or a wrong refusal ─
+
+def with_field(record, dotted, value):
+    """A copy of a node record with one (dotted) field replaced."""
+    import copy
+    record = copy.deepcopy(record)
+    *parents, last = dotted.split(".")
+    inner = record
+    for key in parents:
+        inner = inner[key]
+    inner[last] = value
+    return record
+
+
+def assert_unexpected(result, request_line, expected):
+    assert result.get("isError") is True, result
+    assert text_of(result).startswith("Error: The node answered %s with an unexpected body (expected %s): "
+                                      % (request_line, expected)), text_of(result)
+
+
+APP_FIELDS = [("package", 42, '"package" a string where given'), ("version", True, '"version" a string where given'),
+              ("signer_id", ["x"], '"signer_id" a string where given'), ("blob", "b", '"blob" an object where given'),
+              ("blob.bytecode", {"x": 1}, '"blob.bytecode" a string where given'),
+              ("services", ["api"], '"services" an object where given')]
+
+
+@pytest.mark.parametrize("field, value, said", APP_FIELDS, ids=[f[0] for f in APP_FIELDS])
+def test_an_app_record_with_a_wrong_typed_field_is_the_nodes_error(session, double, field, value, said):
+    server, handle = session
+    kv = ids_of(double)["kv"]
+    listed = double._h_list_applications(None)["data"]["apps"]
+    answer = {"data": {"apps": [with_field(listed[0], field, value)] + listed[1:]}}
+    double.faults.update({"json": answer, "paths": ["/admin-api/applications"], "exact": True})
+    for tool, arguments in [("list_applications", {}), ("select_app", {"app": "kv-store"}),
+                            ("describe_app", {"app": "kv-store"}), ("call", {"app": "kv-store", "context": "demo",
+                                                                             "method": "len"})]:
+        assert_unexpected(server.call_tool(tool, arguments), "GET /admin-api/applications",
+                          'an object with an "apps" list of objects, each with an "id" string and ' + said)
+    record = double._h_get_application(type("Request", (), {"params": {"application_id": kv}}))
+    path = "/admin-api/applications/" + kv
+    double.faults.update({"json": {"data": {"application": with_field(record["data"]["application"], field, value)}},
+                          "paths": [path], "exact": True})
+    assert_unexpected(server.call_tool("kv_store_len", {"app_handle": handle}), "GET " + path,
+                      'an object whose "application" is an object with an "id" string and ' + said)
+    assert "Traceback" not in server.stderr
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
+def test_a_context_record_with_a_wrong_typed_field_is_the_nodes_error(session, double):
+    """A service name that is no string crashed describe_app and select_app; an application id that is no string
+    told the agent its context "does not belong" to its own app."""
+    server, handle = session
+    ids = ids_of(double)
+    path = "/admin-api/contexts/for-application/" + ids["kv"]
+    double.faults.update({"json": {"data": {"contexts": [{"id": ids["ctx"], "applicationId": ids["kv"],
+                                                          "serviceName": ["api"]}]}}, "paths": [path]})
+    for tool in ("describe_app", "select_app"):
+        assert_unexpected(server.call_tool(tool, {"app": "kv-store"}), "GET " + path,
+                          'an object with a "contexts" list of objects, each with an "id" string and "serviceName" a '
+                          'string where given')
+    path = "/admin-api/contexts/" + ids["ctx"]
+    double.faults.update({"json": {"data": {"id": ids["ctx"], "applicationId": 5}}, "paths": [path], "exact": True})
+    for tool, arguments in [("call", {"app": "kv-store", "context": ids["ctx"], "method": "len"}),
+                            ("kv_store_len", {"app_handle": handle})]:
+        result = server.call_tool(tool, arguments)
+        assert_unexpected(result, "GET " + path, 'an object with an "id" string and an "applicationId" string')
+        assert "does not belong" not in text_of(result) and "select_app" not in text_of(result)
+    assert "Traceback" not in server.stderr
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
+def test_dag_heads_of_another_shape_are_listed_as_the_node_sent_them(session, double):
+    server, handle = session
+    ids = ids_of(double)
+    row = {"id": ids["ctx"], "applicationId": ids["kv"], "contextStateHash": "ab" * 32, "dagHeads": 5}
+    double.faults.update({"json": {"data": {"contexts": [row]}}, "paths": ["/admin-api/contexts"], "exact": True})
+    listed = server.call_tool("list_contexts", {"verbose": True})
+    assert not listed.get("isError"), listed
+    assert listed["structuredContent"]["contexts"] == [row]
+    assert "Traceback" not in server.stderr
+
+
+def test_a_group_whose_namespace_id_is_no_string_is_the_nodes_error(session, double):
+    """Not "the group is not in that namespace": the node's answer says nothing either way."""
+    server, _ = session
+    namespace = ids_of(double)["ns"]
+    info = double._h_group_info(type("Request", (), {"params": {"group_id": namespace}}))["data"]
+    path = "/admin-api/groups/" + namespace
+    double.faults.update({"json": {"data": dict(info, namespaceId=7)}, "paths": [path], "exact": True})
+    before = len(double._groups)
+    result = server.call_tool("create_group", {"namespace": namespace, "parent": namespace})
+    assert_unexpected(result, "GET " + path, 'an object with a "targetApplicationId" string and "namespaceId" a string '
+                                             'where given')
+    assert "is not in namespace" not in text_of(result) and len(double._groups) == before
+
+
+NO_OUTPUT = {"an empty result": {"jsonrpc": "2.0", "id": 1, "result": {}},
+             "a null result": {"jsonrpc": "2.0", "id": 1, "result": None},
+             "a string result": {"jsonrpc": "2.0", "id": 1, "result": "done"},
+             "neither result nor error": {"jsonrpc": "2.0", "id": 1}}
+
+
+@pytest.mark.parametrize("name", sorted(NO_OUTPUT))
+def test_a_reply_without_an_output_is_an_error_not_a_result(session, double, name):
+    server, handle = session
+    answer = NO_OUTPUT[name]
+    double.faults.update({"json": answer, "paths": ["/jsonrpc"]})
+    wanted = ('Error: The node answered POST /jsonrpc with an unexpected body (expected a JSON-RPC reply: a "result" '
+              'object with the "output", or an "error"): %s' % json.dumps(answer, separators=(",", ":")))
+    for tool, arguments in probe_calls(handle)[1:]:
+        text = text_of(server.call_tool(tool, arguments))
+        assert text.startswith(wanted) and "may have carried it out anyway" in text, text
+    items = json.loads(text_of(server.call_tool("call_many", {"calls": [{"app_handle": handle, "method": "len"}]})))
+    assert items[0]["ok"] is False and items[0]["error"].startswith(wanted), items
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
+@pytest.mark.parametrize("answer", [{"data": {}}, {"data": {"invitation": None, "groupName": "demo-team"}},
+                                    {"data": {"groupName": "demo-team"}}])
+def test_an_invitation_without_its_signature_is_an_error_not_a_result(session, double, answer):
+    server, _ = session
+    namespace = ids_of(double)["ns"]
+    path = "/admin-api/namespaces/%s/invite" % namespace
+    double.faults.update({"json": answer, "paths": [path]})
+    assert_unexpected(server.call_tool("invite_to_namespace", {"namespace": namespace}), "POST " + path,
+                      'a signed invitation: an object with "inviter_signature", bare or as its "invitation"')
+    double.faults.clear()
+    invited = server.tool_json("invite_to_namespace", {"namespace": namespace})
+    assert "inviter_signature" in invited["invitation"]
+
+
+@pytest.mark.parametrize("answer", [{}, {"data": {}}, {"data": {"memberIdentity": "x"}}])
+def test_a_join_answered_without_its_namespace_is_an_error_not_a_result(session, double, answer):
+    server, _ = session
+    namespace = ids_of(double)["ns"]
+    invitation = server.tool_json("invite_to_namespace", {"namespace": namespace})
+    path = "/admin-api/namespaces/%s/join" % namespace
+    double.faults.update({"json": answer, "paths": [path], "times": 1})
+    result = server.call_tool("join_namespace", {"namespace": namespace, "invitation": invitation})
+    assert_unexpected(result, "POST " + path, 'an object with a "namespaceId" string')
+    assert "may have carried it out anyway" in text_of(result)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_number_json_has_not_is_an_unreadable_answer_not_a_null(session, double, constant):
+    """Python's decoder reads NaN; passed on, it came out as null in structuredContent and as NaN in the text."""
+    server, handle = session
+    double.faults.update({"paths": ["/jsonrpc"], "raw": '{"jsonrpc":"2.0","id":1,"result":{"output":[1,%s]}}'
+                          % constant})
+    for tool, arguments in probe_calls(handle)[1:]:
+        assert_fault(server.call_tool(tool, arguments), double.url, "Unreadable response from", "not valid JSON")
+    double.faults.update({"paths": ["/admin-api/namespaces"], "raw": '{"data":[{"namespaceId":"%s","memberCount":%s}]}'
+                          % (ids_of(double)["ns"], constant)})
+    assert_fault(server.call_tool("list_namespaces"), double.url, "Unreadable response from", "not valid JSON")
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
 # ── a failed catalog re-read keeps the catalog ────────────────────────────────────────────────────
 
 def app_tools(server):

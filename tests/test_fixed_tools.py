@@ -148,6 +148,20 @@ def test_a_no_argument_tool_says_so(server):
     assert refused.get("isError") is True and "Unknown argument verbose" in text_of(refused)
 
 
+@pytest.mark.parametrize("tool, arguments, problem", [
+    ("list_applications", {"verbose": "x" * 100000}, '- verbose: expected boolean, got "%s...' % ("x" * 56)),
+    ("list_contexts", {"application": None}, "- application: expected string, got null"),
+    ("create_context", {"application": "kv-store", "name": {"a": True}}, '- name: expected string, got {"a": true}'),
+    ("create_context", {"name": "n"}, "- application: missing required parameter"),
+])
+def test_a_wrong_argument_is_said_in_json_with_what_was_expected(server, tool, arguments, problem):
+    """A long wrong value is shown short, so the answer keeps what was expected (a 100,000-character string was
+    echoed whole, and the bound cut off "is not of type 'boolean'"); values read as JSON (null, true), not Python."""
+    refused = server.call_tool(tool, arguments)
+    assert refused.get("isError") is True
+    assert text_of(refused) == "Error: Invalid arguments for %s:\n%s" % (tool, problem)
+
+
 def test_first_sentences_tell_the_tools_apart(server):
     """A host's tool search matches names and descriptions: each fixed tool's first sentence says what it does, and
     no two say the same; no description passes Claude Code's 2,048-character cut."""
@@ -666,7 +680,8 @@ def test_set_group_visibility(server, double):
         "Group %s is now open." % group)
     assert double._groups[group]["visibility"] == "open"
     refused = server.call_tool("set_group_visibility", {"group": group, "visibility": "public"})
-    assert refused["isError"] is True and "'public' is not one of ['open', 'restricted']" in text_of(refused)
+    assert text_of(refused) == ('Error: Invalid arguments for set_group_visibility:\n- visibility: expected one of '
+                                '"open", "restricted", got "public"')
     assert len(double.requests_to("PUT")) == 1
 
 

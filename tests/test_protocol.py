@@ -394,6 +394,36 @@ def test_lone_surrogate_in_an_id_is_echoed_as_valid_json(bare):
     assert b"\\ud800" in bare.raw_lines[-1]
 
 
+SURROGATE_CALLS = [   # (tool, raw JSON arguments: a lone surrogate in a URL segment, a body, a key, a nested value;
+    #                     where the error says it is; the route it must never reach)
+    ("lookup_alias", '{"name":"a\\ud800"}', "name", "/admin-api/alias/lookup"),
+    ("join_context", '{"context":"\\udfff"}', "context", "/admin-api/contexts/"),
+    ("create_namespace", '{"application":"kv-store","name":"x\\ud800"}', "name", "/admin-api/namespaces"),
+    ("set_group_metadata", '{"group":"%s","data":{"k\\udc00":"v"}}' % ("ab" * 32), "data.k\\udc00 (a key)",
+     "/admin-api/groups/"),
+    ("call", '{"app":"kv-store","context":"demo","method":"set","args":{"key":"\\ud800","value":"v"}}', "args.key",
+     "/jsonrpc"),
+    ("call_many", '{"calls":[{"app":"kv-store","context":"demo","method":"get","args":{"key":"\\ud800"}}]}',
+     "calls.0.args.key", "/jsonrpc"),
+]
+
+
+@pytest.mark.parametrize("tool, arguments, where, route", SURROGATE_CALLS, ids=[c[0] for c in SURROGATE_CALLS])
+def test_a_lone_surrogate_in_an_argument_is_refused_naming_it(server, double, tool, arguments, where, route):
+    """Half a character can be spelt in JSON but sent in no UTF-8 request: an isError naming the argument, never
+    -32603, a traceback, or a request the node would refuse."""
+    server.send_raw(('{"jsonrpc":"2.0","id":"s","method":"tools/call","params":{"name":"%s","arguments":%s}}'
+                     % (tool, arguments)).encode("utf-8"))
+    reply = server.wait_for("s")
+    assert reply["result"]["isError"] is True, reply
+    text = reply["result"]["content"][-1]["text"]
+    assert text.startswith("Error: Invalid arguments for %s:\n- %s: holds a lone surrogate (\\u" % (tool, where)), text
+    assert "send the character itself" in text
+    assert "Traceback" not in server.stderr
+    assert double.requests_to(path_prefix=route) == [] and double.handler_errors == []
+    assert server.call_tool("lookup_alias", {"name": "demo"}).get("isError") is None
+
+
 def test_modern_request_without_client_capabilities_is_invalid(bare):
     reply = bare.request("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})
     assert reply["error"]["code"] == -32602 and "clientCapabilities" in reply["error"]["message"]

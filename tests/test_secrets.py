@@ -183,6 +183,37 @@ def test_wrong_password_error_leaks_nothing(tmp_path, authed):
     assert_nowhere({wrong, PASSWORD}, places)
 
 
+def test_a_refusal_echoing_our_secrets_quotes_none_of_them(tmp_path, authed):
+    """A proxy's error page may echo the request: the login body (its password JSON-escaped) on POST /auth/token,
+    the bearer token on an admin route. The node's words are quoted, our secrets never."""
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": PASSWORD})
+    login = json.dumps({"username": "admin", "password": PASSWORD})
+    authed.faults.update({"status": 400, "body": "bad request: " + login, "paths": ["/auth/token"], "times": 1})
+    server = McpServer(env)
+    texts = []
+    try:
+        server.initialize()
+        texts.append(server.call_tool("list_namespaces")["content"][-1]["text"])   # or the catalog's login meets it
+        assert not server.call_tool("list_namespaces").get("isError")              # logged in now
+        echoed = 'bad request: {"username": "admin", "password": "[redacted]"}'
+        deadline = time.monotonic() + 10                # the catalog logs its failure on its own thread
+        while echoed not in texts[0] + server.stderr:
+            assert time.monotonic() < deadline, texts[0] + server.stderr
+            time.sleep(0.05)
+        access, refresh = authed.minted[-2:]
+        for status in (400, 403, 500, 502):
+            authed.faults.update({"status": status, "paths": ["/admin-api/namespaces"], "times": 1,
+                                  "body": "echo: Authorization: Bearer %s %s %s" % (access, refresh, login)})
+            texts.append(server.call_tool("list_namespaces")["content"][-1]["text"])
+            assert "echo: Authorization: Bearer [redacted] [redacted] " in texts[-1], texts[-1]
+    finally:
+        server.close()
+    places = {"results": "\n".join(texts), "stderr": server.stderr,
+              "stdout": b"".join(server.raw_lines).decode("utf-8")}
+    assert_nowhere(set(authed.minted) | {PASSWORD}, places)
+
+
 URL_SECRET = "url-secret-%s" % secrets.token_hex(6)
 
 
