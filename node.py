@@ -1396,7 +1396,7 @@ class Node:
     # contexts (§3.3)
     def contexts(self) -> List[Dict[str, Any]]:
         """Every context on the node (all pages), each with its `id`."""
-        return self._every_page("/admin-api/contexts", lambda a: a.rows("contexts", "id", fields=CONTEXT_FIELDS))
+        return self._every_page("/admin-api/contexts", lambda a: a.rows("contexts", "id", fields=CONTEXT_FIELDS), "id")
 
     def contexts_of(self, app_id: str) -> List[Dict[str, Any]]:
         """The contexts of one application (one answer, not paged), each with its `id`."""
@@ -1462,7 +1462,7 @@ class Node:
     # namespaces (§3.6)
     def namespaces(self) -> List[Dict[str, Any]]:
         """Every namespace (all pages), each with its `namespaceId`."""
-        return self._every_page("/admin-api/namespaces", lambda a: a.rows(None, "namespaceId"))
+        return self._every_page("/admin-api/namespaces", lambda a: a.rows(None, "namespaceId"), "namespaceId")
 
     def create_namespace(self, application_id: str, name: Optional[str] = None) -> Dict[str, Any]:
         """`{namespaceId}`."""
@@ -1542,7 +1542,8 @@ class Node:
         def members_of(answer):
             pages.append(answer.value)
             return answer.rows("members", "identity")
-        members = {"members": self._every_page("/admin-api/groups/%s/members" % quoted(group_id), members_of)}
+        members = {"members": self._every_page("/admin-api/groups/%s/members" % quoted(group_id), members_of,
+                                              "identity")}
         if pages[0].get("selfIdentity") is not None:
             members["selfIdentity"] = pages[0]["selfIdentity"]
         return members
@@ -1614,13 +1615,17 @@ class Node:
                 return None
             raise
 
-    def _every_page(self, path, rows_of) -> List[Dict[str, Any]]:
-        """Every row of a paginated list (contexts, namespaces, members), read a full page at a time."""
-        rows = []
+    def _every_page(self, path, rows_of, id_key) -> List[Dict[str, Any]]:
+        """Every row of a paginated list (contexts, namespaces, members), read a full page at a time. Core counts
+        a context page's `offset` in stored ids, some of which may resolve to no context, while its `limit` counts
+        rows: a page can then begin with rows already read, which are skipped by their `id_key`."""
+        rows, seen = [], set()
         while len(rows) <= MAX_OFFSET:
             page = self._call("GET", path, rows_of, params={"offset": len(rows), "limit": PAGE_LIMIT})
-            rows.extend(page)
-            if len(page) < PAGE_LIMIT:
+            fresh = [row for row in page if row.get(id_key) not in seen]
+            rows.extend(fresh)
+            seen.update(row.get(id_key) for row in fresh)
+            if len(page) < PAGE_LIMIT or not fresh:
                 break
         return rows
 

@@ -28,7 +28,7 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,16 +259,33 @@ def normalise_hex64(value: Any) -> Optional[str]:
     return None
 
 
-def paginate(items: list, query: Dict[str, str]) -> list:
+def paging(query: Dict[str, str]) -> Tuple[int, int]:
     """offset/limit as §3.3: default 100, limit ≤ 1000 and offset ≤ 100 000, silently clamped."""
     try:
         offset = int(query.get("offset", "0"))
         limit = int(query.get("limit", "100"))
     except ValueError:
         raise text_reply(400, "Failed to deserialize query string: invalid digit found in string")
-    offset = max(0, min(offset, 100_000))
-    limit = max(0, min(limit, 1000))
+    return max(0, min(offset, 100_000)), max(0, min(limit, 1000))
+
+
+def paginate(items: list, query: Dict[str, str]) -> list:
+    offset, limit = paging(query)
     return items[offset:offset + limit]
+
+
+def paginate_stream(ids: list, resolve, query: Dict[str, str]) -> list:
+    """Core's context listing (get_context_ids.rs): `offset` skips ids of the store's stream, resolvable or not,
+    while `limit` counts the contexts collected, so an id that resolves to nothing shifts later pages."""
+    offset, limit = paging(query)
+    page = []
+    for context_id in ids[offset:]:
+        row = resolve(context_id)
+        if row is not None:
+            page.append(row)
+            if len(page) >= limit:
+                break
+    return page
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1207,6 +1224,7 @@ class NodeDouble:
         self._serial = 0
         self._apps: Dict[str, Dict[str, Any]] = {}
         self._contexts: Dict[str, Dict[str, Any]] = {}
+        self.dangling_context_ids: Set[str] = set()   # in the store's id stream, but no context resolves from them
         self._groups: Dict[str, Dict[str, Any]] = {}
         self._aliases: Dict[str, Dict[str, str]] = {"context": {}, "application": {}}
         self._blobs: Dict[str, bytes] = {}
@@ -1807,8 +1825,10 @@ class NodeDouble:
 
     def _h_list_contexts(self, request):
         with self._lock:
-            contexts = [self._context_view(self._contexts[k], True) for k in sorted(self._contexts)]
-        return {"data": {"contexts": paginate(contexts, request.query)}}
+            ids = sorted(set(self._contexts) | self.dangling_context_ids)
+            contexts = paginate_stream(ids, lambda k: self._context_view(self._contexts[k], True)
+                                       if k in self._contexts else None, request.query)
+        return {"data": {"contexts": contexts}}
 
     def _h_contexts_for_application(self, request):
         app_id = request.params["application_id"]

@@ -288,6 +288,18 @@ def test_list_contexts_reads_every_page(server, double):
     assert pages == [("0", "1000"), ("1000", "1000")] * answers         # every tool page reads the whole list
 
 
+def test_list_contexts_reads_every_context_once_when_stored_ids_resolve_to_none(server, double):
+    """Core's offset counts stored ids, a dangling one too, while its limit counts contexts: the second page then
+    starts with the last context of the first, which is listed once."""
+    kv_id = double._app_key(KV)
+    for index in range(1204):
+        double.add_context(kv_id, context_id=hex_id("page-%d" % index))
+    double.dangling_context_ids.add("0" * 64)            # sorts first: every later page starts one id early
+    listed, _ = every_row(server, "list_contexts", {}, "contexts")
+    assert len(listed) == 1205 and len({c["id"] for c in listed}) == 1205
+    assert sorted(c["id"] for c in listed) == sorted(double._contexts)
+
+
 def test_list_contexts_filters_by_any_app_name(server, double):
     kv_id = double._app_key(KV)
     contexts = server.tool_json("list_contexts", {"application": "kv store"})["contexts"]

@@ -277,6 +277,20 @@ def test_contexts_are_listed_in_id_order_and_paginate():
     assert all("dagHeads" not in c for c in page)   # omitted when empty
 
 
+def test_a_dangling_context_id_counts_toward_offset_but_not_limit():
+    """get_context_ids.rs: `offset` skips stored ids, `limit` counts the contexts that resolve."""
+    with NodeDouble(apps=[counter_spec()], namespaces=[{"app": "com.example.counter"}],
+                    contexts=[{"app": "com.example.counter", "heads": 0}] * 4) as double:
+        ids = sorted(double._contexts)
+        double.dangling_context_ids.add(ids[0][:-1] + ("0" if ids[0][-1] != "0" else "1"))
+        stream = sorted(set(ids) | double.dangling_context_ids)
+        first = call(double, "GET", "/admin-api/contexts?offset=0&limit=2").json()["data"]["contexts"]
+        second = call(double, "GET", "/admin-api/contexts?offset=2&limit=2").json()["data"]["contexts"]
+    assert [c["id"] for c in first] == [i for i in stream if i in ids][:2]
+    assert [c["id"] for c in second] == [i for i in stream[2:] if i in ids][:2]
+    assert len(first) == 2 and len(second) == 2
+
+
 def test_some_contexts_have_two_dag_heads():
     with NodeDouble(apps=[counter_spec()], contexts=[{"app": "com.example.counter"}] * 6) as double:
         contexts = call(double, "GET", "/admin-api/contexts").json()["data"]["contexts"]
