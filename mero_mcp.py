@@ -457,7 +457,7 @@ class Server:
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
         try:
             refuse_unknown_arguments(t, arguments)
-            refuse_lone_surrogates(t, arguments)
+            refuse_unsendable(t, arguments)
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
@@ -1021,9 +1021,10 @@ def refuse_unknown_keys(schema, value, path, owner=None):
         refuse_unknown_keys(properties[key], inner, "%s.%s" % (path, key))
 
 
-def refuse_lone_surrogates(t, arguments):
-    """JSON's \\ud800 escapes can spell half a character: no UTF-8 request can carry it (URL or body), and the node
-    would refuse it, so it is refused here, naming where, before anything is sent."""
+def refuse_unsendable(t, arguments):
+    """What no request to the node can carry is refused here, naming where, before anything is sent: JSON's \\ud800
+    escapes spelling half a character (no UTF-8 URL or body holds it), and a number past a 64-bit float (1e400
+    decodes as infinity, which JSON cannot say; the node's own parser refuses it)."""
     stack = [("", arguments)]
     while stack:                             # not recursive: arguments may nest as deep as the decoder allows
         path, value = stack.pop()
@@ -1036,6 +1037,9 @@ def refuse_lone_surrogates(t, arguments):
                     raise ToolError("Invalid arguments for %s:\n- %s: holds a lone surrogate (\\u%04x), half of a "
                                     "character, which no request to the node can carry; send the character itself"
                                     % (t.name, said.encode("utf-8", "backslashreplace").decode("utf-8"), code))
+            if isinstance(item, float) and item - item != 0:
+                raise ToolError("Invalid arguments for %s:\n- %s: a number too large for a 64-bit float (at most "
+                                "about 1.8e308), which the node cannot read" % (t.name, where))
             stack.append((where, item))
 
 

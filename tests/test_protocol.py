@@ -424,6 +424,28 @@ def test_a_lone_surrogate_in_an_argument_is_refused_naming_it(server, double, to
     assert server.call_tool("lookup_alias", {"name": "demo"}).get("isError") is None
 
 
+INFINITE_CALLS = [   # (tool, raw JSON arguments holding a number past a 64-bit float, where, the route never reached)
+    ("set_group_metadata", '{"group":"%s","data":{"k":[1,-1e400]}}' % ("ab" * 32), "data.k.1", "/admin-api/groups/"),
+    ("call_many", '{"calls":[{"app":"kv-store","context":"demo","method":"set","args":{"key":"k","value":1e999}}]}',
+     "calls.0.args.value", "/jsonrpc"),
+]
+
+
+@pytest.mark.parametrize("tool, arguments, where, route", INFINITE_CALLS, ids=[c[0] for c in INFINITE_CALLS])
+def test_a_number_past_a_64_bit_float_is_refused_naming_it(server, double, tool, arguments, where, route):
+    """1e400 is valid JSON but decodes as infinity, which no JSON body can carry: an isError naming where, never a
+    request the node would refuse, nor the value sent on as null or Infinity."""
+    server.send_raw(('{"jsonrpc":"2.0","id":"f","method":"tools/call","params":{"name":"%s","arguments":%s}}'
+                     % (tool, arguments)).encode("utf-8"))
+    reply = server.wait_for("f")
+    assert reply["result"]["isError"] is True, reply
+    assert reply["result"]["content"][-1]["text"] == (
+        "Error: Invalid arguments for %s:\n- %s: a number too large for a 64-bit float (at most about 1.8e308), "
+        "which the node cannot read" % (tool, where))
+    assert double.requests_to(path_prefix=route) == [] and double.handler_errors == []
+    assert "Traceback" not in server.stderr
+
+
 def test_modern_request_without_client_capabilities_is_invalid(bare):
     reply = bare.request("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})
     assert reply["error"]["code"] == -32602 and "clientCapabilities" in reply["error"]["message"]
