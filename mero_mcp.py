@@ -1783,7 +1783,8 @@ def unit_key(unit):
 def generated_tool(name, unit, method, input_schema):
     import abi
     manifest, app = unit.manifest, unit.app
-    outputs = {wrap: abi.output_schema(manifest, method, wrap, admit_null=True) for wrap in (True, False)}
+    plain = abi.output_schema(manifest, method, False, admit_null=True)
+    outputs = {False: plain, True: abi.handshake_output(plain)}     # one schema for both eras (memory)
     return Tool(name, abi.tool_title(method.name, app.label), abi.tool_description(manifest, method),
                 input_schema, outputs.get, abi.tool_annotations(method),
                 abi.tool_meta(app.key, app.version, app.signer_id, method), None, partial(invoke_generated, name))
