@@ -182,6 +182,13 @@ class Channel:
 
 def encode_message(message):
     """Compact UTF-8 JSON plus newline; json escapes newlines inside strings, so one message is one line."""
+    if holds_long_list(message):
+        try:
+            parts = []
+            append_parts(message, parts)
+            return b"".join(parts) + b"\n"
+        except (ValueError, UnicodeEncodeError):     # NaN, a lone surrogate: the general path below says them
+            pass
     try:
         text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:           # NaN/Infinity are not JSON (1e400 parses as inf): echo them as null
@@ -191,6 +198,39 @@ def encode_message(message):
         return text.encode("utf-8") + b"\n"
     except UnicodeEncodeError:   # a lone surrogate echoed back from input: ASCII JSON escapes it as \udXXX
         return json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+
+
+# A list longer than this near an answer's root (tools/list's tools) is encoded an item at a time: one json.dumps of a
+# 1,000-tool list holds ~4 MB of pieces for its 0.9 MB line (a session's peak RSS), item by item ~2 MB. Same bytes.
+LONG_LIST = 100
+LONG_LIST_DEPTH = 2             # the levels of objects looked into: the message, its result
+
+
+def holds_long_list(value, depth=0):
+    if isinstance(value, list):
+        return len(value) > LONG_LIST
+    return isinstance(value, dict) and depth < LONG_LIST_DEPTH and any(holds_long_list(item, depth + 1)
+                                                                       for item in value.values())
+
+
+def append_parts(value, parts, depth=0):
+    """The compact UTF-8 JSON of `value` appended to `parts`: the objects of the first levels member by member, a
+    long list item by item, anything else whole."""
+    if isinstance(value, dict) and depth < LONG_LIST_DEPTH and all(isinstance(key, str) for key in value):
+        for index, (key, item) in enumerate(value.items()):
+            parts.append((b"," if index else b"{") + compact_json(key) + b":")
+            append_parts(item, parts, depth + 1)
+        parts.append(b"}" if value else b"{}")
+    elif isinstance(value, list) and len(value) > LONG_LIST:
+        for index, item in enumerate(value):
+            parts.append((b"," if index else b"[") + compact_json(item))
+        parts.append(b"]")
+    else:
+        parts.append(compact_json(value))
+
+
+def compact_json(value):
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 def finite(value):
@@ -1775,7 +1815,8 @@ def unit_key(unit):
 def generated_tool(name, unit, method, input_schema):
     import abi
     manifest, app = unit.manifest, unit.app
-    outputs = {wrap: abi.output_schema(manifest, method, wrap, admit_null=True) for wrap in (True, False)}
+    plain = abi.output_schema(manifest, method, False, admit_null=True)
+    outputs = {False: plain, True: abi.handshake_output(plain)}     # one schema for both eras (memory)
     return Tool(name, abi.tool_title(method.name, app.label), abi.tool_description(manifest, method),
                 input_schema, outputs.get, abi.tool_annotations(method),
                 abi.tool_meta(app.key, app.version, app.signer_id, method), None, partial(invoke_generated, name))

@@ -771,6 +771,17 @@ def traced(traceparent):
         _trace.value = previous
 
 
+def _prepared(requests, session, method, url, params, data, headers):
+    """The request `session.request` would send, prepared without its per-request merging: the session's headers
+    (our User-Agent, requests' defaults) with ours after them, its cookie jar; no proxy or netrc to merge, as
+    trust_env is off. The same bytes reach the node; the merging of settings that are all empty cost ~70 µs a
+    request (requests 2.34), three times in every generated tool call."""
+    merged = dict(session.headers)
+    merged.update(headers)
+    return requests.Request(method, url, headers=merged, data=data, params=params,
+                            cookies=session.cookies).prepare()
+
+
 def _headers(token, content_type):
     headers = {}
     if token:
@@ -1658,10 +1669,10 @@ class Node:
         return Answer(decode_json(response, url), response.content)
 
     def _send(self, method, url, token, data, content_type, params, timeout):
-        requests = _requests()
+        requests, session = _requests(), _session()
         try:
-            return _session().request(method, url, params=params, data=data, timeout=timeout,
-                                      headers=_headers(token, content_type), allow_redirects=False)
+            prepared = _prepared(requests, session, method, url, params, data, _headers(token, content_type))
+            return session.send(prepared, timeout=timeout, allow_redirects=False)
         except requests.RequestException as error:
             raise network_error(error, url, timeout) from None
 

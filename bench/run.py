@@ -394,22 +394,30 @@ class DiscardingChannel:
 
 
 class HttpClock:
-    """Time spent inside requests (request preparation, the loopback round trip, the response) on one thread."""
+    """Time spent inside requests on one thread: preparing a request (node.py prepares its own, then sends it on the
+    session), the loopback round trip, the response. `count` is the requests sent."""
 
     def __init__(self, thread):
-        self.seconds, self.count, self.thread = 0.0, 0, thread
+        self.seconds, self.count, self.thread, self.depth = 0.0, 0, thread, 0
 
-    def wrap(self, request):
-        def timed(session, *args, **kwargs):
-            if threading.current_thread() is not self.thread:      # the catalog poll is not the call
-                return request(session, *args, **kwargs)
+    def wrap(self, function, counts):
+        def timed(*args, **kwargs):
+            if threading.current_thread() is not self.thread or self.depth:    # the catalog poll; nested calls
+                return function(*args, **kwargs)
+            self.depth += 1
             started = time.perf_counter()
             try:
-                return request(session, *args, **kwargs)
+                return function(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - started
-                self.count += 1
+                self.count += counts
+                self.depth -= 1
         return timed
+
+
+# The entry points into requests: Session.request (prepares and sends) and what node.py calls, Request.prepare then
+# Session.send; each with whether it counts as one request.
+REQUESTS_ENTRIES = ((requests.Session, "request", 1), (requests.Request, "prepare", 0), (requests.Session, "send", 1))
 
 
 def in_process_answer(server, channel, request_id, method, params=None):
@@ -427,8 +435,9 @@ def bench_own_work(home):
     validation, admission, dispatch and encoding."""
     import mero_mcp
     clock = HttpClock(threading.current_thread())
-    original = requests.Session.request
-    requests.Session.request = clock.wrap(original)
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in REQUESTS_ENTRIES]
+    for owner, name, counts in REQUESTS_ENTRIES:
+        setattr(owner, name, clock.wrap(getattr(owner, name), counts))
     try:
         with BenchNode() as node:
             channel = DiscardingChannel(mero_mcp.encode_message)
@@ -452,7 +461,8 @@ def bench_own_work(home):
                 own.append(elapsed - spent)
                 http_total, http_count = http_total + spent, http_count + clock.count - before_count
     finally:
-        requests.Session.request = original
+        for owner, name, original in originals:
+            setattr(owner, name, original)
     return {"own": statistics.median(own), "per_request": http_total / http_count,
             "requests_per_call": http_count / OWN_WORK_CALLS}
 

@@ -779,6 +779,25 @@ def test_traceparent_is_forwarded_only_when_well_formed(tmp_path, plain, tracepa
     assert "traceparent" not in after["headers"]
 
 
+def test_a_request_carries_the_sessions_headers_and_cookies_beside_ours(tmp_path, plain):
+    """Requests are prepared without Session.request's merging (node._prepared): the session's headers and cookie
+    jar must still reach the node, with the request's own headers and query."""
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    jar = node._session().cookies
+    jar.set("route", "b7")
+    try:
+        with client.traced(GOOD_TRACE):
+            client.get("/admin-api/contexts", params={"offset": 0, "note": "2 of 3"})
+    finally:
+        jar.clear()
+    seen = requests_to(plain, "/admin-api/contexts")[0]
+    assert {key: seen["headers"].get(key) for key in ("user-agent", "accept", "connection", "cookie", "traceparent",
+                                                       "content-type")} == {
+        "user-agent": node.USER_AGENT, "accept": "*/*", "connection": "keep-alive", "cookie": "route=b7",
+        "traceparent": GOOD_TRACE, "content-type": None}
+    assert seen["query"] == {"offset": "0", "note": "2 of 3"}
+
+
 def test_concurrent_calls_keep_their_own_traceparent(tmp_path, plain):
     client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
     other = "00-11111111111111111111111111111111-2222222222222222-01"

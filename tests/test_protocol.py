@@ -446,6 +446,27 @@ def test_a_number_past_a_64_bit_float_is_refused_naming_it(server, double, tool,
     assert "Traceback" not in server.stderr
 
 
+@pytest.mark.parametrize("request_id, ascii_only", [("long", False), ("long\ud800", True)])
+def test_a_long_tools_list_is_one_compact_json_line(start_server, server_env, double, request_id, ascii_only):
+    """A long list is encoded an item at a time (encode_message, for memory): the line is still the compact JSON of
+    the whole answer, in UTF-8; a lone surrogate (here in the id it echoes) still turns the whole line into ASCII."""
+    doc = 'Reads one \u2026 "quoted"'
+    methods = [{"name": "read_%03d" % i, "doc": doc, "params": [], "returns": {"kind": "string"}, "intent": "read_only"}
+               for i in range(120)]
+    double.add_app({"package": "com.example.wide", "version": "1.0.0",
+                    "abi": {"schema_version": "wasm-abi/1", "types": {}, "methods": methods}})
+    server = start_server(server_env)
+    deadline = time.monotonic() + 20
+    while len([n for n in server.tool_names() if n.startswith("wide_read_")]) < 120:
+        assert time.monotonic() < deadline, server.stderr
+        time.sleep(0.1)
+    reply = server.request("tools/list", request_id=request_id)
+    line = next(raw for raw in reversed(server.raw_lines) if raw.startswith(b'{"jsonrpc":"2.0","id":"long'))
+    assert line == json.dumps(reply, ensure_ascii=ascii_only, separators=(",", ":")).encode("utf-8") + b"\n"
+    assert [t["description"] for t in reply["result"]["tools"] if t["name"] == "wide_read_007"] == [
+        doc + "\n\n[view] read_007() -> string"]
+
+
 def test_modern_request_without_client_capabilities_is_invalid(bare):
     reply = bare.request("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})
     assert reply["error"]["code"] == -32602 and "clientCapabilities" in reply["error"]["message"]
