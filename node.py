@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -49,6 +50,7 @@ LOCK_POLL_SECONDS = 0.05
 CLIENT_NAME = "mero-mcp"
 USER_AGENT = "mero-mcp"
 BODY_EXCERPT = 300                       # characters of a plain-text error body we show (§6)
+LOCAL_FILE_LIMIT = 1 << 20               # agent.json, tokens-*.json, config.toml hold a few KB; more is not one
 
 REVOKED = ("token_reuse", "token_revoked")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -148,6 +150,51 @@ def ensure_dir(path: str) -> str:
             pass
         os.chmod(path, 0o700)            # mkdir's mode is filtered by the umask
     return path
+
+
+class Unreadable(Exception):
+    """A local file that is there but cannot be used; the message is what follows its path in a sentence."""
+
+
+def read_local(path: str, limit: int = LOCAL_FILE_LIMIT) -> bytes:
+    """A small regular file's bytes. FileNotFoundError and NotADirectoryError pass through (nothing there);
+    anything else is Unreadable: a FIFO would block the server for good, a huge file is not one of ours."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise
+    except OSError as error:
+        raise Unreadable("cannot be read (%s)" % (error.strerror or error)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable("is a directory" if stat.S_ISDIR(info.st_mode) else "is not a regular file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        raise Unreadable("cannot be read (%s)" % (error.strerror or error)) from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise Unreadable("is larger than %d KB" % (limit // 1024))
+    return b"".join(chunks)
+
+
+def read_local_json(path: str):
+    """A small JSON file's value (a leading BOM allowed); None when absent; Unreadable otherwise."""
+    try:
+        raw = read_local(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return json.loads(raw.decode("utf-8-sig"))
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the decoder's depth
+        raise Unreadable("is not valid JSON") from None
 
 
 _logged = set()
@@ -297,16 +344,11 @@ def read_handoff(directory: str) -> Tuple[Optional[Handoff], Optional[str]]:
     """
     path = os.path.join(directory, "agent.json")
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError:
+        data = read_local_json(path)
+    except Unreadable as problem:
+        return _ignored("%s %s; ignoring it." % (path, problem))
+    if data is None:
         return None, None
-    except OSError as error:
-        return _ignored("%s cannot be read (%s); ignoring it." % (path, error.strerror or error))
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except ValueError:
-        return _ignored("%s is not valid JSON; ignoring it." % path)
     data = data if isinstance(data, dict) else {}
     node_url = data.get("nodeUrl")
     if node_url is not None and not is_loopback_url(node_url):
@@ -533,15 +575,11 @@ class TokenStore:
 
     def read(self) -> Optional[Dict[str, Any]]:
         try:
-            with open(self.path, "rb") as handle:
-                data = json.loads(handle.read().decode("utf-8"))
-        except FileNotFoundError:
+            data = read_local_json(self.path)
+        except Unreadable as problem:
+            _warn_once("%s %s; ignoring it." % (self.path, problem))
             return None
-        except OSError as error:
-            _warn_once("%s cannot be read (%s); ignoring it." % (self.path, error.strerror or error))
-            return None
-        except ValueError:
-            _warn_once("%s is not valid JSON; ignoring it." % self.path)
+        if data is None:
             return None
         if not isinstance(data, dict) or not isinstance(data.get("access_token"), str):
             _warn_once("%s holds no access_token; ignoring it." % self.path)

@@ -29,6 +29,14 @@ def minimal_env(home, extra=None):
     return env
 
 
+def run_check(env, timeout=60):
+    """`mero-mcp --check` as a user runs it: the finished process, after checking it printed no traceback."""
+    done = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=str(ROOT))
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    return done
+
+
 def tuned_server(env, setup, python=sys.executable, check="hasattr(mero_mcp, 'main')"):
     """The real server with module constants changed before main() runs (a shorter poll or wait, a smaller
     pool): `setup` is Python run against the imported `mero_mcp`; `check` says the knob is still there, so a

@@ -1,0 +1,149 @@
+"""The local side of authentication, as users' machines have it: the desktop app's handoff file (agent.json), the
+token cache (tokens-*.json), its refresh lock, the password file and tokens given in the environment.
+
+Every test runs the real server (or `--check`) as a subprocess against the node double: whatever is on disk or in
+the environment, no traceback, a server that keeps answering, a message naming what was wrong, no secret shown.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+
+import pytest
+
+from mcp_client import McpServer, minimal_env, run_check
+from node_double import sample_double
+
+PASSWORD = "pw-Sekrit-4711"
+
+
+@pytest.fixture
+def authed():
+    double = sample_double(auth={"users": {"admin": PASSWORD}}).start()
+    yield double
+    double.stop()
+
+
+def local_env(tmp_path, double, **extra):
+    """What a host passes, with the state dir and node home under tmp_path and the double as the node."""
+    settings = {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
+                "CALIMERO_NODE_HOME": tmp_path / "nodes"}
+    settings.update(extra)
+    return minimal_env(tmp_path / "home", settings)
+
+
+def state_file(env, name):
+    directory = env["CALIMERO_MCP_STATE_DIR"]
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return os.path.join(directory, name)
+
+
+def write(path, content):
+    with open(path, "wb") as handle:
+        handle.write(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+def jwt(**claims):
+    def part(value):
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+    return "%s.%s.sig" % (part({"alg": "HS256"}), part(claims))
+
+
+def session(env):
+    """A started server: its node_status answer and the server, whose stdout was pure; the caller closes it."""
+    server = McpServer(env)
+    server.initialize()
+    status = server.call_tool("node_status")
+    assert not status.get("isError"), status
+    return json.loads(status["content"][-1]["text"]), server
+
+
+def finished(server):
+    server.close()
+    server.assert_stdout_pure()
+    assert "Traceback" not in server.stderr, server.stderr
+    return server.stderr
+
+
+# ── The handoff file (reference-behaviour.md §1.2) ────────────────────────────────────────────────
+
+def make_fifo(path):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes on this platform")
+    os.mkfifo(path)
+
+
+HANDOFF_NOT_A_FILE = {
+    "nested past the decoder's depth": (lambda path: write(path, "[" * 100000 + "]" * 100000), "is not valid JSON"),
+    "a directory": (os.mkdir, "is a directory"),
+    "a named pipe": (make_fifo, "is not a regular file"),     # reading it would block the server for good
+    "larger than a megabyte": (lambda path: write(path, '{"accessToken": "%s"}' % ("a" * (1 << 20))),
+                               "is larger than 1024 KB"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HANDOFF_NOT_A_FILE))
+def test_a_handoff_file_that_cannot_be_one_is_ignored_saying_why(tmp_path, double, name):
+    make, reason = HANDOFF_NOT_A_FILE[name]
+    env = local_env(tmp_path, double)
+    path = state_file(env, "agent.json")
+    make(path)
+    said = "%s %s; ignoring it." % (path, reason)
+    done = run_check(env, timeout=30)
+    assert "Handoff:   ignored: " + said in done.stdout, done.stdout
+    assert done.returncode == 0, done.stdout          # the node is still found through CALIMERO_NODE_URL
+    status, server = session(env)
+    assert (status["health"], status["authMode"]) == ({"status": "alive"}, "none"), status
+    assert not server.call_tool("list_applications").get("isError")
+    assert said in finished(server)
+
+
+def test_a_handoff_file_with_a_byte_order_mark_is_read(tmp_path, double):
+    env = local_env(tmp_path, double, CALIMERO_NODE_URL=None)
+    write(state_file(env, "agent.json"),
+          b"\xef\xbb\xbf" + json.dumps({"nodeUrl": double.url, "accessToken": jwt(iat=1)}).encode())
+    status, server = session(env)
+    assert (status["discoverySource"], status["authMode"], status["url"]) == ("handoff", "handoff", double.url)
+    assert "agent.json" not in finished(server)
+
+
+# ── The token cache (reference-behaviour.md §1.2) ─────────────────────────────────────────────────
+
+def cache_path(env, url, username="admin"):
+    import hashlib
+    digest = hashlib.sha256(("%s\0%s" % (url, username)).encode()).hexdigest()[:16]
+    return state_file(env, "tokens-%s.json" % digest)
+
+
+def credentials_env(tmp_path, double, **extra):
+    return local_env(tmp_path, double, CALIMERO_USERNAME="admin", CALIMERO_PASSWORD=PASSWORD, **extra)
+
+
+def assert_fresh_cache(path, double):
+    """The cache holds a pair the node minted, in a file only its owner can read."""
+    cached = json.loads(open(path, encoding="utf-8").read())
+    assert double._auth.decode(cached["access_token"]) is not None, cached
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+CACHE_NOT_READABLE = {
+    "nested past the decoder's depth": ("[" * 100000, "is not valid JSON; ignoring it."),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CACHE_NOT_READABLE))
+def test_a_token_cache_that_cannot_be_read_means_a_fresh_login(tmp_path, authed, name):
+    content, said = CACHE_NOT_READABLE[name]
+    env = credentials_env(tmp_path, authed)
+    path = write(cache_path(env, authed.url), content)
+    done = run_check(env)
+    assert done.returncode == 0 and said in done.stderr, done.stdout + done.stderr
+    write(path, content)
+    status, server = session(env)
+    assert (status["health"], status["authMode"]) == ({"status": "alive"}, "credentials"), status
+    assert not server.call_tool("list_applications").get("isError")
+    assert "%s %s" % (path, said) in finished(server)
+    assert_fresh_cache(path, authed)
