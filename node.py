@@ -58,9 +58,11 @@ DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
 
 # W3C trace context, as the reference forwards it (§1.4): no `ff` version, no all-zero ids.
 TRACEPARENT = re.compile(r"(?!ff-)[0-9a-f]{2}-(?!0{32}-)[0-9a-f]{32}-(?!0{16}-)[0-9a-f]{16}-[0-9a-f]{2}")
-# config.toml `[server]` listen multiaddrs we can reach locally (issue: ip4 loopback, ip4 any, ip6 loopback).
-LISTEN_ADDR = re.compile(r"/ip4/(?:127\.0\.0\.1|0\.0\.0\.0)/tcp/(\d+)|/ip6/::1/tcp/(\d+)")
-TOML_HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\]?\s*(?:#.*)?$")
+# A config.toml `[server]` listen multiaddr (merod writes /ip4/127.0.0.1/tcp/2528 and /ip6/::1/tcp/2528), and the
+# host each local one is reached at: an ip6-only node is not reached through `localhost` where it names ip4 alone.
+LISTEN_TCP = re.compile(r"/(ip4|ip6|dns|dns4|dns6)/([^/]+)/tcp/(\d+)(?:/.*)?")
+LOCAL_LISTEN = {"127.0.0.1": "localhost", "0.0.0.0": "localhost", "localhost": "localhost", "::1": "[::1]",
+                "::": "[::1]"}
 ABI_ROUTE = re.compile(r"/admin-api/applications/[^/]+/abi$")
 BYTE_LIST = re.compile(r"\[[\d,\s]+\]")
 
@@ -406,11 +408,14 @@ def configured_name(env, url) -> Optional[str]:
 
 
 def _configured_location(env, name) -> Optional[Location]:
-    home, nodes = node_home(env), configured_nodes(env)
+    home, entries = node_home(env), node_dirs(env)
+    nodes = [(entry.name, entry.url) for entry in entries if entry.url]
     if name:
-        for node_name, url in nodes:
-            if node_name == name:
-                return Location(url, node_name, "named")
+        for entry in entries:
+            if entry.name == name:
+                if entry.url:
+                    return Location(entry.url, entry.name, "named")
+                raise NodeError('Node "%s" in %s cannot be used: %s.' % (name, home, entry.problem), fix=CONFIG_FIX)
         available = ", ".join(n for n, _ in nodes) or "(none)"
         raise NodeError('Node "%s" not found in %s. Available: %s' % (name, home, available),
                         fix="Set CALIMERO_NODE_NAME to one of the available names, or unset it.")
@@ -426,18 +431,30 @@ def _configured_location(env, name) -> Optional[Location]:
     return None
 
 
+CONFIG_FIX = ('Give the node\'s config.toml a [server] listen list of local addresses, as merod init writes it: '
+              'listen = ["/ip4/127.0.0.1/tcp/2528"]; or set CALIMERO_NODE_URL to the node\'s address.')
+
+
 def _probed_location(env, ports) -> Location:
     found = probe(PROBE_PORTS if ports is None else ports)
     if found:
         return Location(found[0], None, "probe")
+    passed = [entry.problem for entry in node_dirs(env) if entry.problem]
     raise NodeError("No Calimero node found. Start one in the Calimero desktop app, or set CALIMERO_NODE_URL. "
-                    "(Looked in %s and probed local ports.)" % node_home(env),
-                    fix="Start a node (Calimero desktop app, or `merod --node <name> run`), "
-                        "or set CALIMERO_NODE_URL to a running node's address.")
+                    "(Looked in %s and probed local ports.)%s" % (node_home(env), "".join(
+                        " Passed over: %s." % problem for problem in passed)),
+                    fix=CONFIG_FIX if passed else "Start a node (Calimero desktop app, or `merod --node <name> run`), "
+                                                  "or set CALIMERO_NODE_URL to a running node's address.")
 
 
-def configured_nodes(env: Mapping[str, str]) -> List[Tuple[str, str]]:
-    """[(name, url)] for every immediate subdirectory of the node home whose config.toml gives a local port."""
+class NodeDir(NamedTuple):
+    name: str
+    url: Optional[str]
+    problem: Optional[str]               # why its config.toml gives no URL: a sentence naming the file
+
+
+def node_dirs(env: Mapping[str, str]) -> List[NodeDir]:
+    """Every immediate subdirectory of the node home holding a config.toml, with its node's URL or why none."""
     home = node_home(env)
     try:
         names = sorted(os.listdir(home))
@@ -445,38 +462,201 @@ def configured_nodes(env: Mapping[str, str]) -> List[Tuple[str, str]]:
         return []
     found = []
     for name in names:
-        url = _config_url(os.path.join(home, name, "config.toml"))
-        if url:
-            found.append((name, url))
+        path = os.path.join(home, name, "config.toml")
+        try:
+            url, problem = config_url(read_local(path).decode("utf-8-sig", "replace"))
+        except (FileNotFoundError, NotADirectoryError):
+            continue                      # a file, or a directory that is no node's
+        except Unreadable as unreadable:
+            url, problem = None, str(unreadable)
+        found.append(NodeDir(name, url, problem and "%s %s" % (path, problem)))
     return found
 
 
-def _config_url(path) -> Optional[str]:
+def configured_nodes(env: Mapping[str, str]) -> List[Tuple[str, str]]:
+    """[(name, url)] for every immediate subdirectory of the node home whose config.toml gives a local address."""
+    return [(entry.name, entry.url) for entry in node_dirs(env) if entry.url]
+
+
+def config_url(text: str) -> Tuple[Optional[str], Optional[str]]:
+    """(the URL of the node a merod config.toml describes, None) or (None, why it gives none). The URL comes from
+    `listen` in `[server]` (not `[swarm]`): its first ip4 loopback (or any) address, else its first ip6 one."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:                       # no config.toml, or not a directory at all
+        listens = [value for path, value in toml_entries(text) if path == ("server", "listen")]
+    except TomlError as error:
+        return None, "is not valid TOML (%s)" % error
+    except RecursionError:
+        return None, "is not valid TOML (arrays nested too deep)"
+    if len(listens) != 1:
+        return None, ("sets listen in [server] more than once" if listens
+                      else "has no listen addresses in its [server] table")
+    addresses = listens[0]
+    if not isinstance(addresses, list) or not all(isinstance(address, str) for address in addresses):
+        return None, 'has a [server] listen that is not a list of addresses (merod writes listen = ["/ip4/127.0.0.1' \
+                     '/tcp/2528"])'
+    local = []
+    for address in addresses:
+        found = LISTEN_TCP.fullmatch(address.strip())
+        host = found and LOCAL_LISTEN.get(found.group(2).lower())
+        if host and 0 < int(found.group(3)) < 65536:
+            local.append((host, "http://%s:%d" % (host, int(found.group(3)))))
+    if local:
+        return sorted(local, key=lambda pair: pair[0] != "localhost")[0][1], None
+    return None, "has no address in its [server] listen that this machine reaches locally (%s)" % (
+        ", ".join(json.dumps(address) for address in addresses[:4]) or "the list is empty")
+
+
+# ── config.toml: just enough TOML to read a merod config (Python 3.9 has no tomllib) ──────────────
+
+class TomlError(ValueError):
+    """Text that is not TOML; the message names the line."""
+
+
+class TomlScalar(NamedTuple):
+    """A value that is neither a string nor an array nor a table, as written (a number, a boolean, a date)."""
+    text: str
+
+
+_TOML_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_TOML_STRINGS = (                        # (opening, the whole string, whether escapes apply); single-line ones last
+    ('"""', re.compile(r'"""\n?((?:[^"\\]|\\.|"(?!""))*)"""', re.S), True),
+    ("'''", re.compile(r"'''\n?(.*?)'''", re.S), False),
+    ('"', re.compile(r'"((?:[^"\\\n]|\\.)*)"'), True),
+    ("'", re.compile(r"'([^'\n]*)'"), False),
+)
+_TOML_ESCAPE = re.compile(r'\\(?:u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|([btnfre"\\])|[ \t]*\n\s*)')
+_TOML_CHARS = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", "e": "\x1b", '"': '"', "\\": "\\"}
+_TOML_SCALAR = re.compile(r"[^,\]}#\n]*")
+
+
+def toml_entries(text: str):
+    """(key path, value) for every key a TOML document sets, table headers and inline tables expanded. Strings
+    and arrays are read; any other value is a TomlScalar. Raises TomlError."""
+    scan = _TomlScanner(text)
+    table = ()
+    while scan.blank(newlines=True):
+        if scan.take("["):
+            closing = "]]" if scan.take("[") else "]"
+            table = scan.key()
+            scan.expect(closing)
+        else:
+            path = table + scan.key()
+            scan.expect("=")
+            yield from _toml_flattened(path, scan.value())
+        scan.blank()
+        if scan.more() and not scan.take("\n"):
+            raise scan.error("expected the end of the line")
+
+
+def _toml_flattened(path, value):
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _toml_flattened(path + key, inner)
+    else:
+        yield path, value
+
+
+class _TomlScanner:
+    def __init__(self, text):
+        self.text = text.lstrip("\ufeff").replace("\r\n", "\n")
+        self.at = 0
+
+    def more(self):
+        return self.at < len(self.text)
+
+    def error(self, what):
+        return TomlError("line %d: %s" % (self.text.count("\n", 0, self.at) + 1, what))
+
+    def take(self, token):
+        if self.text.startswith(token, self.at):
+            self.at += len(token)
+            return True
+        return False
+
+    def expect(self, token):
+        self.blank()
+        if not self.take(token):
+            raise self.error("expected %s" % token)
+
+    def blank(self, newlines=False):
+        """Skip spaces, tabs and a comment (and line ends, when `newlines`); whether any text is left."""
+        while self.more():
+            char = self.text[self.at]
+            if char in " \t" or (newlines and char == "\n"):
+                self.at += 1
+            elif char == "#":
+                end = self.text.find("\n", self.at)
+                self.at = len(self.text) if end < 0 else end
+            else:
+                break
+        return self.more()
+
+    def key(self):
+        parts = []
+        while True:
+            self.blank()
+            bare = _TOML_BARE_KEY.match(self.text, self.at)
+            if bare:
+                self.at = bare.end()
+                parts.append(bare.group())
+            else:
+                part = self.string(_TOML_STRINGS[2:])
+                if part is None:
+                    raise self.error("expected a key")
+                parts.append(part)
+            self.blank()
+            if not self.take("."):
+                return tuple(parts)
+
+    def string(self, kinds=_TOML_STRINGS):
+        for opening, pattern, escaped in kinds:
+            if self.text.startswith(opening, self.at):
+                found = pattern.match(self.text, self.at)
+                if not found:
+                    raise self.error("a string that does not end")
+                self.at = found.end()
+                return _TOML_ESCAPE.sub(_toml_unescape, found.group(1)) if escaped else found.group(1)
         return None
-    port = server_listen_port(text)
-    return "http://localhost:%d" % port if port else None
+
+    def value(self):
+        self.blank()
+        text = self.string()
+        if text is not None:
+            return text
+        if self.take("["):
+            items = []
+            while not self.closes("]", "an array"):
+                items.append(self.value())
+                if not self.closes("]", "an array", peek=True) and not self.take(","):
+                    raise self.error("expected , or ] in an array")
+            return items
+        if self.take("{"):
+            table = {}
+            while not self.closes("}", "an inline table"):
+                path = self.key()
+                self.expect("=")
+                table.update((inner, value) for inner, value in _toml_flattened(path, self.value()))
+                if not self.closes("}", "an inline table", peek=True) and not self.take(","):
+                    raise self.error("expected , or } in an inline table")
+            return table
+        scalar = _TOML_SCALAR.match(self.text, self.at)
+        if not scalar.group().strip():
+            raise self.error("expected a value")
+        self.at = scalar.end()
+        return TomlScalar(scalar.group().strip())
+
+    def closes(self, closing, what, peek=False):
+        """Whether `closing` comes next (taken unless `peek`), past blanks and line ends."""
+        if not self.blank(newlines=True):
+            raise self.error("%s that does not end" % what)
+        return self.text.startswith(closing, self.at) if peek else self.take(closing)
 
 
-def server_listen_port(text: str) -> Optional[int]:
-    """The first reachable listen port in the `[server]` section of a merod config.toml (not `[swarm]`)."""
-    section = None
-    for line in text.splitlines():
-        header = TOML_HEADER.match(line)
-        if header:
-            section = header.group(1).strip().strip('"')
-            continue
-        if section != "server" or line.lstrip().startswith("#"):
-            continue
-        match = LISTEN_ADDR.search(line)
-        if match:
-            port = int(match.group(1) or match.group(2))
-            if 0 < port < 65536:
-                return port
-    return None
+def _toml_unescape(found):
+    code = found.group(1) or found.group(2)
+    if code:
+        return chr(int(code, 16)) if int(code, 16) < 0x110000 else "\ufffd"
+    return _TOML_CHARS[found.group(3)] if found.group(3) else ""
 
 
 def probe(ports=PROBE_PORTS) -> List[str]:
@@ -2024,6 +2204,10 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
         return report.finish()
     report.line("Node", "%s, found by %s (name: %s)" % (location.url, _SOURCE_TEXT[location.source],
                                                           location.name or "none"))
+    if location.source not in ("env", "handoff"):           # the node home was read: say what it passed over
+        for entry in node_dirs(env):
+            if entry.problem:
+                report.problem("%s, so that node is passed over" % entry.problem, CONFIG_FIX, fatal=False)
     report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, location.url)[0]])
     node, step = Node(env, ports), "Auth"
     try:

@@ -1109,6 +1109,10 @@ class _Server(ThreadingHTTPServer):
                 pass
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "merod-double"
@@ -1200,9 +1204,10 @@ class NodeDouble:
     """
 
     def __init__(self, apps=(), contexts=(), aliases=None, namespaces=(), groups=(), registry=None,
-                 auth=None, list_services=True, exec_delay=0.0, port=0, legacy_upgrade_policy=False):
+                 auth=None, list_services=True, exec_delay=0.0, port=0, legacy_upgrade_policy=False, host="127.0.0.1"):
         self._lock = threading.RLock()
         self.port = int(port)
+        self.host = host                     # "::1" listens as merod's ip6 listen address does
         self.url = ""
         self.log: List[Dict[str, Any]] = []
         self.faults: Dict[str, Any] = {}
@@ -1250,9 +1255,9 @@ class NodeDouble:
     def start(self) -> "NodeDouble":
         if self._server is not None:
             return self
-        self._server = _Server(("127.0.0.1", self.port), self)
+        self._server = (_Server6 if ":" in self.host else _Server)((self.host, self.port), self)
         self.port = self._server.server_address[1]
-        self.url = "http://127.0.0.1:{}".format(self.port)
+        self.url = "http://{}:{}".format("[%s]" % self.host if ":" in self.host else self.host, self.port)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="node-double", daemon=True)
         self._thread.start()

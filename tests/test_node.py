@@ -284,12 +284,13 @@ def test_several_nodes_without_default_is_an_error(tmp_path):
                                  % env["CALIMERO_NODE_HOME"])
 
 
-@pytest.mark.parametrize("listen, port", [("/ip4/127.0.0.1/tcp/2601", 2601), ("/ip4/0.0.0.0/tcp/2602", 2602),
-                                          ("/ip6/::1/tcp/2603", 2603)])
-def test_listen_address_forms(tmp_path, listen, port):
+@pytest.mark.parametrize("listen, url", [("/ip4/127.0.0.1/tcp/2601", "http://localhost:2601"),
+                                         ("/ip4/0.0.0.0/tcp/2602", "http://localhost:2602"),
+                                         ("/ip6/::1/tcp/2603", "http://[::1]:2603")])   # localhost may be ip4 only
+def test_listen_address_forms(tmp_path, listen, url):
     env = make_env(tmp_path)
     add_node(env, "n", '[server]\nlisten = ["%s"]\n' % listen)
-    assert node.configured_nodes(env) == [("n", "http://localhost:%d" % port)]
+    assert node.configured_nodes(env) == [("n", url)]
 
 
 def test_config_reading_rules(tmp_path):

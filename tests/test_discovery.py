@@ -1,0 +1,245 @@
+"""Finding the node on a real machine: node homes as merod writes them (and as people edit them), and the
+environment variables that point the server somewhere (reference-behaviour.md §1.1, §1.3; README "Finding the node").
+
+The real server runs as a subprocess (`--check`, or a session over stdio) against the node double; the node home
+is a folder of `<name>/config.toml` under tmp_path. A probe of the real local ports is never relied on: the tests
+name the node (CALIMERO_NODE_NAME) or run with the probe pointed at a closed port.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from mcp_client import ROOT, McpServer, minimal_env, run_check
+from node_double import sample_double
+
+
+def closed_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def home_env(tmp_path, **extra):
+    settings = {"CALIMERO_MCP_STATE_DIR": tmp_path / "state", "CALIMERO_NODE_HOME": tmp_path / "nodes"}
+    settings.update(extra)
+    return minimal_env(tmp_path / "home", settings)
+
+
+def add_node(env, name, config):
+    folder = os.path.join(env["CALIMERO_NODE_HOME"], name)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.toml")
+    with open(path, "wb") as handle:
+        handle.write(config if isinstance(config, bytes) else config.encode("utf-8"))
+    return path
+
+
+def check_without_probe(env):
+    """--check with the probe pointed at a closed port, so a node running on this machine cannot answer it."""
+    script = ("import sys; sys.path.insert(0, %r); import node, mero_mcp; node.PROBE_PORTS = (%d,); "
+              "sys.exit(mero_mcp.main(['--check']))" % (str(ROOT), closed_port()))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    return done
+
+
+def node_status(env):
+    server = McpServer(env)
+    try:
+        server.initialize()
+        status = server.call_tool("node_status")
+        assert not status.get("isError"), status
+        listed = server.call_tool("list_nodes")
+        assert not listed.get("isError"), listed
+    finally:
+        server.close()
+    server.assert_stdout_pure()
+    assert "Traceback" not in server.stderr, server.stderr
+    return json.loads(status["content"][-1]["text"]), json.loads(listed["content"][-1]["text"]), server.stderr
+
+
+# ── config.toml as merod writes it, and as people edit it ─────────────────────────────────────────
+
+# What `merod init` writes (toml's to_string_pretty of calimero-network/core crates/config ConfigFile): the server
+# listens on 127.0.0.1 and ::1, the swarm on every address and another port, subtables under [server].
+MEROD_CONFIG = '''[identity]
+peer_id = "12D3KooWQp6Y3mYzF1k7m2n4r5s6t7u8v9w1x2y3z4a5b6c7d8e9"
+keypair = "23jhTaJ1mX6FvZ7k"
+
+[swarm]
+listen = [
+    "/ip4/0.0.0.0/tcp/{decoy}",
+    "/ip4/0.0.0.0/udp/{decoy}/quic-v1",
+    "/ip6/::/tcp/{decoy}",
+    "/ip6/::/udp/{decoy}/quic-v1",
+]
+
+[bootstrap]
+nodes = []
+
+[discovery]
+mdns = false
+advertise_address = false
+
+[server]
+listen = [
+    "/ip4/127.0.0.1/tcp/{port}",
+    "/ip6/::1/tcp/{port}",
+]
+auth_mode = "proxy"
+
+[server.admin]
+enabled = true
+
+[server.jsonrpc]
+enabled = true
+
+[server.websocket]
+enabled = true
+
+[sync]
+timeout_ms = 30000
+interval_ms = 5000
+
+[datastore]
+path = "data"
+
+[blobstore]
+path = "blobs"
+
+[context]
+migration_v2 = true
+'''
+
+# Each holds `{port}` (the double) and maybe `{decoy}` (a closed port a wrong reading would pick).
+CONFIG_FORMS = {
+    "merod init": MEROD_CONFIG,
+    "CRLF line ends": MEROD_CONFIG.replace("\n", "\r\n"),
+    "a byte order mark before [server]": "\ufeff[server]\nlisten = [\"/ip4/127.0.0.1/tcp/{port}\"]\n",
+    "one line, several entries": '[server]\nlisten = ["/ip6/::1/tcp/{port}", "/ip4/127.0.0.1/tcp/{port}"]\n',
+    "every address": '[server]\nlisten = ["/ip4/0.0.0.0/tcp/{port}"]\n',
+    "quoted key and header": "[ 'server' ]\n\"listen\" = [ '/ip4/127.0.0.1/tcp/{port}' ]\n",
+    "tabs and spaces": "\t[server]   \n\tlisten\t=\t[\t\"/ip4/127.0.0.1/tcp/{port}\"\t]\t\n",
+    "dotted key at the root": 'server.listen = ["/ip4/127.0.0.1/tcp/{port}"]\n[swarm]\nlisten = []\n',
+    "inline table": 'server = {{ listen = ["/ip4/127.0.0.1/tcp/{port}"], auth_mode = "proxy" }}\n',
+    "comments naming other addresses": ('# listen = ["/ip4/127.0.0.1/tcp/{decoy}"]\n[server] # was /ip4/127.0.0.1/tcp/{decoy}\n'
+                                        'auth_mode = "proxy"  # not /ip4/127.0.0.1/tcp/{decoy}\nlisten = [\n'
+                                        '  # "/ip4/127.0.0.1/tcp/{decoy}",\n  "/ip4/127.0.0.1/tcp/{port}", # current\n]\n'),
+    "another key in [server] holding an address": ('[server]\nnote = "/ip4/127.0.0.1/tcp/{decoy}"\n'
+                                                   'listen = ["/ip4/127.0.0.1/tcp/{port}"]\n'),
+    "a subtable with a listen key of its own": ('[server]\nlisten = ["/ip4/127.0.0.1/tcp/{port}"]\n'
+                                                '[server."legacy proxy"]\nlisten = ["/ip4/127.0.0.1/tcp/{decoy}"]\n'
+                                                "[server.'x']\nlisten = [\"/ip4/127.0.0.1/tcp/{decoy}\"]\n"),
+    "a string holding brackets and a hash": ('[server]\nbanner = "[swarm] # \\"listen\\""\n'
+                                             'listen = ["/ip4/127.0.0.1/tcp/{port}"]\n'),
+}
+
+
+@pytest.mark.parametrize("form", sorted(CONFIG_FORMS))
+def test_every_form_a_real_config_takes_finds_the_node(tmp_path, double, form):
+    env = home_env(tmp_path)
+    add_node(env, "default", CONFIG_FORMS[form].format(port=double.port, decoy=closed_port()))
+    done = check_without_probe(env)
+    url = "http://localhost:%d" % double.port
+    assert "Node:      %s, found by the node home's only (or default) node (name: default)" % url in done.stdout, \
+        done.stdout
+    assert "Health:    alive" in done.stdout and done.returncode == 0, done.stdout
+
+
+def test_a_node_listening_on_ip6_alone_is_reached_there(tmp_path):
+    """localhost may resolve to 127.0.0.1 only (it does in many containers): an ip6-only node needs [::1]."""
+    try:
+        double = sample_double(host="::1").start()
+    except OSError as error:
+        pytest.skip("cannot listen on ::1 here: %s" % error)
+    try:
+        env = home_env(tmp_path, CALIMERO_NODE_NAME="solo")
+        add_node(env, "solo", '[server]\nlisten = ["/ip6/::1/tcp/%d"]\n' % double.port)
+        status, listed, _ = node_status(env)
+    finally:
+        double.stop()
+    assert (status["health"], status["url"], status["nodeName"]) == \
+        ({"status": "alive"}, "http://[::1]:%d" % double.port, "solo"), status
+    assert {"url": "http://[::1]:%d" % double.port, "name": "solo", "active": True} in listed, listed
+
+
+# A config.toml that gives no address the server can use, and the words that say why (after the file's path).
+UNUSABLE_CONFIGS = {
+    "remote addresses only": ('[server]\nlisten = ["/ip4/192.168.1.40/tcp/2528"]\n',
+                              'has no address in its [server] listen that this machine reaches locally '
+                              '("/ip4/192.168.1.40/tcp/2528")'),
+    "a random port": ('[server]\nlisten = ["/ip4/127.0.0.1/tcp/0"]\n',
+                      'has no address in its [server] listen that this machine reaches locally '
+                      '("/ip4/127.0.0.1/tcp/0")'),
+    "an empty list": ("[server]\nlisten = []\n",
+                      "has no address in its [server] listen that this machine reaches locally (the list is empty)"),
+    "a string, not a list": ('[server]\nlisten = "/ip4/127.0.0.1/tcp/2528"\n',
+                             "has a [server] listen that is not a list of addresses"),
+    "numbers, not addresses": ("[server]\nlisten = [2528]\n", "has a [server] listen that is not a list of addresses"),
+    "listen only in [swarm]": ('[swarm]\nlisten = ["/ip4/127.0.0.1/tcp/2428"]\n[server]\nauth_mode = "proxy"\n',
+                               "has no listen addresses in its [server] table"),
+    "listen twice": ('[server]\nlisten = ["/ip4/127.0.0.1/tcp/2528"]\nlisten = ["/ip4/127.0.0.1/tcp/2529"]\n',
+                     "sets listen in [server] more than once"),
+    "an array that never ends": ('[server]\nlisten = [\n  "/ip4/127.0.0.1/tcp/2528",\n',
+                                 "is not valid TOML (line 4: an array that does not end)"),
+    "a string that never ends": ('[server]\nlisten = ["/ip4/127.0.0.1/tcp/2528]\n',
+                                 "is not valid TOML (line 2: a string that does not end)"),
+    "binary garbage": (b"\x00\xff\xfe[[[\x01", "is not valid TOML (line 1: expected a key)"),
+    "arrays nested past any depth": ("[server]\nlisten = " + "[" * 50000 + "]" * 50000 + "\n",
+                                     "is not valid TOML (arrays nested too deep)"),
+    "larger than a megabyte": ("[server]\n" + "# padding\n" * 120000, "is larger than 1024 KB"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNUSABLE_CONFIGS))
+def test_a_named_node_whose_config_gives_no_address_says_why(tmp_path, name):
+    config, reason = UNUSABLE_CONFIGS[name]
+    env = home_env(tmp_path, CALIMERO_NODE_NAME="work")
+    path = add_node(env, "work", config)
+    said = 'Node "work" in %s cannot be used: %s %s' % (env["CALIMERO_NODE_HOME"], path, reason)
+    done = run_check(env)
+    assert done.returncode == 1 and said in done.stdout, done.stdout
+    assert 'Fix: Give the node\'s config.toml a [server] listen list of local addresses' in done.stdout
+    status, _, stderr = node_status(env)
+    assert status["health"]["status"] == "unreachable" and said in status["health"]["error"], status
+    assert said in stderr
+
+
+def test_a_config_toml_that_is_a_named_pipe_is_not_read(tmp_path):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes on this platform")
+    env = home_env(tmp_path, CALIMERO_NODE_NAME="work")
+    os.makedirs(os.path.join(env["CALIMERO_NODE_HOME"], "work"))
+    path = os.path.join(env["CALIMERO_NODE_HOME"], "work", "config.toml")
+    os.mkfifo(path)
+    done = run_check(env, timeout=30)
+    assert done.returncode == 1 and "%s is not a regular file" % path in done.stdout, done.stdout
+
+
+def test_with_no_usable_node_directory_the_error_names_the_ones_passed_over(tmp_path):
+    env = home_env(tmp_path)
+    remote = add_node(env, "lan", '[server]\nlisten = ["/ip4/10.0.0.7/tcp/2528"]\n')
+    broken = add_node(env, "old", "[server\nlisten = 1\n")
+    os.makedirs(os.path.join(env["CALIMERO_NODE_HOME"], "logs"))              # no config.toml: not a node at all
+    done = check_without_probe(env)
+    assert done.returncode == 1, done.stdout
+    assert ("No Calimero node found. Start one in the Calimero desktop app, or set CALIMERO_NODE_URL. (Looked in %s "
+            "and probed local ports.) Passed over: %s has no address in its [server] listen that this machine reaches "
+            'locally ("/ip4/10.0.0.7/tcp/2528"). Passed over: %s is not valid TOML (line 1: expected ])'
+            % (env["CALIMERO_NODE_HOME"], remote, broken)) in done.stdout, done.stdout
+    assert "logs" not in done.stdout
+
+
+def test_a_usable_node_is_used_and_the_ones_passed_over_are_reported(tmp_path, double):
+    env = home_env(tmp_path)
+    add_node(env, "default", '[server]\nlisten = ["/ip4/127.0.0.1/tcp/%d"]\n' % double.port)
+    broken = add_node(env, "old", '[server]\nlisten = "/ip4/127.0.0.1/tcp/2428"\n')
+    done = check_without_probe(env)
+    assert done.returncode == 0 and "Health:    alive" in done.stdout, done.stdout
+    assert "  - %s has a [server] listen that is not a list of addresses" % broken in done.stdout, done.stdout
