@@ -361,6 +361,8 @@ def read_handoff(directory: str) -> Tuple[Optional[Handoff], Optional[str]]:
     token = data.get("accessToken")
     if not isinstance(token, str) or not token.strip():
         return _ignored("%s has no accessToken; ignoring it." % path)
+    if token_problem(token.strip()):
+        return _ignored("%s gives an accessToken that %s; ignoring it." % (path, token_problem(token.strip())))
     refresh = data.get("refreshToken")
     refresh = refresh.strip() if isinstance(refresh, str) else ""
     url = node_url.strip().rstrip("/") if node_url is not None else None
@@ -742,6 +744,19 @@ def is_newer(injected_access: str, cached: Optional[Dict[str, Any]]) -> bool:
     return old is not None and new is not None and new > old
 
 
+BEARER_TOKEN = re.compile(r"[!-~]+")     # what an Authorization header carries: visible ASCII, no spaces
+
+
+def token_problem(token: str) -> Optional[str]:
+    """Why a string cannot be this server's bearer token (it would break the request, or be refused for a reason
+    no message could name), or None. Never quotes the token."""
+    if token[:7].lower() == "bearer ":
+        return 'starts with "Bearer " (the word belongs to the header, not the token)'
+    if not BEARER_TOKEN.fullmatch(token):
+        return "is empty or holds a space, a line break or a non-ASCII character, which no token has"
+    return None
+
+
 def token_cache_path(directory: str, node_url: str, username: Optional[str]) -> str:
     key = hashlib.sha256(("%s\0%s" % (node_url, username or "")).encode("utf-8")).hexdigest()[:16]
     return os.path.join(directory, "tokens-%s.json" % key)
@@ -761,9 +776,12 @@ class TokenStore:
             return None
         if data is None:
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("access_token"), str):
-            _warn_once("%s holds no access_token; ignoring it." % self.path)
+        access = data.get("access_token") if isinstance(data, dict) else None
+        if not isinstance(access, str) or token_problem(access):   # empty, or written by something else
+            _warn_once("%s holds no usable access_token; ignoring it." % self.path)
             return None
+        if not isinstance(data.get("refresh_token"), str):
+            data["refresh_token"] = ""
         return data
 
     def write(self, bundle: Dict[str, Any]) -> None:
@@ -1543,6 +1561,9 @@ class Node:
         self._base, self._mode = location.url, mode
         self._store = TokenStore(token_cache_path(state_dir(env), location.url, username))
         tokens = None
+        if mode == "token" and token_problem(injected[0]):
+            fix = "Set CALIMERO_AUTH_TOKEN to the access token alone, as the node issued it."
+            raise NodeError("CALIMERO_AUTH_TOKEN %s. %s" % (token_problem(injected[0]), fix), fix=fix)
         if injected:
             tokens = self._store.read()
             if is_newer(injected[0], tokens):

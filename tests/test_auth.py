@@ -101,6 +101,22 @@ def test_a_handoff_file_that_cannot_be_one_is_ignored_saying_why(tmp_path, doubl
     assert said in finished(server)
 
 
+@pytest.mark.parametrize("token, reason", [
+    ("t\u00f6k\u20acn.x.y", "is empty or holds a space, a line break or a non-ASCII character, which no token has"),
+    ("\ud800.x.y", "is empty or holds a space, a line break or a non-ASCII character, which no token has"),
+    ("Bearer a.b.c", 'starts with "Bearer " (the word belongs to the header, not the token)'),
+])
+def test_a_handoff_token_no_header_can_carry_voids_the_file(tmp_path, authed, token, reason):
+    env = local_env(tmp_path, authed, CALIMERO_NODE_URL=None)
+    path = write(state_file(env, "agent.json"), json.dumps({"nodeUrl": authed.url, "accessToken": token}))
+    said = "%s gives an accessToken that %s; ignoring it." % (path, reason)
+    done = run_check(env)
+    assert "Handoff:   ignored: " + said in done.stdout, done.stdout
+    status, server = session(env)
+    assert status["authMode"] != "handoff", status
+    assert said in finished(server)
+
+
 def test_a_handoff_file_with_a_byte_order_mark_is_read(tmp_path, double):
     env = local_env(tmp_path, double, CALIMERO_NODE_URL=None)
     write(state_file(env, "agent.json"),
@@ -131,6 +147,12 @@ def assert_fresh_cache(path, double):
 
 CACHE_NOT_READABLE = {
     "nested past the decoder's depth": ("[" * 100000, "is not valid JSON; ignoring it."),
+    "an empty access token": (json.dumps({"access_token": "", "refresh_token": "r", "expires_at": 1}),
+                              "holds no usable access_token; ignoring it."),
+    "a token no header can carry": (json.dumps({"access_token": "t\u00f6k\u20acn", "refresh_token": "r"}),
+                                    "holds no usable access_token; ignoring it."),
+    "another program's layout": (json.dumps({"accessToken": "a.b.c", "refreshToken": "r", "version": 2}),
+                                 "holds no usable access_token; ignoring it."),
 }
 
 
@@ -147,3 +169,26 @@ def test_a_token_cache_that_cannot_be_read_means_a_fresh_login(tmp_path, authed,
     assert not server.call_tool("list_applications").get("isError")
     assert "%s %s" % (path, said) in finished(server)
     assert_fresh_cache(path, authed)
+
+
+# ── Tokens and passwords in the environment ───────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("token, reason", [
+    ("Bearer {token}", 'starts with "Bearer " (the word belongs to the header, not the token)'),
+    ("{token}\u20ac", "is empty or holds a space, a line break or a non-ASCII character, which no token has"),
+    ("{token}\nsecond line", "is empty or holds a space, a line break or a non-ASCII character, which no token "
+                             "has"),
+])
+def test_an_auth_token_no_header_can_carry_is_refused_naming_the_variable(tmp_path, authed, token, reason):
+    access, _ = authed.issue_tokens()
+    env = local_env(tmp_path, authed, CALIMERO_AUTH_TOKEN=token.format(token=access))
+    said = "CALIMERO_AUTH_TOKEN %s. Set CALIMERO_AUTH_TOKEN to the access token alone, as the node issued it." % reason
+    done = run_check(env)
+    assert done.returncode == 1 and "Auth:      failed: " + said in done.stdout, done.stdout
+    status, server = session(env)
+    assert status["health"] == {"status": "unreachable", "error": said}, status
+    listed = server.call_tool("list_applications")
+    assert listed.get("isError") and said in listed["content"][-1]["text"], listed
+    stderr = finished(server)
+    for text in (done.stdout, done.stderr, json.dumps(status), json.dumps(listed), stderr):
+        assert access.split(".")[1] not in text
