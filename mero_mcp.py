@@ -1691,29 +1691,40 @@ def load_handle_key(state_dir):
     path = os.path.join(state_dir, "handle.key")
     try:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        try:
-            with open(path, "rb") as existing:
-                key = existing.read()
-            if len(key) == 32:
-                return key
-        except FileNotFoundError:
-            pass
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(os.urandom(32))
-        if not os.path.exists(path) or os.path.getsize(path) != 32:
-            os.replace(tmp, path)
-        else:
-            os.unlink(tmp)
-        with open(path, "rb") as existing:
-            key = existing.read()
-        if len(key) != 32:
-            raise OSError("handle.key is malformed")
+        key = read_handle_key(path)
+        if key is None:
+            tmp = "%s.%d.tmp" % (path, os.getpid())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(os.urandom(32))
+            try:
+                os.link(tmp, path)       # only where there is none: a server starting beside us may have won
+            except FileExistsError:
+                if read_handle_key(path) is None:
+                    os.replace(tmp, path)
+            except OSError:              # a filesystem without hard links
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            key = read_handle_key(path)
+            if key is None:
+                raise OSError("handle.key is malformed")
+        node_module().keep_private(path)
         return key
     except OSError as error:
         log.warning("cannot keep a handle key in %s, so handles will not survive a restart: %s", state_dir, error)
         return os.urandom(32)
+
+
+def read_handle_key(path):
+    """The key in handle.key, or None when there is none or it is not 32 bytes."""
+    try:
+        with open(path, "rb") as existing:
+            key = existing.read(33)
+    except FileNotFoundError:
+        return None
+    return key if len(key) == 32 else None
 
 
 Handle = namedtuple("Handle", "app package version guide context service")

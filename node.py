@@ -776,6 +776,7 @@ class TokenStore:
             return None
         if data is None:
             return None
+        keep_private(self.path)
         access = data.get("access_token") if isinstance(data, dict) else None
         if not isinstance(access, str) or token_problem(access):   # empty, or written by something else
             _warn_once("%s holds no usable access_token; ignoring it." % self.path)
@@ -810,6 +811,20 @@ class TokenStore:
     def lock(self):
         ensure_dir(os.path.dirname(self.path))
         return file_lock(self.path + ".lock")
+
+
+def keep_private(path: str) -> None:
+    """A file of ours holding secrets that other users can read (written by an older release, copied, restored
+    from a backup) is made 0600 again, and that is said once: refusing it would only force a new login."""
+    if os.name == "nt":                  # no POSIX modes there; the profile directory's ACL is what protects it
+        return
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o077:
+            os.chmod(path, 0o600)
+            _warn_once("%s was readable by other users (mode %03o); it is 0600 now" % (path, mode))
+    except OSError as error:
+        _warn_once("%s is readable by other users and cannot be made 0600: %s" % (path, error.strerror or error))
 
 
 def _unlink_quietly(path):

@@ -192,3 +192,64 @@ def test_an_auth_token_no_header_can_carry_is_refused_naming_the_variable(tmp_pa
     stderr = finished(server)
     for text in (done.stdout, done.stderr, json.dumps(status), json.dumps(listed), stderr):
         assert access.split(".")[1] not in text
+
+
+# ── Files holding secrets, and servers sharing the state directory ────────────────────────────────
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes")
+def test_our_files_holding_secrets_are_made_private_again(tmp_path, authed):
+    """A cache or handle key left readable by others (an older release, a copy, a restored backup) is made 0600:
+    refusing it would only force a new login, and leaving it would leave the admin token readable."""
+    env = credentials_env(tmp_path, authed)
+    access, refresh = authed.issue_tokens()
+    cache = write(cache_path(env, authed.url), json.dumps({"access_token": access, "refresh_token": refresh,
+                                                           "expires_at": 4102444800000}))
+    key = write(state_file(env, "handle.key"), os.urandom(32))
+    for path in (cache, key):
+        os.chmod(path, 0o644)
+    status, server = session(env)
+    assert status["authMode"] == "credentials" and status["health"] == {"status": "alive"}, status
+    picked = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})
+    assert not picked.get("isError"), picked
+    stderr = finished(server)
+    for path in (cache, key):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+        assert "%s was readable by other users (mode 644); it is 0600 now" % path in stderr, stderr
+    assert json.loads(open(cache).read())["access_token"] == access          # the same login, kept
+    assert access.split(".")[1] not in stderr and refresh.split(".")[1] not in stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork to start the processes at one instant")
+def test_servers_starting_together_keep_the_one_handle_key_on_disk(tmp_path):
+    """Each process must keep the key the file holds, or its handles die with it: three processes create the key
+    at the same instant, a hundred times (the old create-then-rename lost about one round in fifteen)."""
+    import mero_mcp
+    mero_mcp.node_module()                     # loaded once here, not in every child
+    lost = 0
+    for round_ in range(100):
+        folder = str(tmp_path / str(round_))
+        go_read, go_write = os.pipe()
+        children = []
+        for _ in range(3):
+            key_read, key_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:                       # the child: wait for the start, then do what a server does
+                try:
+                    os.read(go_read, 1)
+                    os.write(key_write, mero_mcp.load_handle_key(folder))
+                finally:
+                    os._exit(0)
+            os.close(key_write)
+            children.append((pid, key_read))
+        os.write(go_write, b"go!")
+        kept = []
+        for pid, key_read in children:
+            kept.append(os.read(key_read, 64))
+            os.close(key_read)
+            os.waitpid(pid, 0)
+        os.close(go_read)
+        os.close(go_write)
+        with open(os.path.join(folder, "handle.key"), "rb") as handle:
+            on_disk = handle.read()
+        lost += any(key != on_disk for key in kept)
+    assert lost == 0, "%d of 100 rounds left a process with a key the file does not hold" % lost
