@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import http
 import itertools
@@ -149,7 +150,9 @@ def ensure_dir(path: str) -> str:
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
-            pass
+            if os.path.isdir(path):      # made by a process beside us
+                return path
+            raise NotADirectoryError(errno.ENOTDIR, "%s is a file, not a directory" % path) from None
         os.chmod(path, 0o700)            # mkdir's mode is filtered by the umask
     return path
 
@@ -762,6 +765,9 @@ def token_cache_path(directory: str, node_url: str, username: Optional[str]) -> 
     return os.path.join(directory, "tokens-%s.json" % key)
 
 
+STATE_DIR_FIX = "Point CALIMERO_MCP_STATE_DIR at a directory this user can write (it is created when missing)."
+
+
 class TokenStore:
     """`tokens-<16 hex>.json`: {access_token, refresh_token, expires_at (ms)}, 0600, written atomically."""
 
@@ -803,7 +809,7 @@ class TokenStore:
         except OSError as error:
             _unlink_quietly(tmp)
             raise NodeError("Cannot save tokens to %s: %s" % (self.path, error.strerror or error),
-                            fix="Make the state directory (CALIMERO_MCP_STATE_DIR) writable by this user.") from None
+                            fix=STATE_DIR_FIX) from None
 
     def clear(self) -> None:
         _unlink_quietly(self.path)
@@ -841,7 +847,12 @@ def file_lock(path: str, stale_after: float = LOCK_STALE_SECONDS, poll: float = 
     while not _create_lock(path):
         state = _lock_state(path, stale_after)
         if state == "stale":
-            _unlink_quietly(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as error:     # e.g. a directory in its place: waiting would never end
+                raise _lock_error("is stale but cannot be removed (%s)" % (error.strerror or error), path)
         elif state == "held":
             time.sleep(poll)
     try:
@@ -850,11 +861,18 @@ def file_lock(path: str, stale_after: float = LOCK_STALE_SECONDS, poll: float = 
         _unlink_quietly(path)
 
 
+def _lock_error(what, path) -> NodeError:
+    fix = "Remove %s (no server may be refreshing a token then), or make the state directory writable." % path
+    return NodeError("The token refresh lock %s %s. %s" % (path, what, fix), fix=fix)
+
+
 def _create_lock(path) -> bool:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return False
+    except OSError as error:
+        raise _lock_error("cannot be created (%s)" % (error.strerror or error), path) from None
     try:
         os.write(fd, str(os.getpid()).encode("ascii"))
     finally:
@@ -866,14 +884,19 @@ def _lock_state(path, stale_after) -> str:
     """"gone" (released meanwhile: retry now), "stale" or "held"."""
     try:
         age = time.time() - os.stat(path).st_mtime
-        with open(path, "rb") as handle:
-            text = handle.read().decode("ascii", "replace").strip()
     except FileNotFoundError:
         return "gone"
     except OSError:
         return "held"
     if age > stale_after:
         return "stale"
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(32).decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        return "gone"
+    except OSError:                      # another user's, or not a file: only its age can tell
+        return "held"
     pid = int(text) if text.isdigit() else 0
     if pid <= 0:                         # still being written by its owner: not stale
         return "held"
@@ -885,7 +908,7 @@ def _pid_alive(pid) -> bool:
         return True
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):      # no such process; a number no pid can be
         return False
     except OSError:                      # EPERM: alive, just not ours
         return True
@@ -2288,9 +2311,16 @@ def _report_packages(report) -> bool:
 
 def _report_handoff(report, env):
     directory = state_dir(env)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        report.problem("The state directory %s is a file, not a directory: tokens cannot be cached and app handles "
+                       "will not survive a restart" % directory, STATE_DIR_FIX, fatal=False)
     handoff, ignored = read_handoff(directory)
     if handoff:
         report.line("Handoff", "%s (node %s)" % (handoff.path, handoff.node_url or "not named"))
+        if os.name != "nt" and stat.S_IMODE(os.stat(handoff.path).st_mode) & 0o077:
+            report.problem("%s can be read by other users, and it holds an admin token" % handoff.path,
+                           "chmod 600 %s (the desktop app writes it; this server never changes it)" % handoff.path,
+                           fatal=False)
     elif ignored:
         report.line("Handoff", "ignored: " + ignored)
         report.problem(ignored, "Reconnect the agent from the Calimero desktop app, or delete the file.", False)

@@ -7,6 +7,7 @@ the environment, no traceback, a server that keeps answering, a message naming w
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import stat
@@ -128,10 +129,13 @@ def test_a_handoff_file_with_a_byte_order_mark_is_read(tmp_path, double):
 
 # ── The token cache (reference-behaviour.md §1.2) ─────────────────────────────────────────────────
 
-def cache_path(env, url, username="admin"):
-    import hashlib
+def cache_path_in(directory, url, username="admin"):
     digest = hashlib.sha256(("%s\0%s" % (url, username)).encode()).hexdigest()[:16]
-    return state_file(env, "tokens-%s.json" % digest)
+    return os.path.join(directory, "tokens-%s.json" % digest)
+
+
+def cache_path(env, url, username="admin"):
+    return cache_path_in(os.path.dirname(state_file(env, "agent.json")), url, username)
 
 
 def credentials_env(tmp_path, double, **extra):
@@ -253,3 +257,82 @@ def test_servers_starting_together_keep_the_one_handle_key_on_disk(tmp_path):
             on_disk = handle.read()
         lost += any(key != on_disk for key in kept)
     assert lost == 0, "%d of 100 rounds left a process with a key the file does not hold" % lost
+
+
+# ── The refresh lock (reference-behaviour.md §1.2) ────────────────────────────────────────────────
+
+def dead_pid():
+    import subprocess
+    import sys
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    return done.pid
+
+
+def expired_session(tmp_path, double):
+    """A credentials session whose cached access token the node now calls expired: the next call refreshes it."""
+    env = credentials_env(tmp_path, double)
+    access, refresh = double.issue_tokens()
+    cache = write(cache_path(env, double.url), json.dumps({"access_token": access, "refresh_token": refresh,
+                                                           "expires_at": 4102444800000}))
+    os.chmod(cache, 0o600)
+    status, server = session(env)
+    assert status["health"] == {"status": "alive"}, status
+    double.expire_access_tokens()
+    return env, cache, server
+
+
+@pytest.mark.parametrize("owner", ["a process that has ended", "a number no pid can be"])
+def test_a_lock_left_by_a_crashed_process_is_broken(tmp_path, authed, owner):
+    env, cache, server = expired_session(tmp_path, authed)
+    write(cache + ".lock", str(dead_pid()) if owner == "a process that has ended" else "9" * 30)
+    refreshes = authed.refresh_count
+    listed = server.call_tool("list_applications")
+    assert not listed.get("isError"), listed
+    assert authed.refresh_count == refreshes + 1 and not os.path.exists(cache + ".lock")
+    finished(server)
+    assert_fresh_cache(cache, authed)
+
+
+def test_a_lock_that_cannot_be_removed_is_an_error_not_a_hang(tmp_path, authed):
+    env, cache, server = expired_session(tmp_path, authed)
+    lock = cache + ".lock"
+    os.mkdir(lock)                                       # a directory in its place, as old as a stale lock
+    os.utime(lock, (1, 1))
+    listed = server.call_tool("list_applications", timeout=30)
+    text = listed["content"][-1]["text"]
+    assert listed.get("isError") and ("The token refresh lock %s is stale but cannot be removed" % lock) in text, text
+    assert "Remove %s" % lock in text
+    assert not server.call_tool("node_status").get("isError")           # the server keeps answering
+    finished(server)
+
+
+# ── The state directory ───────────────────────────────────────────────────────────────────────────
+
+def test_a_state_directory_that_is_a_file_is_named_and_left_alone(tmp_path, authed):
+    env = credentials_env(tmp_path, authed)
+    state = write(str(tmp_path / "state"), "not a directory\n")
+    os.chmod(state, 0o644)
+    said = "Cannot save tokens to %s: %s is a file, not a directory" % (cache_path_in(state, authed.url), state)
+    done = run_check(env)
+    assert done.returncode == 1 and "Auth:      failed: " + said in done.stdout, done.stdout
+    assert "  - The state directory %s is a file, not a directory" % state in done.stdout
+    assert "Fix: Point CALIMERO_MCP_STATE_DIR at a directory this user can write" in done.stdout
+    server = McpServer(env)
+    server.initialize()
+    listed = server.call_tool("list_applications")
+    assert listed.get("isError") and said in listed["content"][-1]["text"], listed
+    finished(server)
+    assert open(state).read() == "not a directory\n" and stat.S_IMODE(os.stat(state).st_mode) == 0o644
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes")
+def test_check_says_when_the_handoff_file_is_readable_by_others(tmp_path, double):
+    env = local_env(tmp_path, double, CALIMERO_NODE_URL=None)
+    path = write(state_file(env, "agent.json"), json.dumps({"nodeUrl": double.url, "accessToken": jwt(iat=1)}))
+    os.chmod(path, 0o644)
+    done = run_check(env)
+    assert done.returncode == 0, done.stdout
+    assert "  - %s can be read by other users, and it holds an admin token\n    Fix: chmod 600 %s" % (path, path) \
+        in done.stdout, done.stdout
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644                  # the desktop app's file: never changed
