@@ -116,17 +116,31 @@ def setting(env: Mapping[str, str], name: str) -> Optional[str]:
 
 def request_timeout(env) -> float:
     """CALIMERO_MCP_TIMEOUT: seconds a node request may take (default 10); for slow links and for tests."""
+    seconds, problem = timeout_setting(env)
+    if problem:
+        _warn_once(problem)
+    return seconds
+
+
+MAX_TIMEOUT = 86400.0                    # a day: far longer and a socket's deadline overflows the platform's clock
+TIMEOUT_FIX = "Set CALIMERO_MCP_TIMEOUT to a number of seconds, e.g. 30, or unset it for 10."
+
+
+def timeout_setting(env) -> Tuple[float, Optional[str]]:
+    """(the seconds CALIMERO_MCP_TIMEOUT gives, what is wrong with its value or None); --check reports the latter."""
     value = setting(env, "CALIMERO_MCP_TIMEOUT")
     if value is None:
-        return DEFAULT_TIMEOUT
+        return DEFAULT_TIMEOUT, None
     try:
         seconds = float(value)
-        if 0 < seconds < float("inf"):
-            return seconds
     except ValueError:
-        pass
-    _warn_once("CALIMERO_MCP_TIMEOUT=%r is not a number of seconds; using %g" % (value, DEFAULT_TIMEOUT))
-    return DEFAULT_TIMEOUT
+        seconds = float("nan")
+    shown = "CALIMERO_MCP_TIMEOUT=%s" % json.dumps(value[:40])
+    if seconds > MAX_TIMEOUT:
+        return MAX_TIMEOUT, "%s is more than a day; using %d s" % (shown, MAX_TIMEOUT)
+    if not seconds > 0:                   # zero, negative, NaN or no number at all
+        return DEFAULT_TIMEOUT, "%s is not a positive number of seconds; using %g" % (shown, DEFAULT_TIMEOUT)
+    return seconds, None
 
 
 def _home(env):
@@ -2250,6 +2264,9 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
         report.problem(*toolsets, fatal=False)
     if not packages_ok:
         return report.finish()            # without requests there is no talking to a node
+    timeout_problem = timeout_setting(env)[1]
+    if timeout_problem:
+        report.problem(timeout_problem, TIMEOUT_FIX, fatal=False)
     handoff = _report_handoff(report, env)
     orphan = password_without_username(env)
     if orphan:

@@ -243,3 +243,29 @@ def test_a_usable_node_is_used_and_the_ones_passed_over_are_reported(tmp_path, d
     done = check_without_probe(env)
     assert done.returncode == 0 and "Health:    alive" in done.stdout, done.stdout
     assert "  - %s has a [server] listen that is not a list of addresses" % broken in done.stdout, done.stdout
+
+
+# ── Environment variables with odd values ─────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("value, said", [
+    ("abc", 'CALIMERO_MCP_TIMEOUT="abc" is not a positive number of seconds; using 10'),
+    ("0", 'CALIMERO_MCP_TIMEOUT="0" is not a positive number of seconds; using 10'),
+    ("-1", 'CALIMERO_MCP_TIMEOUT="-1" is not a positive number of seconds; using 10'),
+    ("nan", 'CALIMERO_MCP_TIMEOUT="nan" is not a positive number of seconds; using 10'),
+    ("1e10", 'CALIMERO_MCP_TIMEOUT="1e10" is more than a day; using 86400 s'),     # past the clock: a traceback
+    ("inf", 'CALIMERO_MCP_TIMEOUT="inf" is more than a day; using 86400 s'),
+    ("1e400", 'CALIMERO_MCP_TIMEOUT="1e400" is more than a day; using 86400 s'),
+])
+def test_an_odd_timeout_is_reported_and_a_sound_one_used(tmp_path, double, value, said):
+    env = home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TIMEOUT=value)
+    done = run_check(env)
+    assert done.returncode == 0 and "Health:    alive" in done.stdout, done.stdout + done.stderr
+    assert "  - %s\n    Fix: Set CALIMERO_MCP_TIMEOUT to a number of seconds, e.g. 30" % said in done.stdout, done.stdout
+    status, _, stderr = node_status(env)
+    assert status["health"] == {"status": "alive"}, status
+    assert stderr.count(said) == 1, stderr
+
+
+def test_a_sound_timeout_is_no_problem(tmp_path, double):
+    done = run_check(home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TIMEOUT=" 2.5 "))
+    assert done.returncode == 0 and "Problems:" not in done.stdout and not done.stderr, done.stdout + done.stderr
