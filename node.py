@@ -147,12 +147,21 @@ def _home(env):
     return setting(env, "HOME") or os.path.expanduser("~")
 
 
+def path_setting(env, name) -> Optional[str]:
+    """A path from the environment with a leading `~` expanded, as a shell would have: hosts start the server
+    without one, and a literal `~` folder would be made in whatever directory the host runs it from."""
+    value = setting(env, name)
+    if value and (value == "~" or value[:2] in ("~/", "~" + os.sep)):
+        return os.path.join(_home(env), value[2:]) if value != "~" else _home(env)
+    return os.path.expanduser(value) if value and value.startswith("~") else value
+
+
 def node_home(env) -> str:
-    return setting(env, "CALIMERO_NODE_HOME") or os.path.join(_home(env), ".calimero")
+    return path_setting(env, "CALIMERO_NODE_HOME") or os.path.join(_home(env), ".calimero")
 
 
 def state_dir(env) -> str:
-    return setting(env, "CALIMERO_MCP_STATE_DIR") or os.path.join(_home(env), ".config", "calimero", "mcp")
+    return path_setting(env, "CALIMERO_MCP_STATE_DIR") or os.path.join(_home(env), ".config", "calimero", "mcp")
 
 
 def ensure_dir(path: str) -> str:
@@ -436,7 +445,7 @@ def _configured_location(env, name) -> Optional[Location]:
                     return Location(entry.url, entry.name, "named")
                 raise NodeError('Node "%s" in %s cannot be used: %s.' % (name, home, entry.problem), fix=CONFIG_FIX)
         available = ", ".join(n for n, _ in nodes) or "(none)"
-        raise NodeError('Node "%s" not found in %s. Available: %s' % (name, home, available),
+        raise NodeError('Node "%s" not found in %s. Available: %s%s' % (name, home, available, _home_note(env)),
                         fix="Set CALIMERO_NODE_NAME to one of the available names, or unset it.")
     if len(nodes) == 1:
         return Location(nodes[0][1], nodes[0][0], "config-scan")
@@ -460,10 +469,19 @@ def _probed_location(env, ports) -> Location:
         return Location(found[0], None, "probe")
     passed = [entry.problem for entry in node_dirs(env) if entry.problem]
     raise NodeError("No Calimero node found. Start one in the Calimero desktop app, or set CALIMERO_NODE_URL. "
-                    "(Looked in %s and probed local ports.)%s" % (node_home(env), "".join(
+                    "(Looked in %s and probed local ports.)%s%s" % (node_home(env), _home_note(env), "".join(
                         " Passed over: %s." % problem for problem in passed)),
                     fix=CONFIG_FIX if passed else "Start a node (Calimero desktop app, or `merod --node <name> run`), "
                                                   "or set CALIMERO_NODE_URL to a running node's address.")
+
+
+def _home_note(env) -> str:
+    """What a discovery error adds when CALIMERO_NODE_HOME names no directory: a typo would go unseen."""
+    home = node_home(env)
+    if not setting(env, "CALIMERO_NODE_HOME") or os.path.isdir(home):
+        return ""
+    return " CALIMERO_NODE_HOME (%s) %s." % (home, "is a file, not a directory" if os.path.exists(home)
+                                               else "does not exist")
 
 
 class NodeDir(NamedTuple):
@@ -970,10 +988,10 @@ def read_password(env) -> str:
     password = setting(env, "CALIMERO_PASSWORD")
     if password:
         return password
-    path = setting(env, "CALIMERO_PASSWORD_FILE")
+    path = path_setting(env, "CALIMERO_PASSWORD_FILE")
     fix = "Point CALIMERO_PASSWORD_FILE at a readable file holding the password, or set CALIMERO_PASSWORD."
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:          # a BOM (Windows editors) is no part of it
             password = handle.read().strip()
     except OSError as error:
         # The value is not echoed: a password pasted into the variable by mistake must not reach a log.

@@ -29,10 +29,10 @@ def minimal_env(home, extra=None):
     return env
 
 
-def run_check(env, timeout=60):
+def run_check(env, timeout=60, cwd=ROOT):
     """`mero-mcp --check` as a user runs it: the finished process, after checking it printed no traceback."""
     done = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=str(ROOT))
+                          timeout=timeout, cwd=str(cwd))
     assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
     return done
 

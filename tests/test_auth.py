@@ -336,3 +336,19 @@ def test_check_says_when_the_handoff_file_is_readable_by_others(tmp_path, double
     assert "  - %s can be read by other users, and it holds an admin token\n    Fix: chmod 600 %s" % (path, path) \
         in done.stdout, done.stdout
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644                  # the desktop app's file: never changed
+
+
+@pytest.mark.parametrize("content", [PASSWORD + "\n", PASSWORD + "\r\n", "\ufeff" + PASSWORD + "\r\n"],
+                         ids=["newline", "CRLF", "BOM and CRLF"])
+def test_a_password_file_as_editors_save_it_logs_in(tmp_path, authed, content):
+    write(str(tmp_path / "home-pw"), content)
+    os.makedirs(str(tmp_path / "home"), exist_ok=True)
+    os.replace(str(tmp_path / "home-pw"), str(tmp_path / "home" / "pw"))
+    env = local_env(tmp_path, authed, CALIMERO_USERNAME="admin", CALIMERO_PASSWORD_FILE="~/pw",
+                    CALIMERO_MCP_STATE_DIR="~/state")
+    os.makedirs(str(tmp_path / "cwd"))
+    done = run_check(env, cwd=tmp_path / "cwd")
+    assert done.returncode == 0 and "Health:    alive" in done.stdout, done.stdout
+    assert os.listdir(str(tmp_path / "cwd")) == []                 # no folder named ~ where it ran
+    assert_fresh_cache(cache_path_in(str(tmp_path / "home" / "state"), authed.url), authed)
+    assert PASSWORD not in done.stdout + done.stderr

@@ -269,3 +269,30 @@ def test_an_odd_timeout_is_reported_and_a_sound_one_used(tmp_path, double, value
 def test_a_sound_timeout_is_no_problem(tmp_path, double):
     done = run_check(home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TIMEOUT=" 2.5 "))
     assert done.returncode == 0 and "Problems:" not in done.stdout and not done.stderr, done.stdout + done.stderr
+
+
+def test_a_node_home_written_with_a_tilde_is_the_home_folder_one(tmp_path, double):
+    """Hosts start the server without a shell: `~` must not become a folder named ~ where the host runs it."""
+    env = home_env(tmp_path, CALIMERO_NODE_HOME="~/my-nodes", CALIMERO_MCP_STATE_DIR="~/state")
+    add_node(dict(env, CALIMERO_NODE_HOME=str(tmp_path / "home" / "my-nodes")), "default",
+             '[server]\nlisten = ["/ip4/127.0.0.1/tcp/%d"]\n' % double.port)
+    os.makedirs(str(tmp_path / "cwd"))
+    done = run_check(env, cwd=tmp_path / "cwd")
+    assert "Node:      http://localhost:%d, found by the node home's only (or default) node (name: default)" \
+        % double.port in done.stdout, done.stdout
+    assert "Handoff:   none in %s" % (tmp_path / "home" / "state") in done.stdout, done.stdout
+    assert os.listdir(str(tmp_path / "cwd")) == []
+
+
+@pytest.mark.parametrize("kind, said", [("missing", "does not exist"), ("a file", "is a file, not a directory")])
+def test_a_node_home_that_names_no_directory_says_so(tmp_path, kind, said):
+    home = tmp_path / "calimero-dev"
+    if kind == "a file":
+        home.write_text("")
+    env = home_env(tmp_path, CALIMERO_NODE_HOME=home)
+    done = check_without_probe(env)
+    assert done.returncode == 1, done.stdout
+    assert "(Looked in %s and probed local ports.) CALIMERO_NODE_HOME (%s) %s." % (home, home, said) in done.stdout
+    named = run_check(dict(env, CALIMERO_NODE_NAME="work"))
+    assert 'Node "work" not found in %s. Available: (none) CALIMERO_NODE_HOME (%s) %s.' % (home, home, said) \
+        in named.stdout, named.stdout
