@@ -328,6 +328,8 @@ def _checked_node_url(value: str) -> str:
         raise NodeError("CALIMERO_NODE_URL carries %s, which this server refuses: it must hold only the node's "
                         "address. %s" % (" and ".join(extras), fix), fix=fix)
     fix = "Set CALIMERO_NODE_URL to the node's address, e.g. http://localhost:2528."
+    if "://" not in value:               # the usual slip: host and port without the scheme
+        fix = "Set CALIMERO_NODE_URL with its scheme: http://%s." % display_url(value).rstrip("/")
     try:
         parts = urlsplit(value)
     except ValueError:
@@ -337,7 +339,17 @@ def _checked_node_url(value: str) -> str:
     problem = port_problem(parts)
     if problem:
         raise NodeError("CALIMERO_NODE_URL (%s) has %s" % (display_url(value), problem), fix=fix)
+    segments = parts.path.split("/")
+    for index, segment in enumerate(segments):
+        if segment in NODE_ROUTES:       # a page's address copied whole: every request would 404 under it
+            fix = "Set CALIMERO_NODE_URL to the node's base address, %s://%s%s." % (
+                parts.scheme, parts.netloc, "/".join(segments[:index]).rstrip("/"))
+            raise NodeError("CALIMERO_NODE_URL (%s) reaches into the node's /%s, a path this server adds itself. %s"
+                            % (display_url(value), segment, fix), fix=fix)
     return value.rstrip("/")
+
+
+NODE_ROUTES = ("admin-api", "admin-dashboard", "jsonrpc")     # node-api.md §1.1; a proxy prefix goes before them
 
 
 def port_problem(parts) -> Optional[str]:

@@ -296,3 +296,39 @@ def test_a_node_home_that_names_no_directory_says_so(tmp_path, kind, said):
     named = run_check(dict(env, CALIMERO_NODE_NAME="work"))
     assert 'Node "work" not found in %s. Available: (none) CALIMERO_NODE_HOME (%s) %s.' % (home, home, said) \
         in named.stdout, named.stdout
+
+
+@pytest.mark.parametrize("suffix, route", [("/admin-api", "admin-api"), ("/admin-dashboard/", "admin-dashboard"),
+                                           ("/node1/jsonrpc", "jsonrpc"), ("/admin-api/health", "admin-api")])
+def test_a_node_url_copied_from_one_of_the_nodes_pages_names_the_base_address(tmp_path, double, suffix, route):
+    base = double.url + ("/node1" if suffix.startswith("/node1") else "")
+    env = home_env(tmp_path, CALIMERO_NODE_URL=double.url + suffix)
+    fix = "Set CALIMERO_NODE_URL to the node's base address, %s." % base
+    said = "CALIMERO_NODE_URL (%s) reaches into the node's /%s, a path this server adds itself. %s" % (
+        double.url + suffix, route, fix)
+    done = run_check(env)
+    assert done.returncode == 1 and said in done.stdout and "Fix: " + fix in done.stdout, done.stdout
+    status, _, _ = node_status(env)
+    assert status["health"] == {"status": "unreachable", "error": said}, status
+
+
+@pytest.mark.parametrize("value", ["localhost:2528", "127.0.0.1:2528"])
+def test_a_node_url_without_its_scheme_gets_the_fix_spelled_out(tmp_path, value):
+    done = run_check(home_env(tmp_path, CALIMERO_NODE_URL=value))
+    assert done.returncode == 1 and "CALIMERO_NODE_URL (%s) is not an http(s) URL" % value in done.stdout, done.stdout
+    assert "Fix: Set CALIMERO_NODE_URL with its scheme: http://%s." % value in done.stdout
+
+
+@pytest.mark.parametrize("form", ["  {url}\n", "{url}///", "HTTP://LOCALHOST:{port}", "http://[::1]:{port}"])
+def test_node_url_spellings_that_name_the_node(tmp_path, form):
+    double = sample_double(host="::1" if "::1" in form else "127.0.0.1")
+    try:
+        double.start()
+    except OSError as error:
+        pytest.skip("cannot listen on %s here: %s" % (double.host, error))
+    try:
+        env = home_env(tmp_path, CALIMERO_NODE_URL=form.format(url=double.url, port=double.port))
+        status, _, _ = node_status(env)
+    finally:
+        double.stop()
+    assert status["health"] == {"status": "alive"} and status["discoverySource"] == "env", status
