@@ -257,7 +257,9 @@ def test_named_node_in_an_empty_home(tmp_path):
     env = make_env(tmp_path, CALIMERO_NODE_NAME="zz")
     with pytest.raises(NodeError) as caught:
         node.discover(env, ports=[closed_port()])
-    assert str(caught.value) == 'Node "zz" not found in %s. Available: (none)' % env["CALIMERO_NODE_HOME"]
+    home = env["CALIMERO_NODE_HOME"]            # the reference's text, then what is wrong with the home named
+    assert str(caught.value) == 'Node "zz" not found in %s. Available: (none) CALIMERO_NODE_HOME (%s) does not ' \
+        'exist.' % (home, home)
 
 
 def test_the_single_configured_node_is_used(tmp_path):
@@ -343,7 +345,8 @@ def test_no_node_anywhere(tmp_path):
     with pytest.raises(NodeError) as caught:
         node.discover(env, ports=[closed_port()])
     assert str(caught.value) == ("No Calimero node found. Start one in the Calimero desktop app, or set "
-                                 "CALIMERO_NODE_URL. (Looked in %s and probed local ports.)" % env["CALIMERO_NODE_HOME"])
+                                 "CALIMERO_NODE_URL. (Looked in %s and probed local ports.)" % env["CALIMERO_NODE_HOME"]
+                                 + " CALIMERO_NODE_HOME (%s) does not exist." % env["CALIMERO_NODE_HOME"])
     assert caught.value.status is None and caught.value.fix
 
 
