@@ -743,7 +743,12 @@ def toolsets_problem(env):
     unknown = sorted(toolset_names(env) - set(TOOLSETS) - {"all"})
     if not unknown:
         return None
-    return ("CALIMERO_MCP_TOOLSETS names unknown toolsets %s" % ", ".join(unknown),
+    slips = [hint for hint, slipped in (
+        ("names are lower case", lambda name: name.lower() in TOOLSETS + ("all",)),
+        ("separate them with commas", lambda name: len(name.replace(";", " ").split()) > 1),
+    ) if any(slipped(name) for name in unknown)]
+    return ("CALIMERO_MCP_TOOLSETS names unknown toolsets %s%s" % (", ".join(unknown),
+                                                                  " (%s)" % "; ".join(slips) if slips else ""),
             "Name toolsets among %s (core is always on; all, or leaving it unset, gives every one)."
             % ", ".join(TOOLSETS))
 

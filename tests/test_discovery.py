@@ -128,9 +128,11 @@ CONFIG_FORMS = {
     "tabs and spaces": "\t[server]   \n\tlisten\t=\t[\t\"/ip4/127.0.0.1/tcp/{port}\"\t]\t\n",
     "dotted key at the root": 'server.listen = ["/ip4/127.0.0.1/tcp/{port}"]\n[swarm]\nlisten = []\n',
     "inline table": 'server = {{ listen = ["/ip4/127.0.0.1/tcp/{port}"], auth_mode = "proxy" }}\n',
-    "comments naming other addresses": ('# listen = ["/ip4/127.0.0.1/tcp/{decoy}"]\n[server] # was /ip4/127.0.0.1/tcp/{decoy}\n'
+    "comments naming other addresses": ('# listen = ["/ip4/127.0.0.1/tcp/{decoy}"]\n'
+                                        '[server] # was /ip4/127.0.0.1/tcp/{decoy}\n'
                                         'auth_mode = "proxy"  # not /ip4/127.0.0.1/tcp/{decoy}\nlisten = [\n'
-                                        '  # "/ip4/127.0.0.1/tcp/{decoy}",\n  "/ip4/127.0.0.1/tcp/{port}", # current\n]\n'),
+                                        '  # "/ip4/127.0.0.1/tcp/{decoy}",\n'
+                                        '  "/ip4/127.0.0.1/tcp/{port}", # current\n]\n'),
     "another key in [server] holding an address": ('[server]\nnote = "/ip4/127.0.0.1/tcp/{decoy}"\n'
                                                    'listen = ["/ip4/127.0.0.1/tcp/{port}"]\n'),
     "a subtable with a listen key of its own": ('[server]\nlisten = ["/ip4/127.0.0.1/tcp/{port}"]\n'
@@ -260,7 +262,8 @@ def test_an_odd_timeout_is_reported_and_a_sound_one_used(tmp_path, double, value
     env = home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TIMEOUT=value)
     done = run_check(env)
     assert done.returncode == 0 and "Health:    alive" in done.stdout, done.stdout + done.stderr
-    assert "  - %s\n    Fix: Set CALIMERO_MCP_TIMEOUT to a number of seconds, e.g. 30" % said in done.stdout, done.stdout
+    assert "  - %s\n    Fix: Set CALIMERO_MCP_TIMEOUT to a number of seconds, e.g. 30" % said in done.stdout, \
+        done.stdout
     status, _, stderr = node_status(env)
     assert status["health"] == {"status": "alive"}, status
     assert stderr.count(said) == 1, stderr
@@ -332,3 +335,26 @@ def test_node_url_spellings_that_name_the_node(tmp_path, form):
     finally:
         double.stop()
     assert status["health"] == {"status": "alive"} and status["discoverySource"] == "env", status
+
+
+@pytest.mark.parametrize("value, said", [
+    ("Core,BLOBS", "CALIMERO_MCP_TOOLSETS names unknown toolsets BLOBS, Core (names are lower case)"),
+    ("blobs governance", "CALIMERO_MCP_TOOLSETS names unknown toolsets blobs governance (separate them with commas)"),
+    ("core;blobs", "CALIMERO_MCP_TOOLSETS names unknown toolsets core;blobs (separate them with commas)"),
+    ("All", "CALIMERO_MCP_TOOLSETS names unknown toolsets All (names are lower case)"),
+])
+def test_a_toolset_list_written_another_way_says_how_to_write_it(tmp_path, double, value, said):
+    env = home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TOOLSETS=value)
+    done = run_check(env)
+    assert done.returncode == 0 and "  - %s\n    Fix: Name toolsets among core, blobs, governance" % said \
+        in done.stdout, done.stdout
+    _, _, stderr = node_status(env)
+    assert said in stderr
+
+
+@pytest.mark.parametrize("value", [" core , blobs ", "core,,blobs,", "blobs,blobs", ","])
+def test_toolset_lists_with_spaces_empty_items_or_repeats_are_read_as_meant(tmp_path, double, value):
+    done = run_check(home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TOOLSETS=value))
+    assert done.returncode == 0 and "Problems:" not in done.stdout, done.stdout
+    fixed = "30 fixed" if value == "," else "19 fixed"                # core + blobs; "," is unset: every toolset
+    assert fixed in done.stdout, done.stdout
