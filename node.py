@@ -836,10 +836,10 @@ class TokenStore:
         return data
 
     def write(self, bundle: Dict[str, Any]) -> None:
-        """Write via `<path>.tmp` + rename, so a reader never sees half a file. A failure is raised (§1.2): a
+        """Write via `<path>.<pid>.tmp` + rename, so a reader never sees half a file. A failure is raised (§1.2): a
         rotated refresh token that only this process knows would be replayed by the next one, and a replay
         revokes the whole family."""
-        tmp = self.path + ".tmp"
+        tmp = "%s.%d.tmp" % (self.path, os.getpid())     # two servers logging in at once write side by side
         try:
             ensure_dir(os.path.dirname(self.path))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

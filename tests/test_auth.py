@@ -352,3 +352,43 @@ def test_a_password_file_as_editors_save_it_logs_in(tmp_path, authed, content):
     assert os.listdir(str(tmp_path / "cwd")) == []                 # no folder named ~ where it ran
     assert_fresh_cache(cache_path_in(str(tmp_path / "home" / "state"), authed.url), authed)
     assert PASSWORD not in done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork to start the processes at one instant")
+def test_servers_logging_in_together_each_save_their_tokens(tmp_path, authed):
+    """Four processes log in at the same instant with one empty cache, fifty times: each saves its pair (they
+    shared one .tmp name, and about one round in three ended with "Cannot save tokens ...: No such file")."""
+    import node
+    node._requests()                           # imported once here, not in every child
+    failures = []
+    for round_ in range(50):
+        env = credentials_env(tmp_path / str(round_), authed)
+        go_read, go_write = os.pipe()
+        children = []
+        for _ in range(4):
+            said_read, said_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.read(go_read, 1)
+                    try:
+                        node.Node(env).connect()
+                        os.write(said_write, b"ok")
+                    except node.NodeError as error:
+                        os.write(said_write, str(error).encode("utf-8")[:300])
+                finally:
+                    os._exit(0)
+            os.close(said_write)
+            children.append((pid, said_read))
+        os.write(go_write, b"go!!")
+        for pid, said_read in children:
+            said = os.read(said_read, 400)
+            os.close(said_read)
+            os.waitpid(pid, 0)
+            if said != b"ok":
+                failures.append(said.decode("utf-8", "replace"))
+        os.close(go_read)
+        os.close(go_write)
+        assert_fresh_cache(cache_path(env, authed.url), authed)
+        assert not [name for name in os.listdir(env["CALIMERO_MCP_STATE_DIR"]) if name.endswith(".tmp")]
+    assert not failures, failures[:3]
