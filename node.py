@@ -1004,12 +1004,16 @@ def read_password(env) -> str:
     fix = "Point CALIMERO_PASSWORD_FILE at a readable file holding the password, or set CALIMERO_PASSWORD."
     try:
         with open(path, encoding="utf-8-sig") as handle:          # a BOM (Windows editors) is no part of it
-            password = handle.read().strip()
+            password = handle.read(LOCAL_FILE_LIMIT + 1)            # not all of /dev/zero, or a log named by mistake
     except OSError as error:
         # The value is not echoed: a password pasted into the variable by mistake must not reach a log.
         raise NodeError("Cannot read the file CALIMERO_PASSWORD_FILE names: %s" % (error.strerror or error), fix=fix)
     except UnicodeDecodeError:
         raise NodeError("The file CALIMERO_PASSWORD_FILE names is not UTF-8 text", fix=fix)
+    if len(password) > LOCAL_FILE_LIMIT:
+        raise NodeError("The file CALIMERO_PASSWORD_FILE names is larger than %d KB, which no password is"
+                        % (LOCAL_FILE_LIMIT // 1024), fix=fix)
+    password = password.strip()
     if not password:
         raise NodeError("The file CALIMERO_PASSWORD_FILE names is empty", fix=fix)
     return password

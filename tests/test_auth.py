@@ -392,3 +392,15 @@ def test_servers_logging_in_together_each_save_their_tokens(tmp_path, authed):
         assert_fresh_cache(cache_path(env, authed.url), authed)
         assert not [name for name in os.listdir(env["CALIMERO_MCP_STATE_DIR"]) if name.endswith(".tmp")]
     assert not failures, failures[:3]
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "a two-megabyte file"])
+def test_a_password_file_that_holds_no_password_is_refused_without_reading_it_all(tmp_path, authed, name):
+    path = name if name.startswith("/") else write(str(tmp_path / "big.log"), "x" * (2 << 20))
+    if not os.path.exists(path):
+        pytest.skip("%s is absent here" % path)
+    env = local_env(tmp_path, authed, CALIMERO_USERNAME="admin", CALIMERO_PASSWORD_FILE=path)
+    said = "The file CALIMERO_PASSWORD_FILE names is larger than 1024 KB, which no password is"
+    done = run_check(env, timeout=30)
+    assert done.returncode == 1 and "Auth:      failed: " + said in done.stdout, done.stdout
+    assert not [entry for entry in authed.log if entry["path"] == "/auth/token"]      # nothing sent to the node
