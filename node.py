@@ -2368,7 +2368,7 @@ def _report_handoff(report, env):
     handoff, ignored = read_handoff(directory)
     if handoff:
         report.line("Handoff", "%s (node %s)" % (handoff.path, handoff.node_url or "not named"))
-        if os.name != "nt" and stat.S_IMODE(os.stat(handoff.path).st_mode) & 0o077:
+        if os.name != "nt" and _mode_of(handoff.path) & 0o077:
             report.problem("%s can be read by other users, and it holds an admin token" % handoff.path,
                            "chmod 600 %s (the desktop app writes it; this server never changes it)" % handoff.path,
                            fatal=False)
@@ -2378,6 +2378,13 @@ def _report_handoff(report, env):
     else:
         report.line("Handoff", "none in %s" % directory)
     return handoff
+
+
+def _mode_of(path) -> int:
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:                      # gone since it was read
+        return 0
 
 
 def _report_apps(report, node, apps, read_only=False, left_out=()):
