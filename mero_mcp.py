@@ -1897,6 +1897,7 @@ class Apps:
         self.reads = None                         # a Reads while a call runs: each node read made once
         self.shown_guides = set()                 # guide uris this session has already shown in full
         self._handle_key = None
+        self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
         self.budget = app_budget(server.env)
 
     @property
@@ -1906,7 +1907,9 @@ class Apps:
     @property
     def handle_key(self):
         if self._handle_key is None:
-            self._handle_key = load_handle_key(self.node.state_dir)
+            with self.key_lock:                   # one load: threads making it together shared one tmp file
+                if self._handle_key is None:
+                    self._handle_key = load_handle_key(self.node.state_dir)
         return self._handle_key
 
     # ---- the live application list ----

@@ -1,0 +1,52 @@
+"""Concurrency: what call_many's 32 items do at the same instant, through the real server over stdio.
+
+The interleavings are forced, never waited for: a slowed step holds every item inside it together, and what is
+asserted is what came out (requests the node saw, keys on disk, lines on stderr), never how long it took.
+"""
+from __future__ import annotations
+
+import json
+
+from mcp_client import McpServer, tuned_server
+from node_double import counter_spec
+
+ITEMS = 32
+LONG = 60.0
+
+
+def items_by_context(app, context, method="increment", args=None):
+    return [{"app": app, "context": context, "method": method, "args": args or {"by": 1}} for _ in range(ITEMS)]
+
+
+def call_many(server, calls):
+    results = server.tool_json("call_many", {"calls": calls}, timeout=LONG)
+    assert [r for r in results if not r["ok"]] == [], results
+    return results
+
+
+def test_items_asking_for_the_handle_key_together_make_one_key_that_survives_a_restart(server_env, double):
+    """A fresh state dir and call_many as the first call: every item asks for the handle key at once. With a slow
+    disk (os.link held 0.5 s, so all 32 are inside the create together) they shared one tmp file; all but one
+    failed, said the key could not be kept and used a random key, which then signed the handles."""
+    slow_disk = ("import os, time\n"
+                 "_link = os.link\n"
+                 "def slow_link(*args, **kwargs):\n"
+                 "    time.sleep(0.5)\n"
+                 "    return _link(*args, **kwargs)\n"
+                 "os.link = slow_link")
+    server = tuned_server(server_env, slow_disk)
+    try:
+        server.initialize()
+        call_many(server, items_by_context("counter", double.add_context(double._app_key("com.example.counter"))))
+        selected = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})
+        handle = selected["structuredContent"]["app_handle"]
+    finally:
+        server.close()
+    assert "cannot keep a handle key" not in server.stderr, server.stderr
+    again = McpServer(server_env)
+    try:
+        again.initialize()
+        listed = again.call_tool("call", {"app_handle": handle, "method": "len"})
+        assert not listed.get("isError"), listed
+    finally:
+        again.close()
