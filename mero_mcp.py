@@ -1887,6 +1887,7 @@ class Apps:
         self.server = server
         self.snapshot = EMPTY_SNAPSHOT
         self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
+        self.loads_begun = 0                      # catalog reads started (under load_lock)
         self.first_load = threading.Event()
         self.answered_early = False               # a reader gave up waiting for the first read: announce it
         self.threads = set()                      # names of the background threads started (each once)
@@ -2014,9 +2015,13 @@ class Apps:
         if not self.first_load.wait(FIRST_LOAD_WAIT):
             self.answered_early = True
 
-    def load(self):
-        """Read the installed apps and their ABIs; swap the snapshot and announce a change."""
+    def load(self, settled=None):
+        """Read the installed apps and their ABIs; swap the snapshot and announce a change. Nothing is read when
+        `settled()` says, once the reads before have finished, that they answered the caller."""
         with self.load_lock:
+            if settled is not None and settled():
+                return False
+            self.loads_begun += 1
             apps = [app_record(raw) for raw in self.node.applications()]
             units = self.read_units(apps)
             # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
@@ -2034,9 +2039,9 @@ class Apps:
                                                resources=guide_entries(fresh) != guide_entries(old))
         return changed
 
-    def refresh(self):
+    def refresh(self, settled=None):
         try:
-            self.load()
+            self.load(settled)
         except Exception as error:
             warn_catalog_failure("app list refresh failed: %s (the current app tools stay)", error)
 
@@ -2077,13 +2082,16 @@ class Apps:
 
     def ensure_in_catalog(self, app):
         """A catalog miss (node down at connect, a fresh install) reads the list again once; for an app left out
-        of the catalog, a guide the catalog does not serve yet (its uri is handed out only once it does)."""
+        of the catalog, a guide the catalog does not serve yet (its uri is handed out only once it does). Misses
+        seen together (call_many's items) share one read: one begun since, or one that brought the app."""
+        if self.missing_from_catalog(app):
+            begun = self.loads_begun
+            self.refresh(lambda: self.loads_begun > begun or not self.missing_from_catalog(app))
+
+    def missing_from_catalog(self, app):
         if self.budget.admits(app):
-            missing = not any(u.app.id == app.id and u.app.blob == app.blob for u in self.snapshot.units)
-        else:
-            missing = app.guide_uri is not None and self.served_guide_uri(app) is None
-        if missing:
-            self.refresh()
+            return not any(u.app.id == app.id and u.app.blob == app.blob for u in self.snapshot.units)
+        return app.guide_uri is not None and self.served_guide_uri(app) is None
 
     def unit_for(self, app, service):
         for unit in self.snapshot.units:

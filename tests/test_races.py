@@ -5,7 +5,6 @@ asserted is what came out (requests the node saw, keys on disk, lines on stderr)
 """
 from __future__ import annotations
 
-import json
 
 from mcp_client import McpServer, tuned_server
 from node_double import counter_spec
@@ -50,3 +49,18 @@ def test_items_asking_for_the_handle_key_together_make_one_key_that_survives_a_r
         assert not listed.get("isError"), listed
     finally:
         again.close()
+
+
+def test_items_missing_from_the_catalog_together_read_it_once(server, double):
+    """An app installed beside this server (so not in its catalog yet), called by all 32 items of one call_many:
+    each item's catalog miss read the whole catalog again, one after another (33 app list reads for one batch).
+    The new app's ABI read is held 0.5 s, so every item has seen the miss before the first read brings it."""
+    server.tool_names()                                  # the catalog, read without the new app
+    app = double.add_app(dict(counter_spec(), package="com.example.tally", version="0.3.0"))
+    context = double.add_context(app)
+    double.faults = {"delay": 0.5, "paths": ["/admin-api/applications/%s/abi" % app]}
+    before = len(double.log)
+    results = call_many(server, items_by_context("tally", context))
+    assert sorted(r["result"] for r in results) == list(range(1, ITEMS + 1))
+    lists = [e for e in double.log[before:] if e["method"] == "GET" and e["path"] == "/admin-api/applications"]
+    assert len(lists) == 2, "%d app list reads: the batch's own and one catalog read expected" % len(lists)
