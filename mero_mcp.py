@@ -176,8 +176,11 @@ class Channel:
     def send(self, message):
         line = encode_message(message)
         with self.lock:
-            self.stream.write(line)
-            self.stream.flush()
+            try:
+                self.stream.write(line)
+                self.stream.flush()
+            except OSError:              # the client closed our stdout: nothing we say can reach it any more
+                quiet_exit(0)
 
 
 def encode_message(message):

@@ -5,6 +5,7 @@ asserted is what came out (requests the node saw, keys on disk, lines on stderr)
 """
 from __future__ import annotations
 
+import json
 
 from mcp_client import McpServer, tuned_server
 from node_double import counter_spec
@@ -64,3 +65,35 @@ def test_items_missing_from_the_catalog_together_read_it_once(server, double):
     assert sorted(r["result"] for r in results) == list(range(1, ITEMS + 1))
     lists = [e for e in double.log[before:] if e["method"] == "GET" and e["path"] == "/admin-api/applications"]
     assert len(lists) == 2, "%d app list reads: the batch's own and one catalog read expected" % len(lists)
+
+
+def test_a_client_that_stops_reading_ends_the_server_quietly(server_env, double):
+    """The host closed our stdout (it quit) while stdin is still open: a ping answered by the stdin thread and
+    call_many's progress from its items hit the closed pipe. Each was a BrokenPipeError traceback on stderr (the
+    stdin thread died, the call became an 'internal error', the main loop crashed with exit code 1)."""
+    import subprocess
+    import sys
+    from mcp_client import SERVER, ROOT
+    double.exec_delay = 0.2
+    proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=server_env, cwd=str(ROOT))
+
+    def send(message):
+        proc.stdin.write(json.dumps(dict(message, jsonrpc="2.0")).encode("utf-8") + b"\n")
+        proc.stdin.flush()
+    send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                      "clientInfo": {"name": "tests", "version": "0"}}})
+    assert b'"id":1' in proc.stdout.readline()
+    proc.stdout.close()                                  # the host stops reading; stdin stays open
+    send({"id": 2, "method": "tools/call", "params": {
+        "name": "call_many", "_meta": {"progressToken": "p"},
+        "arguments": {"calls": items_by_context("kv-store", "demo", "set", {"key": "k", "value": "v"})}}})
+    send({"id": 3, "method": "ping"})
+    try:
+        code = proc.wait(LONG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stderr = proc.stderr.read().decode("utf-8", "replace")
+        proc.stdin.close()
+    assert "Traceback" not in stderr and code == 0, (code, stderr)
