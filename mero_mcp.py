@@ -339,8 +339,9 @@ class Server:
         return message, self.ticket(message)
 
     def ticket(self, message):
-        """A request's cancel flag, registered under its id (a later request reusing the id gets its own)."""
-        if not is_request(message):
+        """A request's cancel flag, registered under its id (a later request reusing the id gets its own).
+        initialize gets none: it is never cancelled (cancellation.mdx), or the session would never open."""
+        if not is_request(message) or message.get("method") == "initialize":
             return None
         event = threading.Event()
         with self.cancel_lock:

@@ -97,3 +97,20 @@ def test_a_client_that_stops_reading_ends_the_server_quietly(server_env, double)
         stderr = proc.stderr.read().decode("utf-8", "replace")
         proc.stdin.close()
     assert "Traceback" not in stderr and code == 0, (code, stderr)
+
+
+def test_a_cancelled_initialize_is_answered_all_the_same(start_server, server_env, double):
+    """initialize is never cancelled (cancellation.mdx): one the client cancelled while it waited behind a slow
+    call was skipped unanswered, so the session never opened. The call before it is held 3 s at the node."""
+    server = start_server(server_env, initialize=None)
+    double.faults = {"delay": 3.0, "paths": ["/jsonrpc"], "times": 1}
+    modern = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+              "io.modelcontextprotocol/clientCapabilities": {}}
+    server.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": {
+        "_meta": modern, "name": "call", "arguments": {"app": "kv-store", "context": "demo", "method": "len"}}})
+    server.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tests", "version": "0"}}})
+    server.notify("notifications/cancelled", {"requestId": "init"})
+    assert server.result("ping") == {}                   # the cancel was read (pings come after it, at once)
+    assert "result" in server.wait_for("slow", LONG)
+    assert server.wait_for("init", LONG)["result"]["protocolVersion"] == "2025-11-25"
