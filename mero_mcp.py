@@ -74,8 +74,11 @@ class StderrLog:
     """`[mero-mcp]` lines on stderr. node.py logs through `logging` with the same prefix, set up when it loads."""
 
     def info(self, message, *args):
-        sys.stderr.write("[mero-mcp] %s\n" % (message % args if args else message))
-        sys.stderr.flush()
+        try:
+            sys.stderr.write("[mero-mcp] %s\n" % (message % args if args else message))
+            sys.stderr.flush()
+        except OSError:                  # the host closed our stderr: logs are a courtesy, the protocol goes on
+            pass
 
     warning = error = info
 

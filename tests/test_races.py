@@ -114,3 +114,42 @@ def test_a_cancelled_initialize_is_answered_all_the_same(start_server, server_en
     assert server.result("ping") == {}                   # the cancel was read (pings come after it, at once)
     assert "result" in server.wait_for("slow", LONG)
     assert server.wait_for("init", LONG)["result"]["protocolVersion"] == "2025-11-25"
+
+
+def test_a_closed_stderr_leaves_the_protocol_working(server_env):
+    """A host that closed its end of our stderr: the first log line ('ready on stdio') was a BrokenPipeError that
+    killed the server before it read a line, and any later log line would have ended the call writing it."""
+    import os
+    import subprocess
+    import sys
+    from mcp_client import SERVER, ROOT
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=write_end, env=dict(server_env, CALIMERO_MCP_APPS="no-such-app"), cwd=str(ROOT))
+    os.close(write_end)
+    requests = [{"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                             "clientInfo": {"name": "tests", "version": "0"}}},
+                {"id": 2, "method": "tools/list"},           # the catalog logs the unmatched CALIMERO_MCP_APPS name
+                {"id": 3, "method": "tools/call", "params": {"name": "call", "arguments": {
+                    "app": "kv-store", "context": "demo", "method": "len"}}}]
+    import threading
+    watchdog = threading.Timer(LONG, proc.kill)              # a hung server fails the test instead of hanging it
+    watchdog.start()
+    try:
+        answers = {}
+        for request in requests:                             # stdin stays open while the answers come
+            proc.stdin.write(json.dumps(dict(request, jsonrpc="2.0")).encode("utf-8") + b"\n")
+            proc.stdin.flush()
+            while request["id"] not in answers:
+                line = proc.stdout.readline()
+                assert line, "the server exited before answering %r" % request["id"]
+                frame = json.loads(line)
+                answers[frame.get("id")] = frame
+        assert all("result" in answers[i] for i in (1, 2, 3)), answers
+        proc.stdin.close()
+        assert proc.wait(LONG) == 0
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
