@@ -399,8 +399,9 @@ def read_handoff(directory: str) -> Tuple[Optional[Handoff], Optional[str]]:
     token = data.get("accessToken")
     if not isinstance(token, str) or not token.strip():
         return _ignored("%s has no accessToken; ignoring it." % path)
-    if token_problem(token.strip()):
-        return _ignored("%s gives an accessToken that %s; ignoring it." % (path, token_problem(token.strip())))
+    unusable = token_problem(token.strip())
+    if unusable:
+        return _ignored("%s gives an accessToken that %s; ignoring it." % (path, unusable))
     refresh = data.get("refreshToken")
     refresh = refresh.strip() if isinstance(refresh, str) else ""
     url = node_url.strip().rstrip("/") if node_url is not None else None
@@ -1647,9 +1648,10 @@ class Node:
         self._base, self._mode = location.url, mode
         self._store = TokenStore(token_cache_path(state_dir(env), location.url, username))
         tokens = None
-        if mode == "token" and token_problem(injected[0]):
+        unusable = token_problem(injected[0]) if mode == "token" else None
+        if unusable:
             fix = "Set CALIMERO_AUTH_TOKEN to the access token alone, as the node issued it."
-            raise NodeError("CALIMERO_AUTH_TOKEN %s. %s" % (token_problem(injected[0]), fix), fix=fix)
+            raise NodeError("CALIMERO_AUTH_TOKEN %s. %s" % (unusable, fix), fix=fix)
         if injected:
             tokens = self._store.read()
             if is_newer(injected[0], tokens):
