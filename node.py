@@ -1440,6 +1440,8 @@ def _field(record: Dict[str, Any], dotted: str):
 APP_FIELDS = Fields(texts=("package", "version", "signer_id", "blob.bytecode"), objects=("blob", "services"))
 CONTEXT_FIELDS = Fields(required=("applicationId",), texts=("serviceName",))
 GROUP_FIELDS = Fields(texts=("namespaceId",))
+NAMED_FIELDS = Fields(texts=("name",))
+NAMESPACE_FIELDS = Fields(texts=("name", "targetApplicationId"))
 NO_FIELDS = Fields()
 
 
@@ -1509,6 +1511,15 @@ class Answer:
         value = self.value.get("value", False) if isinstance(self.value, dict) else False
         if value is not None and not _is_text(value):
             raise WrongShape('an object with a "value" string or null')
+        return value
+
+    def alias_map(self) -> Dict[str, str]:
+        """`{alias: context id}` from a flat map, or from a list of `{alias, value}` rows (§0.6)."""
+        value = self.value
+        if isinstance(value, list) and all(isinstance(row, dict) for row in value):
+            value = {row.get("alias"): row.get("value") for row in value}
+        if not isinstance(value, dict) or not all(_is_text(k) and _is_text(v) for k, v in value.items()):
+            raise WrongShape('an object mapping each alias to its context id, or a list of {"alias", "value"} rows')
         return value
 
     def metadata(self) -> Optional[Dict[str, Any]]:
@@ -1777,6 +1788,16 @@ class Node:
         return self._absent_as_none((400, 404, 422), "POST", "/admin-api/alias/lookup/context/" + quoted(name),
                                     Answer.alias_value, body={})
 
+    def context_aliases(self) -> Dict[str, str]:
+        """Every context alias: `{alias: context id}`. Core answers a flat map; one branch a list of
+        `{alias, value}` rows (§0.6): both are read."""
+        return self._call("GET", "/admin-api/alias/list/context", Answer.alias_map)
+
+    def delete_alias(self, name: str) -> None:
+        """Idempotent on the node: an absent alias is a 200 too (§0.6), so a caller that must tell a miss looks up
+        first."""
+        self._call("POST", "/admin-api/alias/delete/context/" + quoted(name), Answer.optional_object, body={})
+
     # blobs (§3.5): records come back camelCase, whichever casing this release used
     def upload_blob(self, data: bytes, blob_hash: Optional[str] = None, context_id: Optional[str] = None):
         """`{blobId, size}`; the node refuses bytes that do not match `blob_hash`."""
@@ -1799,8 +1820,10 @@ class Node:
 
     # namespaces (§3.6)
     def namespaces(self) -> List[Dict[str, Any]]:
-        """Every namespace (all pages), each with its `namespaceId`."""
-        return self._every_page("/admin-api/namespaces", lambda a: a.rows(None, "namespaceId"), "namespaceId")
+        """Every namespace (all pages), each with its `namespaceId` (`name`, `targetApplicationId` strings where
+        given)."""
+        return self._every_page("/admin-api/namespaces", lambda a: a.rows(None, "namespaceId", fields=NAMESPACE_FIELDS),
+                                "namespaceId")
 
     def create_namespace(self, application_id: str, name: Optional[str] = None) -> Dict[str, Any]:
         """`{namespaceId}`."""
@@ -1834,6 +1857,11 @@ class Node:
     def leave_namespace(self, namespace_id: str) -> None:
         self._call("POST", "/admin-api/namespaces/%s/leave" % quoted(namespace_id), Answer.optional_object, body={})
 
+    def namespace_groups(self, namespace_id: str) -> List[Dict[str, Any]]:
+        """The groups directly in a namespace, each `{groupId, name?}`."""
+        return self._call("GET", "/admin-api/namespaces/%s/groups" % quoted(namespace_id),
+                          lambda a: a.rows(None, "groupId", fields=NAMED_FIELDS))
+
     # groups (§3.7)
     def create_group(self, namespace_id: str, name: Optional[str], visibility: str) -> str:
         """A subgroup directly in a namespace; its `groupId`."""
@@ -1866,11 +1894,38 @@ class Node:
             return namespace == namespace_id
         seen, level = {namespace_id}, [namespace_id]
         while level and group_id not in seen:
-            level = [row["groupId"] for parent in level for row in self._call(
-                "GET", "/admin-api/groups/%s/subgroups" % quoted(parent), lambda a: a.rows("subgroups", "groupId"))
-                if row["groupId"] not in seen]
+            level = [row["groupId"] for parent in level for row in self.subgroups(parent) if row["groupId"] not in seen]
             seen.update(level)
         return group_id in seen
+
+    def subgroups(self, group_id: str) -> List[Dict[str, Any]]:
+        """A group's direct children, `{groupId, name?}` (no wrapper); restricted ones are hidden unless this node
+        may see them."""
+        return self._call("GET", "/admin-api/groups/%s/subgroups" % quoted(group_id),
+                          lambda a: a.rows("subgroups", "groupId", fields=NAMED_FIELDS))
+
+    def groups_in(self, namespace_id: str) -> List[Dict[str, Any]]:
+        """Every group under a namespace this node can list, each `{groupId, name?, parentId}`: the namespace's own
+        groups, then each level's subgroups. A subtree the node will not show (403, 404) is left out."""
+        groups, seen, parents = [], {namespace_id}, [namespace_id]
+        while parents:
+            children = []
+            for parent in parents:
+                for row in self._shown_children(parent, parent == namespace_id):
+                    if row["groupId"] not in seen:
+                        seen.add(row["groupId"])
+                        groups.append(dict(row, parentId=parent))
+                        children.append(row["groupId"])
+            parents = children
+        return groups
+
+    def _shown_children(self, parent: str, is_namespace: bool) -> List[Dict[str, Any]]:
+        try:
+            return self.namespace_groups(parent) if is_namespace else self.subgroups(parent)
+        except NodeError as error:
+            if error.status in (403, 404):
+                return []
+            raise
 
     def group_members(self, group_id: str) -> Dict[str, Any]:
         """`{members: [{identity, role, name?}], selfIdentity?}`, every page read; older releases put

@@ -1198,6 +1198,7 @@ class NodeDouble:
       join_outcome    None (joins succeed), "no_peer" (504), "key_pending" or "not_endorsed" (503)
       registry_mode   "http" (installs from `registry`; a miss is a 502) or "dht" (every install is a 502)
       legacy_group_info  True: group info as before rc.83, without namespaceId and ownerOpCounter
+      alias_rows      True: GET /alias/list/context answers [{alias, value}] rows, as one branch of core does
       expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
       auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
     refusals lists every closed-set refusal (§0.5.1) as {method, path, field}: tests assert it stays empty.
@@ -1221,6 +1222,7 @@ class NodeDouble:
         self.refusals: List[Dict[str, Any]] = []
         self.join_outcome: Optional[str] = None
         self.legacy_group_info = False       # releases before rc.83: group info without namespaceId
+        self.alias_rows = False              # one branch: the alias list as [{alias, value}] rows (§0.6)
         self.registry_mode = "http"
         self._invitations: Dict[str, Dict[str, Any]] = {}   # secret salt (hex) -> {"spent": bool}
         self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
@@ -1968,6 +1970,8 @@ class NodeDouble:
     def _h_list_aliases(self, request):
         with self._lock:
             table = self._alias_table(request)
+            if self.alias_rows:   # one unmerged branch of core (§0.6)
+                return {"data": [{"alias": alias, "value": table[alias]} for alias in sorted(table)]}
             return {"data": dict(sorted(table.items()))}
 
     def _h_delete_alias(self, request):

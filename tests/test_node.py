@@ -1051,6 +1051,24 @@ def test_admin_api_reads_return_what_they_promise(tmp_path, plain):
     assert [n["name"] for n in client.namespaces()] == ["demo-team"]
     asked = [e["query"] for e in requests_to(plain, "/admin-api/namespaces")]
     assert asked == [{"offset": "0", "limit": "1000"}]
+    assert client.context_aliases() == {"demo": contexts[0]["id"]}
+    plain.alias_rows = True                  # one branch answers [{alias, value}] rows (node-api §0.6)
+    assert client.context_aliases() == {"demo": contexts[0]["id"]}
+    namespace = client.namespaces()[0]["namespaceId"]
+    team = plain.add_group(namespace=namespace, name="team")
+    deep = plain.add_group(parent=team)
+    assert client.namespace_groups(namespace) == [{"groupId": team, "name": "team"}]
+    assert client.subgroups(team) == [{"groupId": deep}]
+    assert client.groups_in(namespace) == [{"groupId": team, "name": "team", "parentId": namespace},
+                                           {"groupId": deep, "parentId": team}]
+
+
+def test_an_alias_is_deleted_and_a_miss_is_no_failure(tmp_path, plain):
+    """The node's delete is idempotent (node-api §0.6): the server looks an alias up first to tell a miss."""
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    client.delete_alias("demo")
+    assert client.lookup_alias("demo") is None and client.context_aliases() == {}
+    client.delete_alias("demo")
 
 
 def test_admin_api_writes_send_their_bodies(tmp_path, plain):
@@ -1119,6 +1137,9 @@ OPERATIONS = [   # (what the client calls, the request it makes, what the answer
     (lambda c: c.create_alias("a", ANY_ID), "POST /admin-api/alias/create/context", "an object or null"),
     (lambda c: c.lookup_alias("demo"), "POST /admin-api/alias/lookup/context/demo",
      'an object with a "value" string or null'),
+    (lambda c: c.context_aliases(), "GET /admin-api/alias/list/context",
+     'an object mapping each alias to its context id, or a list of {"alias", "value"} rows'),
+    (lambda c: c.delete_alias("demo"), "POST /admin-api/alias/delete/context/demo", "an object or null"),
     (lambda c: c.upload_blob(b"x"), "PUT /admin-api/blobs", 'an object with a "blob_id" string'),
     (lambda c: c.blobs(), "GET /admin-api/blobs", 'an object with a "blobs" list'),
     (lambda c: c.delete_blob(ANY_ID), "DELETE /admin-api/blobs/" + ANY_ID, 'an object with a "blob_id" string'),
@@ -1131,6 +1152,8 @@ OPERATIONS = [   # (what the client calls, the request it makes, what the answer
     (lambda c: c.join_namespace(ANY_ID, {}), "POST /admin-api/namespaces/%s/join" % ANY_ID,
      'an object with a "namespaceId" string'),
     (lambda c: c.leave_namespace(ANY_ID), "POST /admin-api/namespaces/%s/leave" % ANY_ID, "an object or null"),
+    (lambda c: c.namespace_groups(ANY_ID), "GET /admin-api/namespaces/%s/groups" % ANY_ID, "a list"),
+    (lambda c: c.subgroups(ANY_ID), "GET /admin-api/groups/%s/subgroups" % ANY_ID, 'an object with a "subgroups" list'),
     (lambda c: c.create_group(ANY_ID, None, "open"), "POST /admin-api/namespaces/%s/groups" % ANY_ID,
      'an object with a "groupId" string'),
     (lambda c: c.create_nested_group(ANY_ID), "GET /admin-api/groups/" + ANY_ID,
