@@ -42,9 +42,10 @@ INSTRUCTION_LINES = (
     "call runs any method of any installed app by name (args keyed by parameter name), and call_many runs up to "
     "32 calls at once: they reach every method even when no tool for it is listed, as for an app installed during "
     "this session or a host that caps or defers tools. describe_app lists an app's methods.",
-    "An app tool runs in the context its app_handle names; pass _context (a context id or alias) to name one "
-    "directly. Without a handle, call takes app and context instead.",
-    "Name an app by its id, package, last package segment or display name, and a context by its id or an alias.",
+    "An app tool needs app_handle or _context (a context id or alias): either is enough, and a handle's tool runs "
+    "in the context it names. Without a handle, call takes app and context instead.",
+    "Name an app by its id, package, last package segment or display name, a context by its id or an alias, and a "
+    "namespace or group by its id or name.",
     "App tools are named <app>_<method> (<app>_<service>_<method> for a multi-service app); each description "
     "ends in the method's signature: [view] reads, [mut] writes, ? marks an optional parameter.",
     "Contexts live in namespaces (create_namespace, then create_context); other nodes join with "
@@ -509,6 +510,7 @@ class Server:
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
             with self.node.traced(traceparent_of(call.meta)):
+                arguments = resolved_ids(self.apps, t, arguments)
                 value = t.handler(arguments, call)
         except ToolError as error:
             return bounded(error_result(failure_text(error), error.blocks))
@@ -724,6 +726,11 @@ READ_ONLY = {"readOnlyHint": True}
 # destructiveHint true, which would blur the line tools.md draws.
 WRITES = {"readOnlyHint": False, "destructiveHint": False}
 DESTRUCTIVE = {"readOnlyHint": False, "destructiveHint": True}
+DESTRUCTIVE_IDEMPOTENT = dict(DESTRUCTIVE, idempotentHint=True)
+# The key that marks a property taking a namespace or a group (NAMESPACE_ID, GROUP_ID): tool() takes it out of what
+# tools/list shows and records the argument, which run_tool resolves from a name to the id before the handler runs.
+NAMES = "names"
+ID_ARGUMENTS = {}               # fixed tool name -> {argument: "namespace" | "group"}, filled by @tool
 
 
 def enabled_toolsets(env):
@@ -837,6 +844,9 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
     titles in their tool pickers), as the generated tools' titles are."""
     schema = NO_ARGS
     if properties:
+        properties, named = unmarked(properties)
+        if named:
+            ID_ARGUMENTS[name] = named
         schema = {"type": "object", "properties": properties}
         if required:
             schema["required"] = list(required)
@@ -850,6 +860,14 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
 
 
 FIXED_TOOLS = []                # filled by @tool, in declaration order
+
+
+def unmarked(properties):
+    """The properties as advertised (NAMES taken out), and {argument: kind} of those that carried it."""
+    named = {key: value[NAMES] for key, value in properties.items() if NAMES in value}
+    shown = {key: {k: v for k, v in value.items() if k != NAMES} if key in named else value
+             for key, value in properties.items()}
+    return shown, named
 
 
 def tool_definition(t, wrap):
@@ -1112,6 +1130,20 @@ def unknown_arguments_text(unknown, owner, takes, where=""):
                                                  told)
 
 
+def resolved_ids(apps, t, arguments):
+    """A fixed tool's arguments with every namespace or group given by name replaced by its 64-hex id, so handlers
+    see ids only; one name that names nothing, or several, is refused before anything is done."""
+    named = ID_ARGUMENTS.get(t.name) if t.toolset is not None else None
+    if not named or not any(isinstance(arguments.get(argument), str) for argument in named):
+        return arguments
+    resolved = dict(arguments)
+    with apps.reading():                     # two arguments naming groups share one walk of the node's groups
+        for argument, kind in named.items():
+            if isinstance(arguments.get(argument), str):
+                resolved[argument] = apps.resolve_group(arguments[argument], argument, kind)
+    return resolved
+
+
 def check_fixed_arguments(t, arguments):
     """Validate a fixed tool's arguments against its declared schema. Generated tools, `call` and `call_many`
     validate themselves: after the handle check, and per item (reference §3.12, §3.13)."""
@@ -1149,6 +1181,10 @@ def flag_property(description):
 # Property descriptions say what the name does not: none where it says it all (a model reads every byte). How an
 # app and a context are named (an alias works for a context) is said once, in INSTRUCTION_LINES.
 STRING = {"type": "string"}
+# A namespace, by 64-hex id or name; a namespace or subgroup, by id or name. Advertised as plain strings (the
+# instructions say once that these go by id or name); run_tool hands the handler the id (Apps.resolve_group).
+NAMESPACE_ID = {"type": "string", NAMES: "namespace"}
+GROUP_ID = {"type": "string", NAMES: "group"}
 
 
 def context_id_of(server, value):
@@ -1194,7 +1230,7 @@ def compact_app_row(app):
     import abi
     return {"id": app.id, "package": app.package, "name": one_line(app.name), "version": app.version,
             "description": app.description[:DESCRIPTION_LIMIT] if app.description else app.description,
-            "hasGuide": bool(app.guide), "procedures": abi.procedures(app.guide)}
+            "services": list(app.services), "hasGuide": bool(app.guide), "procedures": abi.procedures(app.guide)}
 
 
 def verbose_app_row(app):
@@ -1211,7 +1247,29 @@ def verbose_app_row(app):
 
 @tool("list_namespaces", "Namespaces on this node.", {"cursor": CURSOR}, annotations=READ_ONLY)
 def list_namespaces(args, call):
-    return paged("list_namespaces", args, {"namespaces": call.server.node.namespaces()}, "namespaces", "namespaceId")
+    server = call.server
+    namespaces = server.node.namespaces()
+    keys = app_keys(server) if namespaces else {}
+    rows = [after_key(row, "targetApplicationId", "application", keys.get(row.get("targetApplicationId"),
+                                                                          row.get("targetApplicationId")))
+            for row in namespaces]
+    return paged("list_namespaces", args, {"namespaces": rows}, "namespaces", "namespaceId")
+
+
+def app_keys(server):
+    """Application id -> package (or id): what list rows name an app by, so no one matches hashes by hand."""
+    return {app.id: app.key for app in server.apps.installed()}
+
+
+def after_key(row, key, new_key, value):
+    """A copy of `row` with `new_key` placed right after `key` (at the end when `key` is absent)."""
+    placed = {}
+    for name, item in row.items():
+        placed[name] = item
+        if name == key:
+            placed[new_key] = value
+    placed.setdefault(new_key, value)
+    return placed
 
 
 @tool("list_contexts", "Contexts on this node, of every application or of one.",
@@ -1221,16 +1279,24 @@ def list_namespaces(args, call):
       annotations=READ_ONLY)
 def list_contexts(args, call):
     server = call.server
-    if args.get("application") is not None:
-        contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
-    else:
-        contexts = server.node.contexts()
-    rows = [context_row(c, args.get("verbose")) for c in contexts]
+    with server.apps.reading():              # the app list is read once, for the filter and the rows
+        if args.get("application") is not None:
+            contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
+        else:
+            contexts = server.node.contexts()
+        keys = app_keys(server) if contexts else {}
+    aliases = {}
+    for alias, context_id in sorted(server.node.context_aliases().items()) if contexts else ():
+        aliases.setdefault(context_id, []).append(alias)
+    rows = [context_row(c, args.get("verbose"), keys, aliases) for c in contexts]
     return paged("list_contexts", args, {"contexts": rows}, "contexts", "id")
 
 
-def context_row(context, verbose):
-    row = dict(context)
+def context_row(context, verbose, keys, aliases):
+    """A context as listed: its app by package beside the id, and every alias naming it."""
+    app_id = context.get("applicationId")
+    row = after_key(context, "applicationId", "application", keys.get(app_id, app_id))
+    row["aliases"] = aliases.get(context.get("id"), [])
     if verbose:
         row["contextStateHash"] = hex_of(row.get("contextStateHash"))
         heads = row.get("dagHeads") or []
@@ -1243,20 +1309,50 @@ def context_row(context, verbose):
 
 @tool("create_context", "Create a context (a running instance of an app) in a namespace or subgroup.",
       {"application": STRING,
-       "group": text_property("Namespace or subgroup id (required)."),
-       "namespace": text_property("Older name for group."),
-       "name": STRING,
+       "group": dict(GROUP_ID, description="Required: a namespace or subgroup, by id or name (list_namespaces)."),
+       "namespace": dict(GROUP_ID, description="Older name for group."),
+       "name": text_property("A label list_contexts shows; not an alias."),
+       "alias": STRING,
        "service": STRING,
        "args": {"type": "object", "description": "For the app's init, by parameter name."}},
       required=("application",))
 def create_context(args, call):
     group = target_group(args)
     server = call.server
+    if args.get("alias") is not None:
+        refuse_unusable_alias(server, args["alias"])
     app = server.apps.resolve(args["application"])
     refuse_other_apps_group(server, group, app, args["application"])
     service = require_service(server.apps, app, args.get("service"))
     init = init_parameters(server, app, service, args.get("args"), args["application"])
-    return server.node.create_context(app.id, group, init, name=args.get("name"), service=service)
+    created = server.node.create_context(app.id, group, init, name=args.get("name"), service=service)
+    return created if args.get("alias") is None else with_alias(server.node, created, args["alias"])
+
+
+ALIAS_RULE = "1-50 of A-Z a-z 0-9 . _ -"
+
+
+def refuse_unusable_alias(server, alias):
+    """An alias the node would refuse, or one already taken, is refused before the context is created."""
+    import re
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,50}", alias):
+        raise ToolError('alias "%s" is not an alias the node takes (%s). Nothing was created.' % (alias, ALIAS_RULE))
+    taken = server.node.lookup_alias(alias)
+    if taken is not None:
+        raise ToolError('Alias "%s" already names context %s. Choose another alias (or delete_alias it first); '
+                        "nothing was created." % (alias, taken))
+
+
+def with_alias(node, created, alias):
+    """The created context's answer with its alias. The context stays when the alias cannot be made: the answer
+    says so and names the context, so the agent finishes with create_alias instead of creating a second one."""
+    try:
+        node.create_alias(alias, created["contextId"])
+    except node_module().NodeError as error:
+        return dict(created, alias=None, aliasNote='Context %s was created, but alias "%s" was not: %s Retry '
+                    "create_alias for context %s." % (created["contextId"], alias, node_error_text(error).rstrip(".")
+                                                      + ".", created["contextId"]))
+    return dict(created, alias=alias)
 
 
 def target_group(args):
@@ -1346,11 +1442,22 @@ def join_context(args, call):
     return call.server.node.join_context(context_id)
 
 
-@tool("delete_context", "Delete a context and its data, also one a deleted namespace left behind.",
+@tool("delete_context", "Delete a context (by id or alias), its data and the aliases naming it; also one a deleted "
+      "namespace left behind.",
       {"context": STRING}, required=("context",), annotations=DESTRUCTIVE)
 def delete_context(args, call):
+    node = call.server.node
     context_id = context_id_of(call.server, args["context"])
-    return call.server.node.delete_context(context_id)
+    # The node keeps an alias whose context is gone, still resolving: the aliases are read first and deleted after.
+    naming = sorted(alias for alias, target in node.context_aliases().items() if target == context_id)
+    answer = node.delete_context(context_id)
+    for index, alias in enumerate(naming):
+        try:
+            node.delete_alias(alias)
+        except node_module().NodeError as error:
+            raise ToolError("Context %s was deleted, but not its aliases %s: %s Retry delete_alias for each."
+                            % (context_id, ", ".join(naming[index:]), node_error_text(error).rstrip(".") + "."))
+    return dict(answer, aliasesDeleted=naming)
 
 
 @tool("create_alias", "Create a human-friendly alias for a context id.",
@@ -1368,8 +1475,22 @@ def lookup_alias(args, call):
     name = args["name"]
     context_id = call.server.apps.lookup_alias(name)
     if context_id is None:
-        return 'No alias named "%s" on this node.' % name
+        return NO_ALIAS % name
     return {"alias": name, "contextId": context_id}
+
+
+NO_ALIAS = 'No alias named "%s" on this node.'
+
+
+@tool("delete_alias", "Delete a context alias (the context stays).",
+      {"alias": STRING}, required=("alias",), annotations=DESTRUCTIVE_IDEMPOTENT)
+def delete_alias(args, call):
+    alias, node = args["alias"], call.server.node
+    context_id = node.lookup_alias(alias)        # the node answers a miss as a success: ask first, to say it
+    if context_id is None:
+        return NO_ALIAS % alias
+    node.delete_alias(alias)
+    return 'Alias "%s" deleted; it named context %s.' % (alias, context_id)
 
 
 # ── Fixed tools: blobs ────────────────────────────────────────────────────────────────────────────
@@ -1405,14 +1526,24 @@ def uninstall_application(args, call):
 
 @tool("upload_blob", "Upload a blob (a file's bytes) to this node. At most %d bytes fit in one request."
       % MAX_BLOB_BYTES,
-      {"data": text_property("Base64."),
-       "hash": text_property("Expected hash."),
-       "context": STRING},
-      required=("data",), toolset="blobs")
+      {"data": text_property("Base64; or pass text."),
+       "text": text_property("Uploaded as its UTF-8 bytes."),
+       "hash": text_property("Refused unless the bytes have it."),
+       "context": text_property("Announce it to its peers.")},
+      toolset="blobs")
 def upload_blob(args, call):
-    data = decoded_base64(args["data"])
+    data = blob_bytes(args)
     context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
     return call.server.node.upload_blob(data, args.get("hash"), context)
+
+
+def blob_bytes(args):
+    """The bytes of data (base64) or text (UTF-8): exactly one of the two, refused before anything is sent."""
+    given = [key for key in ("data", "text") if args.get(key) is not None]
+    if len(given) != 1:
+        raise ToolError("upload_blob takes data (base64) or text (UTF-8): exactly one of them, %s. Nothing was sent."
+                        % ("not both" if given else "and neither was given"))
+    return decoded_base64(args["data"]) if given == ["data"] else args["text"].encode("utf-8")
 
 
 def decoded_base64(text):
@@ -1450,13 +1581,13 @@ def create_namespace(args, call):
 
 
 @tool("delete_namespace", "Delete a namespace; delete its contexts first (they outlive it, uncallable).",
-      {"namespace": STRING}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
+      {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def delete_namespace(args, call):
     return call.server.node.delete_namespace(args["namespace"])
 
 
 @tool("invite_to_namespace", "Create an invitation to a namespace, for join_namespace on another node.",
-      {"namespace": STRING}, required=("namespace",), toolset="governance")
+      {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
     return call.server.node.invite_to_namespace(args["namespace"])
 
@@ -1475,20 +1606,20 @@ def join_namespace(args, call):
 
 
 @tool("leave_namespace", "Leave a namespace (this node stops being a member).",
-      {"namespace": STRING}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
+      {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
     call.server.node.leave_namespace(args["namespace"])
     return "Left namespace %s." % args["namespace"]
 
 
 @tool("list_group_members", "Members of a group, with their roles.",
-      {"group": STRING, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
+      {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
     return paged("list_group_members", args, call.server.node.group_members(args["group"]), "members", "identity")
 
 
 @tool("add_group_members", "Add members to a group, each with a role.",
-      {"group": STRING,
+      {"group": GROUP_ID,
        "members": {"type": "array", "minItems": 1,
                    "items": {"type": "object", "required": ["identity", "role"], "properties": {
                        "identity": text_property("Account id."),
@@ -1502,20 +1633,28 @@ def add_group_members(args, call):
 
 
 @tool("create_group", "Create a group (subgroup) in a namespace, or nested under a parent group.",
-      {"namespace": STRING,
+      {"namespace": NAMESPACE_ID,
        "name": STRING,
        "visibility": {"type": "string", "enum": list(VISIBILITIES),
-                      "description": "Default open; restricted with parent."},
-       "parent": text_property("Group id to nest under.")},
+                      "description": "open: namespace members can join it; restricted: members must be added. "
+                                     "Default open, restricted with parent."},
+       "parent": dict(GROUP_ID, description="Group to nest under.")},
       required=("namespace",), toolset="governance")
 def create_group(args, call):
-    node = call.server.node
+    node, namespace = call.server.node, args["namespace"]
     if args.get("parent") is None:
-        return {"groupId": node.create_group(args["namespace"], args.get("name"), args.get("visibility") or "open")}
-    if not node.namespace_holds(args["namespace"], args["parent"]):      # core's nested create takes no namespace
+        visibility = args.get("visibility") or "open"
+        group_id = node.create_group(namespace, args.get("name"), visibility)
+        return created_group(group_id, namespace, namespace, visibility)
+    if not node.namespace_holds(namespace, args["parent"]):      # core's nested create takes no namespace
         raise ToolError("Group %s is not in namespace %s. Pass the namespace the parent is in, or a parent inside "
-                        "namespace %s." % (args["parent"], args["namespace"], args["namespace"]))
+                        "namespace %s." % (args["parent"], namespace, namespace))
     return create_nested_group(node, args)
+
+
+def created_group(group_id, parent, namespace, visibility):
+    """What create_group made, as it now stands: where it sits and who may join it."""
+    return {"groupId": group_id, "parentId": parent, "namespaceId": namespace, "visibility": visibility}
 
 
 def create_nested_group(node, args):
@@ -1530,12 +1669,12 @@ def create_nested_group(node, args):
             # Name the group that now exists, so the agent finishes the job instead of creating a second one.
             raise ToolError("Group %s was created under %s but its visibility was not set; retry "
                             "set_group_visibility. %s" % (group_id, parent, error))
-    return {"groupId": group_id}
+    return created_group(group_id, parent, args["namespace"], visibility or "restricted")
 
 
 @tool("set_group_visibility", "Make a group open (namespace members can join it) or restricted (members must be "
       "added).",
-      {"group": STRING,
+      {"group": GROUP_ID,
        "visibility": {"type": "string", "enum": list(VISIBILITIES)}},
       required=("group", "visibility"), toolset="governance")
 def set_group_visibility(args, call):
@@ -1544,7 +1683,7 @@ def set_group_visibility(args, call):
 
 
 @tool("set_group_metadata", "Set a group's name and metadata.",
-      {"group": STRING,
+      {"group": GROUP_ID,
        "name": text_property("Omitted: kept."),
        "data": {"type": "object", "additionalProperties": {"type": "string"},
                 "description": "Replaces the whole record; omitted: empty."}},
@@ -1564,7 +1703,7 @@ def current_group_name(node, group):
 
 @tool("join_open_group", "Join an open group via its parent namespace or group; then join_context for its "
       "contexts.",
-      {"group": STRING}, required=("group",), toolset="governance")
+      {"group": GROUP_ID}, required=("group",), toolset="governance")
 def join_open_group(args, call):
     return call.server.node.join_open_group(args["group"])
 
@@ -1887,6 +2026,29 @@ class Refusal(ToolError):
     """A refused call: guide blocks, then the retry text, and nothing ran (reference §3.0)."""
 
 
+# A namespace or a subgroup that carries a name: `namespace` is the namespace a subgroup sits in (None for one).
+Carrier = namedtuple("Carrier", "kind id name namespace")
+GROUP_KINDS = {"namespace": "namespace", "group": "namespace or group", "namespaces": "namespaces",
+               "groups": "namespaces and groups"}
+
+
+def is_hex_key(value):
+    """64 hex characters in any case: an id, used as given (the node judges it)."""
+    return len(value) == 64 and not value.lower().strip("0123456789abcdef")
+
+
+def named_as(carriers, name):
+    """The carriers of `name`: those spelling it exactly, else those spelling it in another case."""
+    exact = [c for c in carriers if c.name == name]
+    return exact or [c for c in carriers if isinstance(c.name, str) and c.name.lower() == name.lower()]
+
+
+def carriers_text(carriers):
+    """`namespace <id> ("team"), subgroup <id> ("team", in namespace <id>)`."""
+    return ", ".join('%s %s ("%s"%s)' % (c.kind, c.id, c.name, ", in namespace %s" % c.namespace if c.namespace
+                                          else "") for c in carriers)
+
+
 class Apps:
     """The installed applications as this server sees them: live resolution, the catalog, admission."""
 
@@ -2147,6 +2309,39 @@ class Apps:
         ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
         return 'Contexts for "%s": %s' % (label, some_contexts(ids, label) or "(none)")
 
+    # ---- namespaces and groups ----
+    def resolve_group(self, value, argument, kind="group"):
+        """The 64-hex id a namespace (`kind` "namespace") or group argument names: an id as given, without a read;
+        else the one namespace, or with "group" the one namespace or subgroup, whose name it is (exact, else without
+        case). None or several is a ToolError naming the argument, and nothing is done."""
+        name = value.strip()
+        if not name:
+            raise ToolError("%s must name a %s: its id or its name." % (argument, GROUP_KINDS[kind]))
+        if is_hex_key(name):
+            return name
+        namespaces = [Carrier("namespace", row["namespaceId"], row.get("name"), None)
+                      for row in self.memo(("namespaces",), self.node.namespaces)]
+        if kind == "group":
+            found = named_as(namespaces + self.groups_of(namespaces), name)
+        else:
+            found = named_as(namespaces, name)
+            groups = [] if found else named_as(self.groups_of(namespaces), name)
+            if groups:                           # a subgroup's name where a namespace is asked: never the subgroup
+                raise ToolError('%s: "%s" is the name of %s, not of a namespace. Pass a namespace id or name; '
+                                "list_namespaces lists them." % (argument, name, carriers_text(groups)))
+        if len(found) == 1:
+            return found[0].id
+        if found:
+            raise ToolError('%s: %d %s are named "%s": %s. Nothing was done; pass the id of the one you mean.'
+                            % (argument, len(found), GROUP_KINDS[kind + "s"], name, carriers_text(found)))
+        raise ToolError('%s: no %s on this node is named "%s". Nothing was done; list_namespaces lists the '
+                        "namespaces with their ids and names." % (argument, GROUP_KINDS[kind], name))
+
+    def groups_of(self, namespaces):
+        """Every subgroup this node can list, below each of `namespaces`."""
+        return [Carrier("subgroup", row["groupId"], row.get("name"), ns.id) for ns in namespaces
+                for row in self.memo(("groups", ns.id), lambda ns=ns: self.node.groups_in(ns.id))]
+
     # ---- guides (reference §3.9) ----
     def served_guide_uri(self, app):
         """The app's guide uri when resources/read serves this very text, else None: no other uri goes out."""
@@ -2384,12 +2579,33 @@ def fitted_summary(summary, room):
 def describe_app(args, call):
     apps = call.server.apps
     app = apps.resolve(args["app"])
+    if args.get("service") is None and len(app.services) > 1:
+        return describe_services(apps, app)
     service = require_service(apps, app, args.get("service"))
     unit = apps.unit_for(app, service)
     apps.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, apps.contexts_of(app), None)
     summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
     summary["methods"] = method_references(unit)
+    return with_guide(apps, app, summary, always=True)
+
+
+SERVICES_NOTE = "A handle names one service: pass service (%s) to describe_app or select_app for an app_handle."
+
+
+def describe_services(apps, app):
+    """A multi-service app asked about whole: every service with its methods, and no handle (one names a
+    service)."""
+    apps.ensure_in_catalog(app)
+    contexts = apps.contexts_of(app)
+    summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": None,
+               "contextServices": sorted({c.get("serviceName") for c in contexts if c.get("serviceName")})}
+    if apps.served_guide_uri(app):
+        summary["guide"] = app.guide_uri
+    summary["name"] = app.name
+    summary["services"] = [{"service": service, "methods": method_references(apps.unit_for(app, service))}
+                           for service in app.services]
+    summary["note"] = SERVICES_NOTE % ", ".join(app.services)
     return with_guide(apps, app, summary, always=True)
 
 

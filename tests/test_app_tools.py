@@ -449,8 +449,8 @@ def test_describe_app_without_guide_says_so(shared, world):
 
 
 def test_multi_service_app_needs_a_service(shared, world):
-    assert_error(shared.call_tool("describe_app", {"app": DRIVE}),
-                 "Application %s bundles several services; pass service with one of: docs, registry" % DRIVE)
+    """select_app needs the service a handle will name; describe_app without one describes them all
+    (test_names_and_rows.py)."""
     assert_error(shared.call_tool("select_app", {"app": DRIVE}),
                  "Application %s bundles several services; pass service with one of: docs, registry" % DRIVE)
     assert_error(shared.call_tool("describe_app", {"app": DRIVE, "service": "nope"}),

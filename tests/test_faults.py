@@ -274,6 +274,9 @@ WRONG_READS = [   # (tool, arguments, the request that gets the surprise, what i
      'an object with a "contexts" list'),
     ("describe_app", {"app": "kv-store"}, "GET /admin-api/contexts/for-application/{kv}",
      'an object with a "contexts" list'),
+    ("list_contexts", {}, "GET /admin-api/alias/list/context",
+     'an object mapping each alias to its context id, or a list of {"alias", "value"} rows'),
+    ("list_group_members", {"group": "some-name"}, "GET /admin-api/namespaces/{ns}/groups", "a list"),
 ]
 
 
@@ -479,7 +482,9 @@ def test_dag_heads_of_another_shape_are_listed_as_the_node_sent_them(session, do
     double.faults.update({"json": {"data": {"contexts": [row]}}, "paths": ["/admin-api/contexts"], "exact": True})
     listed = server.call_tool("list_contexts", {"verbose": True})
     assert not listed.get("isError"), listed
-    assert listed["structuredContent"]["contexts"] == [row]
+    assert listed["structuredContent"]["contexts"] == [
+        dict(row, application="com.calimero.kv-store", aliases=["demo"])]       # the order: application after its id
+    assert list(listed["structuredContent"]["contexts"][0])[:3] == ["id", "applicationId", "application"]
     assert "Traceback" not in server.stderr
 
 

@@ -58,9 +58,11 @@ def test_instructions_carry_the_session(bare):
     assert "even when no tool for it is listed" in reach
     assert "an app installed during this session" in reach and "caps or defers tools" in reach
     routing = next(line for line in lines if "_context" in line)
-    assert "app_handle names" in routing and "a context id or alias" in routing
+    assert "needs app_handle or _context" in routing and "either is enough" in routing
+    assert "a context id or alias" in routing
     assert "Without a handle, call takes app and context instead." in routing
     assert any("Name an app by its id, package, last package segment or display name" in line for line in lines)
+    assert any("a namespace or group by its id or name" in line for line in lines)
     # the flow's tools are named before anything else
     assert text.index("list_applications") < text.index("select_app") < text.index("call_many")
 

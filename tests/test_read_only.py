@@ -28,7 +28,7 @@ KV = "com.calimero.kv-store"
 KEPT_FIXED = ["node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "lookup_alias",
               "list_blobs", "list_group_members", "describe_app", "select_app", "call", "call_many"]
 KEPT_GENERATED = ["kv_store_entries", "kv_store_get", "kv_store_get_result", "kv_store_len", "counter_value"]
-DROPPED = {"create_context", "join_context", "delete_context", "create_alias", "install_application",
+DROPPED = {"create_context", "join_context", "delete_context", "create_alias", "delete_alias", "install_application",
            "uninstall_application", "upload_blob", "delete_blob", "create_namespace", "delete_namespace",
            "invite_to_namespace", "join_namespace", "leave_namespace", "add_group_members", "create_group",
            "set_group_visibility", "set_group_metadata", "join_open_group", "counter_increment", "kv_store_clear",

@@ -28,7 +28,7 @@ LIST_ABI = {"schema_version": "wasm-abi/1", "types": {}, "methods": [
 EVIL_NAME = "Evil\nApp\r\n\x1b[31m\u202e\tred\u2028" + "x" * 300
 PING_ABI = {"schema_version": "wasm-abi/1", "types": {},
             "methods": [{"name": "ping", "params": [], "intent": "read_only"}]}
-CREATE_CONTEXT_TAKES = "create_context takes: application, group, namespace, name, service, args."
+CREATE_CONTEXT_TAKES = "create_context takes: application, group, namespace, name, alias, service, args."
 CALL_TAKES = "call takes: app_handle, context, method, args, app."
 
 
