@@ -1624,6 +1624,19 @@ def _blob_headers(response) -> Dict[str, Any]:
             "source": headers.get("X-Blob-Source")}
 
 
+def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> NodeError:
+    """A refused HEAD of a blob in words: 404 (not held, §0.6), 400 (a malformed blob or context id)."""
+    if error.status == 404:
+        where = "on this node or among its context's peers" if context_id else "on this node"
+        return NodeError("Blob %s is not %s" % (blob_id, where), 404,
+                         hint="list_blobs shows the blobs this node holds%s." % (
+                             "" if context_id else "; pass context to have the node ask that context's peers"))
+    if error.status == 400:
+        return NodeError('"%s" is not a blob id%s' % (blob_id, ", or the context id is not valid" if context_id else ""),
+                         400, hint="A blob id is 64 hex characters (list_blobs shows them).")
+    return error
+
+
 def _blob_too_large(blob_id: str, size: int) -> NodeError:
     return NodeError("Blob %s is %d bytes, more than the %d bytes (64 MiB) this server downloads for one answer: the "
                      "node sends a blob whole, with no ranges" % (blob_id, size, BLOB_DOWNLOAD_LIMIT),
@@ -1877,7 +1890,10 @@ class Node:
     def blob_info(self, blob_id: str, context_id: Optional[str] = None) -> Dict[str, Any]:
         """HEAD: `{size, mimeType, source}` from the headers (each None when absent; a blob only a peer holds
         has no MIME type and maybe no size)."""
-        response = self._raw("HEAD", "/admin-api/blobs/" + quoted(blob_id), _blob_params(context_id))
+        try:
+            response = self._raw("HEAD", "/admin-api/blobs/" + quoted(blob_id), _blob_params(context_id))
+        except NodeError as error:         # a HEAD answer has no body: the node's own words never arrive
+            raise _blob_refusal(error, blob_id, context_id) from None
         return _blob_headers(response)
 
     def download_blob(self, blob_id: str, context_id: Optional[str] = None) -> Tuple[bytes, Dict[str, Any]]:
