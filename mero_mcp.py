@@ -1513,12 +1513,14 @@ def blob_page(data, offset, room):
         end = min(len(data), offset + room // 4 * 3)
         return "base64", base64.b64encode(data[offset:end]).decode("ascii"), end
     chars = data[offset:offset + 4 * room].decode("utf-8", "ignore")[:room]   # "ignore": a cut last character
-    used, count = 0, 0
-    for char in chars:
-        used += len(json.dumps(char, ensure_ascii=False)) - 2     # escapes (\n, \") read as two or more
-        if used > room:
-            break
-        count += 1
+    count = len(chars)
+    if len(json.dumps(chars, ensure_ascii=False)) - 2 > room:         # escapes (\n, \") read as two or more
+        used, count = 0, 0
+        for char in chars:
+            used += len(json.dumps(char, ensure_ascii=False)) - 2
+            if used > room:
+                break
+            count += 1
     content = chars[:count]
     return "utf-8", content, offset + len(content.encode("utf-8"))
 
@@ -1716,13 +1718,12 @@ def groups_below(node, group):
 
 
 def group_exists(node, group):
+    """False only when the node says it is not there: the delete happened, so no other failure may fail it."""
     try:
         node.group(group)
-        return True
     except node_module().NodeError as error:
-        if error.status == 404:
-            return False
-        raise
+        return error.status != 404
+    return True
 
 
 @tool("set_group_visibility", "Make a group open (namespace members can join it) or restricted (members must be "

@@ -56,7 +56,7 @@ def test_budget_by_name(start_server, server_env, value, expected):
     assert generated(server) == expected
     assert "CALIMERO_MCP_APPS" not in server.stderr
     fixed = [n for n in server.tool_names() if not n.startswith(("kv_store_", "counter_"))]
-    assert len(fixed) == 30, "the budget limits generated tools only"
+    assert len(fixed) == 37, "the budget limits generated tools only"
 
 
 def test_budget_by_id(start_server, server_env, double):
@@ -162,12 +162,12 @@ def test_check_counts_what_tools_list_advertises(start_server, server_env, extra
 
 
 def test_check_says_how_to_trim_past_a_host_limit(server_env):
-    output = run_check(server_env)               # 30 fixed + kv-store 9 + counter 2
-    assert "Tools:     41 advertised (30 fixed, 11 for apps); over the limit of Cursor (40)\n" in output
-    assert ("  To trim: CALIMERO_MCP_TOOLSETS=core keeps 14 of the 30 fixed tools; CALIMERO_MCP_APPS=<app>,<app> "
+    output = run_check(server_env)               # 37 fixed + kv-store 9 + counter 2
+    assert "Tools:     48 advertised (37 fixed, 11 for apps); over the limit of Cursor (40)\n" in output
+    assert ("  To trim: CALIMERO_MCP_TOOLSETS=core keeps 15 of the 37 fixed tools; CALIMERO_MCP_APPS=<app>,<app> "
             "gives tools only to the apps named (call reaches every app).\n") in output
     within = run_check(dict(server_env, CALIMERO_MCP_TOOLSETS="core"))
-    assert "Tools:     25 advertised (14 fixed, 11 for apps)\n" in within and "To trim" not in within
+    assert "Tools:     26 advertised (15 fixed, 11 for apps)\n" in within and "To trim" not in within
 
 
 def test_check_honours_calimero_mcp_apps_and_names_a_typo(server_env):
@@ -175,7 +175,7 @@ def test_check_honours_calimero_mcp_apps_and_names_a_typo(server_env):
     assert "  - com.calimero.kv-store 1.0.0: 9 tools (left out by CALIMERO_MCP_APPS: call still reaches its methods)\n" \
         in output
     assert "  - com.example.counter 0.1.0: 2 tools\n" in output
-    assert check_count(output)[:3] == (32, 30, 2)
+    assert check_count(output)[:3] == (39, 37, 2)
     assert ('  - CALIMERO_MCP_APPS names "kv-stor", which matches no installed application\n    Fix: Name an app by its '
             "id, package, last package segment or display name; installed: com.calimero.kv-store, "
             "com.example.counter.\n") in output
@@ -187,7 +187,7 @@ def test_check_names_an_unknown_toolset_with_the_known_ones(server_env):
     output = run_check(dict(server_env, CALIMERO_MCP_TOOLSETS="core,blobz,all-of-them"))
     assert ("  - CALIMERO_MCP_TOOLSETS names unknown toolsets all-of-them, blobz\n    Fix: Name toolsets among core, "
             "blobs, governance (core is always on; all, or leaving it unset, gives every one).\n") in output
-    assert check_count(output)[1] == 14                       # core alone: the unknown names are left out
+    assert check_count(output)[1] == 15                       # core alone: the unknown names are left out
     assert output.rstrip().endswith("OK, the server can work with this node."), "a typo is not fatal"
     assert "unknown toolsets" not in run_check(dict(server_env, CALIMERO_MCP_TOOLSETS="all"))
 
