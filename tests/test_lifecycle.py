@@ -14,7 +14,7 @@ import pytest
 from mero_mcp import INSTALLED_NOTE, TEXT_BOUND
 from node_double import (FRESH_IDENTITY, NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, counter_spec, hex_id,
                          sample_double)
-from test_read_only import ON, READ_ONLY_SAYS
+from test_read_only import ON, READ_ONLY_SAYS, run_check
 
 KV = "com.calimero.kv-store"
 STRANGER = hex_id("someone else")
@@ -420,8 +420,11 @@ def test_describe_app_lists_the_versions_the_node_keeps(server, double):
 
 def test_node_status_adds_peers_and_identity_and_survives_their_failure(server, double):
     double.peer_count = 3
+    start = len(double.log)
     status = server.tool_json("node_status")
     assert (status["peers"], status["identity"]) == (3, {"accountId": NODE_ACCOUNT, "publicKey": NODE_PUBLIC_KEY})
+    facts = ["/admin-api/health", "/admin-api/peers", "/admin-api/identity"]
+    assert [e["path"] for e in double.log[start:] if e["path"] in facts] == facts      # the catalog reads aside
     double.fresh_identity = True
     double.faults = {"status": 500, "json": {"error": "peers broke"}, "paths": ["/admin-api/peers"]}
     status = server.tool_json("node_status")
@@ -450,3 +453,12 @@ def test_read_only_mode_keeps_get_blob_and_describe_group_and_refuses_the_rest(s
     for name, args in refused.items():
         assert READ_ONLY_SAYS in error_text(server.call_tool(name, args)), name
     assert [e for e in double.log[start:] if e["method"] != "GET"] == [] and double.syncs == []
+
+
+def test_check_counts_the_lifecycle_tools_each_mode_offers(tmp_path):
+    """--check's Tools line counts what tools/list gives: all 37 fixed tools, or the 14 read-only mode keeps."""
+    with sample_double() as double:
+        for env, fixed in (({}, 37), (ON, 14)):
+            code, lines = run_check(double, tmp_path, **env)
+            tools = next(line for line in lines if line.startswith("Tools:"))
+            assert code == 0 and "(%d fixed, " % fixed in tools, (env, tools)
