@@ -1603,8 +1603,8 @@ def add_group_members(args, call):
 def remove_group_members(args, call):
     node, group, members = call.server.node, args["group"], args["members"]
     # The node checks no account (node-api §0.6): one that is not a member would be "removed" silently.
-    listed = {m["identity"] for m in node.group_members(group)["members"]}
-    strangers = [m for m in members if m not in listed]
+    listed = {m["identity"].lower() for m in node.group_members(group)["members"]}
+    strangers = [m for m in members if m.lower() not in listed]
     if strangers:
         raise ToolError("Not members of group %s: %s. Nothing was removed; list_group_members shows its members."
                         % (group, ", ".join(strangers)))
