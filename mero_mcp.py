@@ -1493,17 +1493,70 @@ def delete_alias(args, call):
     return 'Alias "%s" deleted; it named context %s.' % (alias, context_id)
 
 
+@tool("sync_context", "Ask the node to sync a context from its peers; force: a full resync, overwriting local state "
+      "with a peer's.",
+      {"context": STRING, "force": {"type": "boolean"}}, required=("context",),
+      annotations=dict(WRITES, idempotentHint=True))
+def sync_context(args, call):
+    node, context_id = call.server.node, context_id_of(call.server, args["context"])
+    if args.get("force"):
+        return node.resync_context(context_id, True)
+    node.sync_context(context_id)
+    return "Context %s: sync from its peers requested." % context_id
+
+
 # ── Fixed tools: blobs ────────────────────────────────────────────────────────────────────────────
 # Application bytecode is a blob, which is why install/uninstall live in this toolset (tools.md).
 
-@tool("install_application", "Install an application from the node's registry.",
-      {"coords": text_property("package@version")},
-      required=("coords",), toolset="blobs")
+@tool("install_application", "Install an application from the node's registry (coords) or a bundle file on the "
+      "node's machine (path).",
+      {"coords": text_property("package@version"),
+       "path": text_property("Absolute .mpk path.")},
+      toolset="blobs")
 def install_application(args, call):
-    package, version = package_and_version(args["coords"])
-    answer = call.server.node.install_application(package, version)
-    call.server.apps.refresh()              # logs, never raises: the install itself succeeded
-    return answer
+    server, coords, path = call.server, args.get("coords"), args.get("path")
+    if (coords is None) == (path is None):
+        raise ToolError("Pass coords (package@version, from the node's registry) or path (a bundle file on the "
+                        "node's machine), %s." % ("not both" if coords is not None else "one of them"))
+    if coords is not None:
+        answer = server.node.install_application(*package_and_version(coords))
+    else:
+        answer = server.node.install_dev_application(bundle_path(server.node, path))
+    server.apps.refresh()                   # logs, never raises: the install itself succeeded
+    return installed_summary(server.apps, answer["applicationId"], coords)
+
+
+INSTALLED_NOTE = ("A host that does not reload its tool list (Claude Code does not) shows no tools for it until "
+                  "restarted: call and describe_app reach its methods now.")
+
+
+def installed_summary(apps, app_id, coords):
+    """What came in and how many tools it adds. A bundle names its own package and version, read back; a failed
+    read never fails the install, which happened (the coordinates asked for are said then)."""
+    try:
+        app = apps.read_app(app_id)
+    except node_module().NodeError as error:
+        log.warning("installed %s but could not read it back: %s", app_id, error)
+        app = None
+    package, version = package_and_version(coords) if coords is not None else (None, None)
+    return {"applicationId": app_id, "package": app.package if app else package,
+            "version": app.version if app else version, "tools": apps.tool_count_of(app_id), "note": INSTALLED_NOTE}
+
+
+def bundle_path(node, path):
+    """The node reads the path on its own filesystem and expands nothing (node-api §0.6): a relative path is
+    refused, and `~` is this machine's home, so it is expanded only for a node on this machine."""
+    if path.startswith("~"):
+        node.connect()
+        if not node_module().is_loopback_url(node.url):
+            raise ToolError('path "%s" starts with ~, which only a node on this machine shares: the node at %s '
+                            "expands nothing. Pass the bundle's absolute path on the node's machine." % (path, node.url))
+        import os
+        path = os.path.expanduser(path)
+    if not path.startswith("/"):
+        raise ToolError('path "%s" is not absolute. Pass the absolute path of the bundle (.mpk) on the node\'s '
+                        "machine: the node reads it from its own filesystem." % path)
+    return path
 
 
 def package_and_version(coords):
@@ -1558,6 +1611,47 @@ def decoded_base64(text):
 @tool("list_blobs", "Blobs stored on this node.", {"cursor": CURSOR}, annotations=READ_ONLY, toolset="blobs")
 def list_blobs(args, call):
     return paged("list_blobs", args, {"blobs": call.server.node.blobs()}, "blobs", "blobId")
+
+
+@tool("get_blob", "Read a blob's bytes: UTF-8 text, else base64; a long one in pages (offset, in bytes).",
+      {"blob": STRING, "context": STRING, "offset": {"type": "integer", "minimum": 0}},
+      required=("blob",), annotations=READ_ONLY, toolset="blobs")
+def get_blob(args, call):
+    context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
+    data, headers = call.server.node.download_blob(args["blob"], context)
+    offset = args.get("offset") or 0
+    if offset > len(data) or (offset == len(data) and data):
+        raise ToolError("offset %d is past the end of blob %s, which is %d bytes." % (offset, args["blob"], len(data)))
+    page = {"blobId": args["blob"], "size": len(data), "mimeType": headers["mimeType"], "encoding": None,
+            "offset": offset, "nextOffset": None, "content": ""}
+    room = TEXT_BOUND - len(json_text(page)) - 40      # what the rest of the answer leaves (40: both fields' values)
+    encoding, content, end = blob_page(data, offset, room)
+    return dict(page, encoding=encoding, content=content, nextOffset=end if end < len(data) else None)
+
+
+def blob_page(data, offset, room):
+    """(encoding, content, end offset) of the page from `offset` whose JSON text fits `room` characters: UTF-8
+    text when the whole blob decodes and `offset` starts a character (so pages never split one), else base64."""
+    import base64
+    try:
+        data.decode("utf-8")
+        text = offset == len(data) or data[offset] & 0xC0 != 0x80
+    except UnicodeDecodeError:
+        text = False
+    if not text:
+        end = min(len(data), offset + room // 4 * 3)
+        return "base64", base64.b64encode(data[offset:end]).decode("ascii"), end
+    chars = data[offset:offset + 4 * room].decode("utf-8", "ignore")[:room]   # "ignore": a cut last character
+    count = len(chars)
+    if len(json.dumps(chars, ensure_ascii=False)) - 2 > room:         # escapes (\n, \") read as two or more
+        used, count = 0, 0
+        for char in chars:
+            used += len(json.dumps(char, ensure_ascii=False)) - 2
+            if used > room:
+                break
+            count += 1
+    content = chars[:count]
+    return "utf-8", content, offset + len(content.encode("utf-8"))
 
 
 @tool("delete_blob", "Delete a blob from this node (not one an installed app uses).",
@@ -1632,6 +1726,33 @@ def add_group_members(args, call):
     return "Added %s to group %s." % (added, args["group"])
 
 
+@tool("remove_group_members", "Remove members from a group.",
+      {"group": GROUP_ID, "members": {"type": "array", "minItems": 1, "items": text_property("Account id.")}},
+      required=("group", "members"), annotations=DESTRUCTIVE, toolset="governance")
+def remove_group_members(args, call):
+    node, group, members = call.server.node, args["group"], args["members"]
+    # The node checks no account (node-api §0.6): one that is not a member would be "removed" silently.
+    listed = {m["identity"].lower() for m in node.group_members(group)["members"]}
+    strangers = [m for m in members if m.lower() not in listed]
+    if strangers:
+        raise ToolError("Not members of group %s: %s. Nothing was removed; list_group_members shows its members."
+                        % (group, ", ".join(strangers)))
+    node.remove_group_members(group, list(members))
+    return "Removed %s from group %s." % (", ".join(members), group)
+
+
+MEMBER_ROLES = ("Admin", "Member", "ReadOnly")       # the node assigns its TEE roles itself
+
+
+@tool("set_member_role", "Change a group member's role.",
+      {"group": GROUP_ID, "member": text_property("Account id."),
+       "role": {"type": "string", "enum": list(MEMBER_ROLES)}},
+      required=("group", "member", "role"), toolset="governance")
+def set_member_role(args, call):
+    call.server.node.set_member_role(args["group"], args["member"], args["role"])
+    return "Member %s of group %s now has role %s." % (args["member"], args["group"], args["role"])
+
+
 @tool("create_group", "Create a group (subgroup) in a namespace, or nested under a parent group.",
       {"namespace": NAMESPACE_ID,
        "name": STRING,
@@ -1672,6 +1793,76 @@ def create_nested_group(node, args):
     return created_group(group_id, parent, args["namespace"], visibility or "restricted")
 
 
+@tool("describe_group", "Show a namespace or group: name, parent, app, visibility, counts, subgroups, metadata and "
+      "any upgrade.",
+      {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
+def describe_group(args, call):
+    server, group = call.server, args["group"]
+    node = server.node
+    info = node.group(group)
+    namespaces = {row["namespaceId"]: row for row in node.namespaces()}
+    parent, namespace = group_place(node, group, info.get("namespaceId"), namespaces)
+    metadata = info.get("metadata") or {}
+    own_row = namespaces.get(group) or (parent or {}).pop("child", None) or {}
+    target = info["targetApplicationId"]
+    app = next((a for a in server.apps.installed() if a.id == target), None)
+    return {"groupId": group, "name": metadata.get("name") or own_row.get("name"),
+            "kind": "namespace" if group in namespaces else "subgroup",
+            "namespace": namespace, "parent": parent["groupId"] if parent else None,
+            "application": {"id": target, "package": app.package if app else None},
+            "visibility": info.get("subgroupVisibility"), "memberCount": info.get("memberCount"),
+            "contextCount": info.get("contextCount"), "subgroups": node.subgroups(group),
+            "metadata": metadata.get("data"), "upgrade": node.upgrade_status(group) or info.get("activeUpgrade")}
+
+
+def group_place(node, group, namespace, namespaces):
+    """(parent row with the group's own row as `child`, namespace id): group info names neither parent nor, before
+    rc.83, namespace, so the namespaces are walked down (node-api §0.6)."""
+    if group in namespaces:
+        return None, group
+    for candidate in [namespace] if namespace else list(namespaces):
+        parent = node.group_parent(candidate, group)
+        if parent is not None:
+            return parent, candidate
+    return None, namespace
+
+
+@tool("delete_group", "Delete a subgroup (a namespace: delete_namespace); newest nodes also delete its subgroups and "
+      "their contexts.",
+      {"group": GROUP_ID}, required=("group",), annotations=DESTRUCTIVE, toolset="governance")
+def delete_group(args, call):
+    node, group = call.server.node, args["group"]
+    namespace = next((row for row in node.namespaces() if row["namespaceId"] == group), None)
+    if namespace is not None:      # newest nodes refuse it too; older ones would delete the namespace
+        raise ToolError("%s is a namespace%s: delete_group deletes subgroups. Delete a namespace with "
+                        "delete_namespace." % (group, ' ("%s")' % namespace["name"] if namespace.get("name") else ""))
+    below = groups_below(node, group)
+    doomed = set(below) | {group}
+    contexts = [c["id"] for c in node.contexts() if c.get("groupId") in doomed]
+    answer = node.delete_group(group)
+    remaining = {c["id"] for c in node.contexts()} if contexts else set()
+    return dict(answer, groupId=group, deletedSubgroups=[g for g in below if not group_exists(node, g)],
+                deletedContexts=[c for c in contexts if c not in remaining])
+
+
+def groups_below(node, group):
+    """Every group under `group`, level by level."""
+    found, level = [], [group]
+    while level:
+        level = [row["groupId"] for parent in level for row in node.subgroups(parent) if row["groupId"] not in found]
+        found.extend(level)
+    return found
+
+
+def group_exists(node, group):
+    """False only when the node says it is not there: the delete happened, so no other failure may fail it."""
+    try:
+        node.group(group)
+    except node_module().NodeError as error:
+        return error.status != 404
+    return True
+
+
 @tool("set_group_visibility", "Make a group open (namespace members can join it) or restricted (members must be "
       "added).",
       {"group": GROUP_ID,
@@ -1706,6 +1897,22 @@ def current_group_name(node, group):
       {"group": GROUP_ID}, required=("group",), toolset="governance")
 def join_open_group(args, call):
     return call.server.node.join_open_group(args["group"])
+
+
+@tool("upgrade_group", "Move a namespace or group to the latest installed version of its app (install that first); "
+      "cascade: subgroups too.",
+      {"group": GROUP_ID, "application": text_property("Default: the group's."), "cascade": {"type": "boolean"}},
+      required=("group",), toolset="governance")
+def upgrade_group(args, call):
+    server, group = call.server, args["group"]
+    if args.get("application") is not None:
+        target = server.apps.resolve(args["application"]).id
+    else:
+        target = server.node.group(group)["targetApplicationId"]
+    status = server.node.upgrade_group(group, target, args.get("cascade"))
+    if status.get("status") != "completed":
+        status = dict(status, note="Not finished: describe_group shows its progress until it is completed.")
+    return status
 
 
 # ── Apps: installed applications, the catalog, handles, admission ────────────────────────────────
@@ -2276,6 +2483,12 @@ class Apps:
                  and advertised(snapshot.index[name], config)]
         return sorted(names, key=lambda name: bindings[name].method.name)
 
+    def tool_count_of(self, app_id):
+        """How many generated tools of the app (every service) tools/list carries now."""
+        snapshot = self.snapshot
+        return sum(1 for name, b in snapshot.bindings.items()
+                   if b.unit.app.id == app_id and advertised(snapshot.index[name], self.server.config))
+
     # ---- contexts ----
     def contexts_of(self, app):
         return self.node.contexts_of(app.id)
@@ -2586,6 +2799,7 @@ def describe_app(args, call):
     apps.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, apps.contexts_of(app), None)
     summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
+    summary["versions"] = installed_versions(apps.node, app)
     summary["methods"] = method_references(unit)
     return with_guide(apps, app, summary, always=True)
 
@@ -2603,10 +2817,21 @@ def describe_services(apps, app):
     if apps.served_guide_uri(app):
         summary["guide"] = app.guide_uri
     summary["name"] = app.name
+    summary["versions"] = installed_versions(apps.node, app)
     summary["services"] = [{"service": service, "methods": method_references(apps.unit_for(app, service))}
                            for service in app.services]
     summary["note"] = SERVICES_NOTE % ", ".join(app.services)
     return with_guide(apps, app, summary, always=True)
+
+
+def installed_versions(node, app):
+    """The versions of the app this node retains (upgrade_group moves to the newest); None when the node will
+    not say, which never fails describe_app."""
+    try:
+        return [row["version"] for row in node.application_versions(app.id)]
+    except node_module().NodeError as error:
+        log.info("versions of %s unavailable: %s", app.key, error)
+        return None
 
 
 @tool("select_app", "Pick an application and the context to act in; returns the app_handle its tools and call "

@@ -70,6 +70,11 @@ BYTE_LIST = re.compile(r"\[[\d,\s]+\]")
 # What some older nodes require on namespace and group creation (reference §2.1); sent only when a node asks.
 UPGRADE_POLICY = {"upgradePolicy": "LazyOnAccess"}
 
+# The most one blob download may hold (get_blob): the node has no Range, so every page downloads the whole blob.
+# Issue 19 adds a response-size cap to the transport (CALIMERO_MCP_MAX_RESPONSE_BYTES, default 64 MiB): one
+# setting at the merge.
+BLOB_DOWNLOAD_LIMIT = 64 * 1024 * 1024
+
 OLD_NODE_ABI = ("This node's merod does not support the ABI endpoint (GET /admin-api/applications/:id/abi). "
                 "Upgrade merod to a release that includes it.")
 
@@ -1218,6 +1223,9 @@ def http_error(status: int, reason: Optional[str], body: bytes, url: str,
 JOIN_ROUTE = re.compile(r"/admin-api/namespaces/[^/]+/join$")
 INVITATION_ROUTE = re.compile(r"/admin-api/namespaces/[^/]+/(join|invite)$")     # where invitations are used
 INSTALL_ROUTE = re.compile(r"/admin-api/install-application$")
+DEV_INSTALL_ROUTE = re.compile(r"/admin-api/install-dev-application$")
+UPGRADE_ROUTE = re.compile(r"/admin-api/groups/[^/]+/upgrade$")
+GROUP_ROUTE = re.compile(r"/admin-api/groups/[^/]+$")
 # The group a refusal names: quoted (core's "node is not a member of group '<id>'", §1.2) or bare hex (its
 # governance store's membership errors: "identity … is not an admin of group <id>").
 NAMED_GROUP = re.compile(r"(group|namespace) (?:'([^']*)'|([0-9a-f]{64})\b)")
@@ -1230,6 +1238,18 @@ _ADVICE = (
                                           "for a new one (invite_to_namespace on their node) and join with that."),
     (400, JOIN_ROUTE, "invitation", "Pass the invitation object exactly as invite_to_namespace returned it, to "
                                     "the namespace it was made for."),
+    (409, UPGRADE_ROUTE, "already targeting", "Install the newer version first (install_application with coords "
+                                              "or path: same package and signer, same application id), then retry "
+                                              "upgrade_group."),
+    (409, UPGRADE_ROUTE, "in progress", "Wait: describe_group shows the upgrade's progress until it is completed."),
+    (409, UPGRADE_ROUTE, "no contexts", "Nothing runs in that group: pass cascade to upgrade its subgroups too, or "
+                                        "upgrade the group that holds the contexts."),
+    (400, GROUP_ROUTE, "namespace root", "Delete a namespace with delete_namespace."),
+    (409, GROUP_ROUTE, "contexts", "This node deletes only an empty group: delete its contexts first "
+                                   "(delete_context), then retry delete_group."),
+    (403, DEV_INSTALL_ROUTE, "install path", "The node installs bundles only from under its MEROD_DEV_INSTALL_ROOT: "
+                                             "put the bundle there on the node's machine and pass that absolute "
+                                             "path."),
     (409, None, "last admin", "Make another member Admin first (add_group_members with role Admin), then retry."),
     (403, None, "not a member", "This node is not a member of {0}: join it first (join_namespace with an "
                                 "invitation, or join_open_group for an open subgroup)."),
@@ -1473,6 +1493,13 @@ class Answer:
             raise WrongShape("an object with %s boolean" % _named(key))
         return self.value
 
+    def count(self, key: str) -> int:
+        """The non-negative integer at `key` (`{"count": 3}`)."""
+        value = self.value.get(key) if isinstance(self.value, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise WrongShape("an object with %s non-negative integer" % _named(key))
+        return value
+
     def inner(self, key: str, id_key: str, fields: Fields = NO_FIELDS,
               nullable: bool = False) -> Optional[Dict[str, Any]]:
         """The object at `key` (`{"application": {…}}`), carrying `id_key` as a string; with `nullable`, None for
@@ -1593,6 +1620,39 @@ def blob_record(blob: Dict[str, Any]) -> Dict[str, Any]:
         if key in blob:
             record[key] = blob[key]
     return record
+
+
+def _blob_params(context_id: Optional[str]) -> Optional[Dict[str, str]]:
+    """`context_id` lets the node ask that context's peers for a blob it does not hold (§0.6)."""
+    return {"context_id": context_id} if context_id is not None else None
+
+
+def _blob_headers(response) -> Dict[str, Any]:
+    headers = response.headers
+    declared = headers.get("Content-Length", "").strip()
+    mime = headers.get("X-Blob-MIME-Type") or headers.get("Content-Type")
+    return {"size": int(declared) if declared.isdigit() else None, "mimeType": mime or None,
+            "source": headers.get("X-Blob-Source")}
+
+
+def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> NodeError:
+    """A refused HEAD of a blob in words: 404 (not held, §0.6), 400 (a malformed blob or context id)."""
+    if error.status == 404:
+        where = "on this node or among its context's peers" if context_id else "on this node"
+        return NodeError("Blob %s is not %s" % (blob_id, where), 404,
+                         hint="list_blobs shows the blobs this node holds%s." % (
+                             "" if context_id else "; pass context to have the node ask that context's peers"))
+    if error.status == 400:
+        return NodeError('"%s" is not a blob id%s' % (blob_id, ", or the context id is not valid" if context_id else ""),
+                         400, hint="A blob id is 64 hex characters (list_blobs shows them).")
+    return error
+
+
+def _blob_too_large(blob_id: str, size: int) -> NodeError:
+    return NodeError("Blob %s is %d bytes, more than the %d bytes (64 MiB) this server downloads for one answer: the "
+                     "node sends a blob whole, with no ranges" % (blob_id, size, BLOB_DOWNLOAD_LIMIT),
+                     hint="Fetch it from the node's machine directly (meroctl blob download, or the node's GET "
+                          "/admin-api/blobs/%s)." % blob_id)
 
 
 # ── Node: connect, request, refresh ───────────────────────────────────────────────────────────────
@@ -1716,6 +1776,14 @@ class Node:
     def health(self) -> Dict[str, Any]:
         return self._call("GET", "/admin-api/health", health_shape)
 
+    def identity(self) -> Dict[str, Any]:
+        """`{accountId, publicKey, deviceId?, ...}`; a fresh node answers 404 with why it has none yet (§0.6)."""
+        return self._call("GET", "/admin-api/identity", lambda a: a.object("accountId"))
+
+    def peers(self) -> int:
+        """How many peers the node is connected to: `{"count": N}`, no wrapper (§0.6)."""
+        return self._call("GET", "/admin-api/peers", lambda a: a.count("count"))
+
     # applications (§3.2)
     def applications(self) -> List[Dict[str, Any]]:
         """The installed applications' records, each with its `id` (lists may omit `services`) and its `metadata`
@@ -1737,6 +1805,23 @@ class Node:
         """Install package@version from the node's own registry: `{applicationId}`."""
         return self._call("POST", "/admin-api/install-application", lambda a: a.object("applicationId"),
                           body={"package": package, "version": version})
+
+    def install_dev_application(self, path: str) -> Dict[str, Any]:
+        """Install the bundle at `path` on the node's own filesystem: `{applicationId}`. The newest body is
+        `{path}`; an older node requires `metadata` (ignored for a bundle) and is sent `[]` when it asks (§0.6)."""
+        route = "/admin-api/install-dev-application"
+        try:
+            return self._call("POST", route, lambda a: a.object("applicationId"), body={"path": path})
+        except NodeError as error:
+            if error.status in (400, 422) and "missing field `metadata`" in str(error):
+                return self._call("POST", route, lambda a: a.object("applicationId"),
+                                  body={"path": path, "metadata": []})
+            raise
+
+    def application_versions(self, app_id: str) -> List[Dict[str, Any]]:
+        """The versions of the app's package this node retains: `[{version, blobId, size, package}]`."""
+        return self._call("GET", "/admin-api/applications/%s/versions" % quoted(app_id),
+                          lambda a: a.rows(None, "version"))
 
     def uninstall_application(self, app_id: str) -> Dict[str, Any]:
         """`{applicationId}`; the node succeeds for an id it does not know."""
@@ -1777,6 +1862,15 @@ class Node:
         """`{isDeleted}` (false for a context the node does not know)."""
         return self._call("DELETE", "/admin-api/contexts/" + quoted(context_id), lambda a: a.flag("isDeleted"))
 
+    def sync_context(self, context_id: str) -> None:
+        """Ask the node to sync the context from its peers (answers `{"data": null}`)."""
+        self._call("POST", "/admin-api/contexts/sync/" + quoted(context_id), Answer.optional_object)
+
+    def resync_context(self, context_id: str, force: bool) -> Dict[str, Any]:
+        """A full resync, replacing local state with a peer's: `{contextId, resyncStarted}`, no wrapper."""
+        return self._call("POST", "/admin-api/contexts/%s/resync" % quoted(context_id),
+                          lambda a: a.object("contextId"), body={"force": force})
+
     # aliases (§3.4)
     def create_alias(self, alias: str, context_id: str) -> None:
         self._call("POST", "/admin-api/alias/create/context", Answer.optional_object,
@@ -1813,6 +1907,27 @@ class Node:
         """`[{blobId, size}]`: the root blobs stored on the node."""
         rows = self._call("GET", "/admin-api/blobs", lambda a: a.rows("blobs", "blob_id", "blobId"))
         return [blob_record(row) for row in rows]
+
+    def blob_info(self, blob_id: str, context_id: Optional[str] = None) -> Dict[str, Any]:
+        """HEAD: `{size, mimeType, source}` from the headers (each None when absent; a blob only a peer holds
+        has no MIME type and maybe no size)."""
+        try:
+            response = self._raw("HEAD", "/admin-api/blobs/" + quoted(blob_id), _blob_params(context_id))
+        except NodeError as error:         # a HEAD answer has no body: the node's own words never arrive
+            raise _blob_refusal(error, blob_id, context_id) from None
+        return _blob_headers(response)
+
+    def download_blob(self, blob_id: str, context_id: Optional[str] = None) -> Tuple[bytes, Dict[str, Any]]:
+        """The blob's bytes, whole (the node has no Range), and its headers as blob_info gives them. A blob past
+        BLOB_DOWNLOAD_LIMIT is refused before its bytes are read, by its HEAD."""
+        path, params = "/admin-api/blobs/" + quoted(blob_id), _blob_params(context_id)
+        size = self.blob_info(blob_id, context_id)["size"]
+        if size is not None and size > BLOB_DOWNLOAD_LIMIT:
+            raise _blob_too_large(blob_id, size)
+        response = self._raw("GET", path, params)
+        if len(response.content) > BLOB_DOWNLOAD_LIMIT:
+            raise _blob_too_large(blob_id, len(response.content))
+        return response.content, _blob_headers(response)
 
     def delete_blob(self, blob_id: str) -> Dict[str, Any]:
         """`{blobId, deleted}`; the node refuses (403) a blob an installed application uses."""
@@ -1886,6 +2001,12 @@ class Node:
         return self._call("GET", "/admin-api/groups/" + quoted(group_id),
                           lambda a: a.object("targetApplicationId", GROUP_FIELDS))
 
+    def delete_group(self, group_id: str) -> Dict[str, Any]:
+        """`{isDeleted}`. Core refuses this DELETE without a JSON body; the newest nodes delete the subgroups
+        below it and their contexts too, older ones refuse a group that still has contexts (§0.6)."""
+        return self._call("DELETE", "/admin-api/groups/" + quoted(group_id), lambda a: a.flag("isDeleted"),
+                          body={})
+
     def namespace_holds(self, namespace_id: str, group_id: str) -> bool:
         """Whether a group is the namespace or sits anywhere under it. Older releases' group info names no
         namespace: their namespace's subgroups are walked down instead."""
@@ -1927,6 +2048,23 @@ class Node:
                 return []
             raise
 
+    def group_parent(self, namespace_id: str, group_id: str) -> Optional[Dict[str, Any]]:
+        """The row `{groupId, name?}` of the group directly above `group_id` inside the namespace (the namespace's
+        own is `{groupId: namespace_id}`), with the group's own row as `child`; None when it is not there.
+        Group info names no parent (§0.6): the namespace is walked down, a level at a time."""
+        seen, level = {namespace_id}, [({"groupId": namespace_id}, self.namespace_groups(namespace_id))]
+        while level:
+            below = []
+            for parent, children in level:
+                for child in children:
+                    if child["groupId"] == group_id:
+                        return dict(parent, child=child)
+                    if child["groupId"] not in seen:
+                        seen.add(child["groupId"])
+                        below.append(child)
+            level = [(row, self.subgroups(row["groupId"])) for row in below]
+        return None
+
     def group_members(self, group_id: str) -> Dict[str, Any]:
         """`{members: [{identity, role, name?}], selfIdentity?}`, every page read; older releases put
         selfIdentity on each page."""
@@ -1946,6 +2084,15 @@ class Node:
         self._call("POST", "/admin-api/groups/%s/members" % quoted(group_id), Answer.optional_object,
                    body={"members": members})
 
+    def remove_group_members(self, group_id: str, accounts: List[str]) -> None:
+        """accounts: the members' account ids, as the members list gives them (the node checks none of them)."""
+        self._call("POST", "/admin-api/groups/%s/members/remove" % quoted(group_id), Answer.optional_object,
+                   body={"members": accounts})
+
+    def set_member_role(self, group_id: str, account: str, role: str) -> None:
+        self._call("PUT", "/admin-api/groups/%s/members/%s/role" % (quoted(group_id), quoted(account)),
+                   Answer.optional_object, body={"role": role})
+
     def group_metadata(self, group_id: str) -> Optional[Dict[str, Any]]:
         """`{name, data, updatedAt, updatedBy}`, or None for a group that has none."""
         return self._call("GET", "/admin-api/groups/%s/metadata" % quoted(group_id), Answer.metadata)
@@ -1964,6 +2111,25 @@ class Node:
         """Join through membership of the parent (join via inheritance): `{groupId, memberPublicKey, wasInherited}`."""
         return self._call("POST", "/admin-api/groups/%s/join-via-inheritance" % quoted(group_id),
                           lambda a: a.object("groupId"), body={})
+
+    # group upgrades (§0.6)
+    def upgrade_group(self, group_id: str, application_id: str, cascade: Optional[bool] = None) -> Dict[str, Any]:
+        """Move the group (with `cascade`, its subgroups too) to the application row's current bytecode:
+        `{groupId, status, ...}` (counts as `localContexts*` on newer nodes, `total/completed/failed` on older)."""
+        body = {"targetApplicationId": application_id}
+        if cascade is not None:
+            body["cascade"] = cascade
+        return self._call("POST", "/admin-api/groups/%s/upgrade" % quoted(group_id), lambda a: a.object("status"),
+                          body=body)
+
+    def upgrade_status(self, group_id: str) -> Optional[Dict[str, Any]]:
+        """The group's last upgrade `{fromVersion, toVersion, status, ...}`, or None when it was never upgraded."""
+        def status_of(answer):
+            record = answer.optional_object()
+            if record is not None and not _is_text(record.get("status")):
+                raise WrongShape('an object with a "status" string, or null')
+            return record
+        return self._call("GET", "/admin-api/groups/%s/upgrade/status" % quoted(group_id), status_of)
 
     # ---- the admin API's plumbing ----
     def _call(self, method, path, shape, body=None, params=None, data=None, content_type=None, timeout=None):
@@ -2037,18 +2203,30 @@ class Node:
 
     def _exchange(self, method, path, body=None, params=None, data=None, content_type=None, timeout=None):
         """One request; the answer with its raw body, for the admin API's shape checks."""
+        if body is not None:
+            data, content_type = json.dumps(body).encode("utf-8"), "application/json"
+        response, url = self._response(method, path, params, data, content_type, timeout)
+        return Answer(decode_json(response, url), response.content)
+
+    def _raw(self, method, path, params=None):
+        """A request whose answer is bytes, not JSON (a blob download, its HEAD): the response itself."""
+        response, url = self._response(method, path, params)
+        if method != "HEAD" and _is_short(response, response.content):
+            raise cut_off(display_url(url), display_url(self._base))
+        return response
+
+    def _response(self, method, path, params=None, data=None, content_type=None, timeout=None):
+        """Send one request (renewing the token if need be); a 2xx response and its url, else the refusal."""
         self.connect()
         url = self._base + path
         timeout = self._timeout if timeout is None else timeout
-        if body is not None:
-            data, content_type = json.dumps(body).encode("utf-8"), "application/json"
 
         def send(token):
             return self._send(method, url, token, data, content_type, params, timeout)
         response = self._send_authenticated(send)
         if not 200 <= response.status_code < 300:
             raise self._refusal(response, url)
-        return Answer(decode_json(response, url), response.content)
+        return response, url
 
     def _send(self, method, url, token, data, content_type, params, timeout):
         requests, session = _requests(), _session()
@@ -2240,13 +2418,31 @@ class Node:
             location, mode = self._attempt or (None, self._planned_mode())
             return {"health": _failed_health(error), "url": location.url if location else None,
                     "nodeName": location.name if location else None,
-                    "discoverySource": location.source if location else None, "authMode": mode}
+                    "discoverySource": location.source if location else None, "authMode": mode,
+                    "peers": None, "identity": None}
         try:
             health = self.health()
         except NodeError as error:
             health = _failed_health(error)
-        return {"health": health, "url": self.url, "nodeName": self.name, "discoverySource": self.source,
-                "authMode": self.auth_mode}
+        status = {"health": health, "url": self.url, "nodeName": self.name, "discoverySource": self.source,
+                  "authMode": self.auth_mode}
+        return dict(status, **self._facts() if health.get("status") == "alive" else {"peers": None, "identity": None})
+
+    def _facts(self) -> Dict[str, Any]:
+        """node_status's peers and identity: each null with the node's reason when it cannot be had (a fresh node
+        has no identity yet), never a failure of node_status."""
+        facts = {}
+        for key, read in (("peers", self.peers), ("identity", self._identity_summary)):
+            try:
+                facts[key] = read()
+            except NodeError as error:
+                facts[key] = None
+                facts[key + "Note"] = str(error)
+        return facts
+
+    def _identity_summary(self) -> Dict[str, Any]:
+        identity = self.identity()
+        return {"accountId": identity["accountId"], "publicKey": identity.get("publicKey")}
 
     def _planned_mode(self) -> str:
         """The auth mode the environment asks for, when discovery found no node to pair it with."""

@@ -68,6 +68,18 @@ INSTALL_FIELDS = ("package", "version")
 CONTEXT_CREATE_FIELDS = ("applicationId", "groupId", "serviceName", "contextSeed", "initializationParams",
                          "identitySecret", "name")
 EMPTY_FIELDS = ()                                        # DELETE /namespaces/:id and /groups/:id take `{}`
+REMOVE_MEMBERS_FIELDS = ("members",)                     # each an account id (§0.6)
+ROLE_FIELDS = ("role",)
+UPGRADE_FIELDS = ("targetApplicationId", "cascade", "forceCodeOnly")
+RESYNC_FIELDS = ("force",)
+DEV_INSTALL_FIELDS = ("path",)
+# The older (rc.25-era) bodies of the §0.6 routes, which `legacy_lifecycle` serves (their extra keys are known).
+LEGACY_FIELDS = {
+    "install_dev_application": ("path", "metadata", "package", "version"),
+    "delete_group": ("requester", "requesterSecret"),
+    "remove_group_members": ("members", "requester"),
+    "upgrade_group": ("targetApplicationId", "requester", "migrateMethod", "cascade"),
+}
 MEMBERS_FIELDS = ("members",)
 MEMBER_FIELDS = ("identity", "role")                     # each entry of add-members
 METADATA_FIELDS = ("name", "data")
@@ -103,6 +115,20 @@ JOIN_KEY_PENDING = ("the join went out and the key is on its way: namespace '{}'
                     "it has arrived")                                     # 503
 JOIN_NOT_ENDORSED = "a member answered but has not endorsed the join to namespace '{}' yet; retry shortly"  # 503
 # Install failures of current releases are 502 text/plain (§0.5.3), verbatim.
+NAMESPACE_ROOT = "cannot delete the namespace root {}; use delete_namespace instead"       # §0.6, gov-err
+LAST_ADMIN_REMOVED = "cannot remove the last admin of the group"
+LAST_ADMIN_DEMOTED = "cannot demote the last admin of the group"
+MEMBER_NOT_FOUND = "member {} not found in group {}"
+BAD_ACCOUNT = "Invalid account format: expected 64 hex characters (32 bytes)"
+ALREADY_TARGETING = "group {} is already targeting this application; install a new version of it to upgrade"
+NOTHING_TO_UPGRADE = "group {} has no contexts to upgrade"
+UPGRADE_RUNNING = "an upgrade is already in progress for group {}; wait for it to finish"
+FRESH_IDENTITY = ("this node holds neither a usable device nor an account root yet; both are minted the first time "
+                  "it takes part in a namespace")
+FRESH_IDENTITY_RC25 = ("this node holds neither a device nor an account root yet; both are minted the first time it "
+                       "takes part in a namespace")
+DEV_INSTALL_REFUSED = "install path is not permitted"
+DEV_INSTALL_UNRESOLVED = "install path could not be resolved"
 REGISTRY_MISS = "the configured Http source has no application published at {}@{}"
 DHT_REGISTRY_MODE = ("this node is in dht registry mode, which cannot install by package@version; install from a "
                      "local .mpk bundle or via governance instead")
@@ -160,6 +186,19 @@ def metadata_problem(name: Optional[str], data: Dict[str, str]) -> Optional[str]
         if utf8_size(value) > MAX_METADATA_VALUE:
             return "metadata data value too long: {} bytes (max {})".format(utf8_size(value), MAX_METADATA_VALUE)
     return None
+
+
+def sniffed_mime(data: bytes) -> str:
+    """The node sniffs a blob's MIME type from its bytes (§0.6): a few magic numbers, else text or octets."""
+    for magic, mime in ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"%PDF-", "application/pdf"),
+                        (b"PK\x03\x04", "application/zip")):
+        if data.startswith(magic):
+            return mime
+    try:
+        data.decode("utf-8")
+        return "text/plain"
+    except UnicodeDecodeError:
+        return "application/octet-stream"
 
 
 def hex_id(label: str) -> str:
@@ -933,7 +972,8 @@ ROUTES = [
     Route("GET", "/admin-api/applications/:application_id/versions", "application_versions"),
     Route("DELETE", "/admin-api/applications/:application_id", "uninstall_application"),
     Route("POST", "/admin-api/install-application", "install_application", body="validated", closed=INSTALL_FIELDS),
-    Route("POST", "/admin-api/install-dev-application", "install_dev_application", body="validated"),
+    Route("POST", "/admin-api/install-dev-application", "install_dev_application", body="validated",
+          closed=DEV_INSTALL_FIELDS),
     Route("GET", "/admin-api/packages", "list_packages"),
     Route("GET", "/admin-api/packages/:package/versions", "package_versions"),
     Route("GET", "/admin-api/packages/:package/latest", "package_latest"),
@@ -949,6 +989,10 @@ ROUTES = [
     Route("GET", "/admin-api/contexts/:context_id/identities", "context_identities"),
     Route("GET", "/admin-api/contexts/:context_id/identities-owned", "context_identities"),
     Route("GET", "/admin-api/contexts/:context_id/group", "context_group"),
+    Route("POST", "/admin-api/contexts/sync", "sync_contexts"),
+    Route("POST", "/admin-api/contexts/sync/:context_id", "sync_context"),
+    Route("POST", "/admin-api/contexts/:context_id/resync", "resync_context", body="validated", closed=RESYNC_FIELDS,
+          bad_id={"context_id": "Invalid context id"}),
     # aliases (§3.4)
     Route("POST", "/admin-api/alias/create/:kind", "create_alias", body="axum"),
     Route("POST", "/admin-api/alias/lookup/:kind/:name", "lookup_alias", permission="context:alias:lookup"),
@@ -981,6 +1025,12 @@ ROUTES = [
     Route("GET", "/admin-api/groups/:group_id/contexts", "group_contexts"),
     Route("GET", "/admin-api/groups/:group_id/members", "group_members"),
     Route("POST", "/admin-api/groups/:group_id/members", "add_group_members", body="validated", closed=MEMBERS_FIELDS),
+    Route("POST", "/admin-api/groups/:group_id/members/remove", "remove_group_members", body="validated",
+          closed=REMOVE_MEMBERS_FIELDS),
+    Route("PUT", "/admin-api/groups/:group_id/members/:account/role", "set_member_role", body="validated",
+          closed=ROLE_FIELDS),
+    Route("POST", "/admin-api/groups/:group_id/upgrade", "upgrade_group", body="validated", closed=UPGRADE_FIELDS),
+    Route("GET", "/admin-api/groups/:group_id/upgrade/status", "upgrade_status"),
     Route("PUT", "/admin-api/groups/:group_id/settings/subgroup-visibility", "set_visibility", body="validated",
           closed=VISIBILITY_FIELDS),
     Route("GET", "/admin-api/groups/:group_id/metadata", "get_group_metadata"),
@@ -1199,6 +1249,13 @@ class NodeDouble:
       registry_mode   "http" (installs from `registry`; a miss is a 502) or "dht" (every install is a 502)
       legacy_group_info  True: group info as before rc.83, without namespaceId and ownerOpCounter
       alias_rows      True: GET /alias/list/context answers [{alias, value}] rows, as one branch of core does
+      legacy_lifecycle   True: the §0.6 routes in their older (rc.25-era) forms: dev install requires `metadata`,
+                         a group delete refuses a group with contexts (and cascades nothing), remove-members
+                         answers null, an upgrade answers {total, completed, failed}, blob headers without
+                         X-Blob-Source, rc.25's fresh-identity text; their older body keys are known
+      fresh_identity  True: GET /identity is the 404 of a node that never took part in a namespace
+      peer_count      what GET /peers counts;  dev_install_root: a path prefix, the node's MEROD_DEV_INSTALL_ROOT
+    syncs lists every sync and resync asked ({context, force}; context None for "all").
       expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
       auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
     refusals lists every closed-set refusal (§0.5.1) as {method, path, field}: tests assert it stays empty.
@@ -1223,6 +1280,11 @@ class NodeDouble:
         self.join_outcome: Optional[str] = None
         self.legacy_group_info = False       # releases before rc.83: group info without namespaceId
         self.alias_rows = False              # one branch: the alias list as [{alias, value}] rows (§0.6)
+        self.legacy_lifecycle = False        # the §0.6 routes' older forms (see the docstring)
+        self.fresh_identity = False
+        self.peer_count = 0
+        self.dev_install_root: Optional[str] = None
+        self.syncs: List[Dict[str, Any]] = []
         self.registry_mode = "http"
         self._invitations: Dict[str, Dict[str, Any]] = {}   # secret salt (hex) -> {"spent": bool}
         self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
@@ -1454,6 +1516,8 @@ class NodeDouble:
                 "id": group_id, "parent": parent, "applicationId": self._app_key(app_id), "name": name,
                 "visibility": visibility, "metadata": metadata, "createdAt": int(time.time()),
                 "members": {NODE_ACCOUNT: role} if member else {},
+                "bytecode": self._blob_ids(self._apps[self._app_key(app_id)])[0],   # what it runs: upgrades move it
+                "upgrade": None,
             }
         return group_id
 
@@ -1578,6 +1642,8 @@ class NodeDouble:
         fields = route.closed
         if self.legacy_upgrade_policy and route.handler in ("create_namespace", "create_group"):
             fields += ("upgradePolicy",)
+        if self.legacy_lifecycle and route.handler in LEGACY_FIELDS:
+            fields = tuple(dict.fromkeys(fields + LEGACY_FIELDS[route.handler]))
         found = self._unknown_key(body, fields, "")
         members = body.get("members") if route.handler == "add_group_members" else None
         for index, member in enumerate(members if isinstance(members, list) else []):
@@ -1693,11 +1759,13 @@ class NodeDouble:
         return {"data": {"status": "alive"}}
 
     def _h_identity(self, request):
+        if self.fresh_identity:
+            raise error_reply(404, FRESH_IDENTITY_RC25 if self.legacy_lifecycle else FRESH_IDENTITY)
         return {"data": {"accountId": NODE_ACCOUNT, "deviceId": NODE_DEVICE, "publicKey": NODE_PUBLIC_KEY,
                          "accountRootPublicKey": NODE_ACCOUNT, "holdsAccountRoot": True, "deviceCertified": True}}
 
     def _h_peers(self, request):
-        return {"count": 0}
+        return {"count": self.peer_count}   # no wrapper (§0.6)
 
     # -- applications (§3.2) ------------------------------------------------------------------------------------
 
@@ -1777,8 +1845,22 @@ class NodeDouble:
         return {"data": {"applicationId": app_id}}
 
     def _h_install_dev_application(self, request):
-        path = request.json.get("path")
-        spec = self.registry.get(path) if isinstance(path, str) else None
+        """§0.6: `{path}` (an older node requires `metadata` too); the node reads its own filesystem, confined to
+        MEROD_DEV_INSTALL_ROOT when set. `registry` maps a path to the bundle found there."""
+        body = request.json
+        for field in ("path",) + (("metadata",) if self.legacy_lifecycle else ()):
+            if field not in body:
+                raise error_reply(400, "Invalid JSON data: Failed to deserialize the JSON body into the target "
+                                       "type: missing field `{}` at line 1 column {}".format(field, len(request.body)))
+        path = body["path"]
+        if not isinstance(path, str) or ".." in path.split("/"):
+            raise error_reply(400, INVALID_FORMAT.format("path", "must not contain '..'"))
+        spec = self.registry.get(path)
+        if self.dev_install_root is not None:
+            if not path.startswith(self.dev_install_root.rstrip("/") + "/"):
+                raise error_reply(403, DEV_INSTALL_REFUSED)
+            if spec is None:
+                raise error_reply(403, DEV_INSTALL_UNRESOLVED)
         if spec is None:
             raise text_reply(500, "failed to read bundle at {}: No such file or directory (os error 2)".format(path))
         return {"data": {"applicationId": self.add_app(spec)}}
@@ -1861,6 +1943,37 @@ class NodeDouble:
         return {"data": {"contextId": context_id, "memberPublicKey": hex_id("member:" + context_id)}}
 
     _h_leave_context = _h_join_context
+
+    def _h_sync_contexts(self, request):
+        with self._lock:
+            self.syncs.append({"context": None, "force": False})
+        return {"data": None}
+
+    def _h_sync_context(self, request):
+        context_id = request.params["context_id"]
+        with self._lock:
+            if context_id not in self._contexts:
+                raise error_reply(404, CONTEXT_NOT_FOUND.format(context_id))
+            self.syncs.append({"context": context_id, "force": False})
+        return {"data": None}
+
+    def _h_resync_context(self, request):
+        """§0.6: a resync replaces local state with a peer's; it is refused (409) for a context in no group, and
+        for one holding local DAG heads unless forced."""
+        context_id, force = request.params["context_id"], request.json.get("force", False)
+        if not isinstance(force, bool):
+            raise error_reply(400, "Invalid JSON data: force: invalid type: expected a boolean")
+        with self._lock:
+            context = self._contexts.get(context_id)
+            if context is None:
+                raise error_reply(404, CONTEXT_NOT_FOUND.format(context_id))
+            if context["groupId"] is None:
+                raise error_reply(409, "context {}: it is in no group, so no peer can be asked".format(context_id))
+            if context["heads"] and not force:
+                raise error_reply(409, "context {}: it holds local DAG heads a resync would discard; pass force"
+                                  .format(context_id))
+            self.syncs.append({"context": context_id, "force": force})
+        return {"contextId": context_id, "resyncStarted": True}   # no wrapper (§0.6)
 
     def _h_context_identities(self, request):
         with self._lock:
@@ -2008,10 +2121,14 @@ class NodeDouble:
         if data is None:
             raise error_reply(404, "Blob not found" if request.method == "HEAD"
                               else "Blob not found locally or in network")
-        return Reply(200, data, "application/octet-stream", {
-            "ETag": '"{}"'.format(hashlib.sha256(data).hexdigest()), "Cache-Control": "private, no-cache",
-            "X-Blob-ID": blob_id, "X-Blob-Hash": blob_id, "X-Blob-MIME-Type": "application/octet-stream",
-            "Access-Control-Expose-Headers": "X-Blob-ID, X-Blob-Hash, X-Blob-MIME-Type, ETag"})
+        mime = sniffed_mime(data)
+        headers = {"ETag": '"{}"'.format(hashlib.sha256(data).hexdigest()), "Cache-Control": "private, no-cache",
+                   "X-Blob-ID": blob_id, "X-Blob-Hash": blob_id, "X-Blob-MIME-Type": mime, "X-Blob-Source": "local",
+                   "Access-Control-Expose-Headers": "X-Blob-ID, X-Blob-Hash, X-Blob-MIME-Type, X-Blob-Source, ETag"}
+        if self.legacy_lifecycle:         # older releases: cached for an hour, no X-Blob-Source (§0.6)
+            headers["Cache-Control"] = "public, max-age=3600"
+            del headers["X-Blob-Source"]
+        return Reply(200, data, mime, headers)
 
     def _h_delete_blob(self, request):
         blob_id = request.params["blob_id"]
@@ -2084,16 +2201,24 @@ class NodeDouble:
                                    "missing field `upgradePolicy` at line 1 column 1")
 
     def _h_delete_group(self, request):
-        """DELETE /namespaces/:id and /groups/:id; contexts outlive their namespace (§3.6)."""
+        """DELETE /namespaces/:id and /groups/:id; contexts outlive their namespace (§3.6). The newest group
+        delete is the admin's cascade: the subgroups below and their contexts go too, and a namespace root is
+        refused; the older one refuses a group that still has contexts (§0.6)."""
         group_id = request.params.get("namespace_id") or request.params["group_id"]
         with self._lock:
             if "namespace_id" in request.params:
                 self._namespace_or_404(group_id)
             group = self._group_or_404(group_id)
             self._require_admin(group)
-            if group["parent"] is not None and any(c["groupId"] == group_id for c in self._contexts.values()):
-                raise error_reply(409, GROUP_HAS_CONTEXTS.format(group_id))   # a namespace's outlive it
             doomed = self._descendants(group_id)
+            if "group_id" in request.params and group["parent"] is None and not self.legacy_lifecycle:
+                raise error_reply(400, NAMESPACE_ROOT.format(group_id))
+            if group["parent"] is not None and self.legacy_lifecycle and any(
+                    c["groupId"] == group_id for c in self._contexts.values()):
+                raise error_reply(409, GROUP_HAS_CONTEXTS.format(group_id))   # a namespace's outlive it
+            if group["parent"] is not None and not self.legacy_lifecycle:
+                for context_id in [k for k, c in self._contexts.items() if c["groupId"] in doomed]:
+                    del self._contexts[context_id]
             for doomed_id in doomed:
                 self._groups.pop(doomed_id, None)
         return {"data": {"isDeleted": True}}
@@ -2251,9 +2376,7 @@ class NodeDouble:
             group = self._group_or_404(request.params["group_id"])
             if self._role_in(group) is None:   # core's get_group_info gates on membership (typed 403, §0.5.2)
                 raise error_reply(403, NOT_A_MEMBER.format(group["id"]))
-            app = self._apps.get(group["applicationId"])
-            info = {"groupId": group["id"], "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
-                    "targetApplicationId": group["applicationId"]}
+            info = {"groupId": group["id"], "appKey": group["bytecode"], "targetApplicationId": group["applicationId"]}
             if not self.legacy_group_info:     # both since rc.83 (§0.5.7)
                 info.update({"namespaceId": self._lineage(group)[-1]["id"], "ownerOpCounter": 0})
             counts = self._group_counts(group)
@@ -2312,6 +2435,91 @@ class NodeDouble:
             for member in members:
                 group["members"][member["identity"]] = member["role"]
         return {}
+
+    def _h_remove_group_members(self, request):
+        """§0.6: accounts only, never checked for existence; the last admin stays."""
+        accounts = request.json.get("members")
+        if not isinstance(accounts, list) or not all(isinstance(a, str) and HEX64.match(a) for a in accounts):
+            raise error_reply(400, "Invalid JSON data: members: expected a sequence of 64-hex account ids")
+        if not accounts:
+            raise validation_reply([EMPTY_FIELD.format("members")])
+        with self._lock:
+            group = self._group_or_404(request.params["group_id"])
+            self._require_admin(group)
+            left = {k: v for k, v in group["members"].items() if k not in {a.lower() for a in accounts}}
+            if group["members"] and "Admin" not in left.values() and "Admin" in group["members"].values():
+                raise error_reply(409, LAST_ADMIN_REMOVED)
+            group["members"] = left
+        return None if self.legacy_lifecycle else {}   # one older handler answered null
+
+    def _h_set_member_role(self, request):
+        account, role = request.params["account"], request.json.get("role")
+        if not HEX64.match(account):
+            raise error_reply(400, BAD_ACCOUNT)
+        if role == "ReadOnlyTee":
+            raise validation_reply([INVALID_FORMAT.format("role", "ReadOnlyTee can only be assigned via TEE "
+                                                                  "attestation")])
+        if role not in ROLES:
+            raise error_reply(400, "Invalid JSON data: unknown variant `{}`, expected {}".format(role,
+                                                                                                serde_one_of(ROLES)))
+        account = account.lower()
+        with self._lock:
+            group = self._group_or_404(request.params["group_id"])
+            self._require_admin(group)
+            if account not in group["members"]:
+                raise error_reply(404, MEMBER_NOT_FOUND.format(account, group["id"]))
+            admins = [k for k, v in group["members"].items() if v == "Admin"]
+            if admins == [account] and role != "Admin":
+                raise error_reply(409, LAST_ADMIN_DEMOTED)
+            group["members"][account] = role
+        return {}
+
+    def _h_upgrade_group(self, request):
+        """§0.6: the group (with cascade, every descendant on the same bytecode) moves to the target row's current
+        bytecode; the upgrade is in progress until its status is read once, then completed."""
+        body = request.json
+        target, cascade = normalise_hex64(body.get("targetApplicationId")), bool(body.get("cascade"))
+        with self._lock:
+            group = self._group_or_404(request.params["group_id"])
+            self._require_admin(group)
+            app = self._apps.get(target)
+            if app is None:
+                raise error_reply(404, APPLICATION_ID_NOT_FOUND.format(body.get("targetApplicationId")))
+            if (group["upgrade"] or {}).get("status") == "in_progress":
+                raise error_reply(409, UPGRADE_RUNNING.format(group["id"]))
+            bytecode = self._blob_ids(app)[0]
+            if group["bytecode"] == bytecode and group["applicationId"] == target:
+                raise error_reply(409, ALREADY_TARGETING.format(group["id"]))
+            moved = [self._groups[g] for g in (self._descendants(group["id"]) if cascade else [group["id"]])
+                     if self._groups[g]["bytecode"] == group["bytecode"]]
+            contexts = [c for c in self._contexts.values() if c["groupId"] in {g["id"] for g in moved}]
+            if not cascade and not contexts:
+                raise error_reply(409, NOTHING_TO_UPGRADE.format(group["id"]))
+            old = self._apps.get(group["applicationId"]) or {"history": []}
+            from_version = next((e["version"] for e in old["history"] if e["blobId"] == group["bytecode"]), None)
+            for member in moved:
+                member.update(bytecode=bytecode, applicationId=target, upgrade=None)
+            group["upgrade"] = {
+                "fromVersion": from_version, "toVersion": app["version"], "initiatedAt": int(time.time() * 1000), "initiatedBy": NODE_ACCOUNT,
+                "status": "in_progress", "localContextsTotal": len(contexts), "localContextsSwapped": 0,
+                "localContextsFailed": 0, "completedAt": None}
+        if self.legacy_lifecycle:
+            return {"data": {"groupId": group["id"], "status": "in_progress", "total": len(contexts), "completed": 0,
+                             "failed": 0}}
+        return {"data": {"groupId": group["id"], "status": "in_progress", "localContextsTotal": len(contexts),
+                         "localContextsSwapped": 0, "localContextsFailed": 0}}
+
+    def _h_upgrade_status(self, request):
+        with self._lock:
+            group = self._group_or_404(request.params["group_id"])
+            record = group["upgrade"]
+            if record is None:
+                return {"data": None}
+            answer = dict(record)
+            if record["status"] == "in_progress":   # the next read finds it done
+                record.update(status="completed", localContextsTotal=None, localContextsSwapped=None,
+                              localContextsFailed=None, completedAt=int(time.time() * 1000))
+        return {"data": answer}
 
     @staticmethod
     def _member_problem(member: Any) -> Optional[str]:

@@ -424,7 +424,7 @@ def test_describe_app_carries_methods_guide_and_a_planning_handle(shared, world)
     result = shared.call_tool("describe_app", {"app": "KV Store"})
     summary = summary_of(result)
     assert list(summary) == ["application", "package", "appVersion", "service", "contextServices", "guide",
-                             "app_handle", "name", "methods"]
+                             "app_handle", "name", "versions", "methods"]
     assert summary["application"] == world.kv and summary["package"] == KV and summary["appVersion"] == "1.0.0"
     assert summary["name"] == "KV Store"
     assert summary["service"] is None and summary["contextServices"] == []
@@ -1318,7 +1318,8 @@ def test_generated_names_do_not_depend_on_enabled_toolsets(start_server, tmp_pat
         names = []
         for toolsets in ("all", "core"):
             env = dict(env_for(double.url, tmp_path / toolsets), CALIMERO_MCP_TOOLSETS=toolsets)
-            names.append([n for n in start_server(env).tool_names() if n.endswith("group_members") and not n.startswith("add_")])
+            names.append([n for n in start_server(env).tool_names() if n.endswith("group_members")
+                          and not n.startswith(("add_", "remove_"))])
         tail = "".join(c for c in app_id.lower() if c.isalnum())[:6]
         expected = "list_%s_group_members" % tail
         assert names[0] == ["list_group_members", expected] and names[1] == [expected]

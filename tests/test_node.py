@@ -23,7 +23,7 @@ import pytest
 
 import node
 from node import Location, Node, NodeError
-from node_double import COUNTER_MANIFEST, NodeDouble, sample_double
+from node_double import COUNTER_MANIFEST, NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, sample_double
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "pw-Sekrit-4711"
@@ -927,12 +927,14 @@ def test_status_describes_a_node_that_is_down(tmp_path, plain):
     status = Node(make_env(tmp_path), ports=[closed_port()]).status()
     assert status["health"]["status"] == "unreachable"
     assert status["health"]["error"].startswith("No Calimero node found.")
+    assert (status["peers"], status["identity"]) == (None, None)         # never asked of a node not found
     assert (status["url"], status["nodeName"], status["discoverySource"], status["authMode"]) == (
         None, None, None, "none")
     env = make_env(tmp_path, CALIMERO_NODE_URL=plain.url, CALIMERO_NODE_NAME="desk")
     client = Node(env)
     assert client.status() == {"health": {"status": "alive"}, "url": plain.url, "nodeName": "desk",
-                               "discoverySource": "env", "authMode": "none"}
+                               "discoverySource": "env", "authMode": "none", "peers": 0,
+                               "identity": {"accountId": NODE_ACCOUNT, "publicKey": NODE_PUBLIC_KEY}}
     plain.stop()
     down = client.status()["health"]
     assert down == {"status": "unreachable",

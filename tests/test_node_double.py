@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from node_double import (AUTHORITY_NOT_YET, NODE_ACCOUNT, NodeDouble, TypeSystem, counter_spec, hex_id,
-                         kv_store_manifest, kv_store_spec, sample_double)
+from node_double import (AUTHORITY_NOT_YET, FRESH_IDENTITY, NODE_ACCOUNT, NodeDouble, TypeSystem, counter_spec,
+                         hex_id, kv_store_manifest, kv_store_spec, sample_double)
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent.parent / "shared" / "fixtures"
 SCHEMA = FIXTURES / "abi" / "wasm-abi.schema.json"
 CREDENTIALS = {"users": {"admin": "dev-password"}}
+KV_PACKAGE = "com.calimero.kv-store"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1065,6 +1066,7 @@ def test_group_conflicts_are_409s(node):
                                                      "groupId": group})
     assert (taken.status, taken.json()) == (409, {"error": "group '%s' already exists" % group})
     node.add_context(kv_id(), group_id=group)
+    node.legacy_lifecycle = True             # older releases; the newest delete cascades (test_lifecycle routes)
     busy = call(node, "DELETE", "/admin-api/groups/" + group, {})
     assert (busy.status, busy.json()) == (409, {"error": "group '%s' has registered contexts; delete or detach "
                                                          "them first" % group})
@@ -1237,3 +1239,138 @@ def test_command_line_sample_prints_ready_and_stops_quietly():
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=10)
     assert (process.returncode, out, err) == (0, "", "")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The §0.6 lifecycle routes, newest and older forms (`legacy_lifecycle`)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_dev_install_takes_path_alone_and_an_older_node_requires_metadata(node):
+    node.registry["/b/counter.mpk"] = counter_spec()
+    extra = call(node, "POST", "/admin-api/install-dev-application", {"path": "/b/counter.mpk", "metadata": []})
+    assert extra.status == 400 and "unknown field `metadata`, expected `path`" in extra.json()["error"]
+    assert call(node, "POST", "/admin-api/install-dev-application", {"path": "/b/counter.mpk"}).json() == {
+        "data": {"applicationId": hex_id("com.example.counter\0" + counter_spec()["signer_id"])}}
+    node.legacy_lifecycle = True
+    bare = call(node, "POST", "/admin-api/install-dev-application", {"path": "/b/counter.mpk"})
+    assert bare.status == 400 and "missing field `metadata`" in bare.json()["error"]
+    assert call(node, "POST", "/admin-api/install-dev-application", {"path": "/b/counter.mpk", "metadata": []}).status \
+        == 200
+    node.dev_install_root = "/opt/bundles"
+    confined = call(node, "POST", "/admin-api/install-dev-application", {"path": "/b/counter.mpk", "metadata": []})
+    assert (confined.status, confined.json()) == (403, {"error": "install path is not permitted"})
+
+
+def test_versions_list_every_installed_version(node):
+    node.upgrade_app(kv_id(), "1.1.0")
+    versions = call(node, "GET", "/admin-api/applications/%s/versions" % kv_id()).json()["data"]
+    assert [(v["version"], v["package"]) for v in versions] == [("1.0.0", KV_PACKAGE), ("1.1.0", KV_PACKAGE)]
+    assert versions[0]["blobId"] != versions[1]["blobId"]
+
+
+def test_peers_and_a_fresh_nodes_identity(node):
+    node.peer_count = 2
+    assert call(node, "GET", "/admin-api/peers").json() == {"count": 2}
+    node.fresh_identity = True
+    fresh = call(node, "GET", "/admin-api/identity")
+    assert (fresh.status, fresh.json()["error"]) == (404, FRESH_IDENTITY)
+    node.legacy_lifecycle = True
+    assert "neither a device nor an account root yet" in call(node, "GET", "/admin-api/identity").json()["error"]
+
+
+def test_sync_and_resync_are_logged_and_resync_needs_force_over_local_heads(node, demo_context):
+    assert call(node, "POST", "/admin-api/contexts/sync/" + demo_context).json() == {"data": None}
+    missing = call(node, "POST", "/admin-api/contexts/sync/" + hex_id("none"))
+    assert missing.status == 404
+    path = "/admin-api/contexts/%s/resync" % demo_context
+    held = call(node, "POST", path, {})
+    assert held.status == 409 and held.json()["error"].startswith("context %s: " % demo_context)
+    assert call(node, "POST", path, {"force": True}).json() == {"contextId": demo_context, "resyncStarted": True}
+    assert call(node, "POST", path, {"force": True, "bogus": 1}).status == 400
+    assert call(node, "POST", path).status == 400                     # a JSON body is required
+    assert node.syncs == [{"context": demo_context, "force": False}, {"context": demo_context, "force": True}]
+
+
+def test_blob_head_and_get_headers_in_both_forms(node):
+    data = b"hello blob"
+    blob = hashlib.sha256(data).hexdigest()
+    node._blobs[blob] = data
+    head = call(node, "HEAD", "/admin-api/blobs/" + blob)
+    got = call(node, "GET", "/admin-api/blobs/" + blob)
+    assert (head.status, head.body, head.headers["content-length"]) == (200, b"", "10")
+    assert (got.body, got.headers["x-blob-mime-type"], got.headers["x-blob-source"]) == (data, "text/plain", "local")
+    assert call(node, "HEAD", "/admin-api/blobs/" + hex_id("none")).status == 404
+    node.legacy_lifecycle = True
+    old = call(node, "GET", "/admin-api/blobs/" + blob)
+    assert "x-blob-source" not in old.headers and old.headers["cache-control"] == "public, max-age=3600"
+
+
+def test_group_delete_cascades_and_refuses_a_namespace_root(node):
+    namespace = namespace_of(node)
+    group = node.add_group(namespace=namespace)
+    inner = node.add_group(parent=group)
+    context = node.add_context(kv_id(), group_id=inner)
+    root = call(node, "DELETE", "/admin-api/groups/" + namespace, {})
+    assert (root.status, root.json()) == (400, {"error": "cannot delete the namespace root %s; use delete_namespace "
+                                                         "instead" % namespace})
+    assert call(node, "DELETE", "/admin-api/groups/" + group, {"requester": NODE_ACCOUNT}).status == 400
+    assert call(node, "DELETE", "/admin-api/groups/" + group, {}).json() == {"data": {"isDeleted": True}}
+    assert group not in node._groups and inner not in node._groups and context not in node._contexts
+    assert call(node, "GET", "/admin-api/groups/" + inner).status == 404
+
+
+def test_members_remove_and_role_keep_an_admin(node):
+    namespace, member = namespace_of(node), hex_id("member")
+    node.set_role(namespace, "Member", member)
+    role_path = "/admin-api/groups/%s/members/%s/role" % (namespace, member)
+    assert call(node, "PUT", role_path, {"role": "ReadOnly"}).json() == {}
+    assert node._groups[namespace]["members"][member] == "ReadOnly"
+    for body, status in (({"role": "ReadOnlyTee"}, 400), ({"role": "Boss"}, 400), ({"role": "Admin", "x": 1}, 400)):
+        assert call(node, "PUT", role_path, body).status == status, body
+    bad = call(node, "PUT", "/admin-api/groups/%s/members/nope/role" % namespace, {"role": "Admin"})
+    assert bad.json() == {"error": "Invalid account format: expected 64 hex characters (32 bytes)"}
+    stranger = call(node, "PUT", "/admin-api/groups/%s/members/%s/role" % (namespace, hex_id("x")), {"role": "Admin"})
+    assert stranger.status == 404
+    demote = call(node, "PUT", "/admin-api/groups/%s/members/%s/role" % (namespace, NODE_ACCOUNT), {"role": "Member"})
+    assert (demote.status, demote.json()) == (409, {"error": "cannot demote the last admin of the group"})
+    remove = "/admin-api/groups/%s/members/remove" % namespace
+    assert call(node, "POST", remove, {"members": []}).status == 400
+    last = call(node, "POST", remove, {"members": [NODE_ACCOUNT]})
+    assert (last.status, last.json()) == (409, {"error": "cannot remove the last admin of the group"})
+    assert call(node, "POST", remove, {"members": [member]}).json() == {}
+    assert member not in node._groups[namespace]["members"]
+    node.legacy_lifecycle = True
+    node.set_role(namespace, "Member", member)
+    older = call(node, "POST", remove, {"members": [member], "requester": NODE_ACCOUNT})
+    assert (older.status, older.body) == (200, b"null")
+
+
+def test_upgrade_moves_the_group_and_its_status_completes_on_the_next_read(node):
+    namespace = namespace_of(node)
+    upgrade, status = "/admin-api/groups/%s/upgrade" % namespace, "/admin-api/groups/%s/upgrade/status" % namespace
+    assert call(node, "GET", status).json() == {"data": None}
+    same = call(node, "POST", upgrade, {"targetApplicationId": kv_id()})
+    assert (same.status, same.json()["error"]) == (409, "group %s is already targeting this application; install a "
+                                                        "new version of it to upgrade" % namespace)
+    node.upgrade_app(kv_id(), "2.0.0")
+    started = call(node, "POST", upgrade, {"targetApplicationId": kv_id(), "cascade": False, "forceCodeOnly": False})
+    assert started.json() == {"data": {"groupId": namespace, "status": "in_progress", "localContextsTotal": 1,
+                                       "localContextsSwapped": 0, "localContextsFailed": 0}}
+    assert call(node, "POST", upgrade, {"targetApplicationId": kv_id()}).status == 409      # in progress
+    first, second = call(node, "GET", status).json()["data"], call(node, "GET", status).json()["data"]
+    assert (first["status"], first["fromVersion"], first["toVersion"]) == ("in_progress", "1.0.0", "2.0.0")
+    assert (second["status"], second["localContextsTotal"]) == ("completed", None) and second["completedAt"]
+    info = call(node, "GET", "/admin-api/groups/" + namespace).json()["data"]
+    assert info["appKey"] == call(node, "GET", "/admin-api/applications/" + kv_id()).json()["data"][
+        "application"]["blob"]["bytecode"]
+    assert call(node, "POST", upgrade, {"targetApplicationId": hex_id("none")}).status == 404
+    assert call(node, "POST", upgrade, {"targetApplicationId": kv_id(), "requester": NODE_ACCOUNT}).status == 400
+    node.legacy_lifecycle = True
+    node.upgrade_app(kv_id(), "3.0.0")
+    older = call(node, "POST", upgrade, {"targetApplicationId": kv_id(), "requester": NODE_ACCOUNT})
+    assert older.json() == {"data": {"groupId": namespace, "status": "in_progress", "total": 1, "completed": 0,
+                                     "failed": 0}}
+    empty = node.add_group(namespace=namespace)
+    node.upgrade_app(kv_id(), "4.0.0")
+    nothing = call(node, "POST", "/admin-api/groups/%s/upgrade" % empty, {"targetApplicationId": kv_id()})
+    assert (nothing.status, nothing.json()) == (409, {"error": "group %s has no contexts to upgrade" % empty})

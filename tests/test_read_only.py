@@ -5,6 +5,7 @@ call and call_many refuse, per item, every method that is not [view]. Both proto
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -23,15 +24,18 @@ HOW_TO_CHANGE = ("To allow changes, unset CALIMERO_MCP_READ_ONLY in this server'
 INSTRUCTION = ("This server runs read-only (CALIMERO_MCP_READ_ONLY): it offers only tools that cannot change the "
                "node, and call and call_many run [view] methods only.")
 KV = "com.calimero.kv-store"
+BLOB = hashlib.sha256(b"hello calimero").hexdigest()
 
 # What read-only mode keeps on the sample node (python3 tests/node_double.py --sample), in tools/list order.
 KEPT_FIXED = ["node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "lookup_alias",
-              "list_blobs", "list_group_members", "describe_app", "select_app", "call", "call_many"]
+              "list_blobs", "get_blob", "list_group_members", "describe_group", "describe_app", "select_app", "call",
+              "call_many"]
 KEPT_GENERATED = ["kv_store_entries", "kv_store_get", "kv_store_get_result", "kv_store_len", "counter_value"]
 DROPPED = {"create_context", "join_context", "delete_context", "create_alias", "delete_alias", "install_application",
            "uninstall_application", "upload_blob", "delete_blob", "create_namespace", "delete_namespace",
            "invite_to_namespace", "join_namespace", "leave_namespace", "add_group_members", "create_group",
-           "set_group_visibility", "set_group_metadata", "join_open_group", "counter_increment", "kv_store_clear",
+           "set_group_visibility", "set_group_metadata", "join_open_group", "sync_context", "remove_group_members",
+           "set_member_role", "delete_group", "upgrade_group", "counter_increment", "kv_store_clear",
            "kv_store_get_or_insert", "kv_store_remove", "kv_store_set", "kv_store_update_if_exists"}
 GATED = {"call", "call_many"}            # offered: they refuse a method that is not [view] themselves
 
@@ -41,6 +45,7 @@ def sample_with_counter_context():
     counter = double._app_key("com.example.counter")
     double.add_alias("tally", double.add_context(counter, group_id=double.add_namespace(counter, name="count")))
     next(c for c in double._contexts.values() if c["name"] == "demo")["kv"]["k"] = "v"     # get_result finds it
+    double._blobs[BLOB] = b"hello calimero"                                                # get_blob reads it
     return double
 
 
@@ -59,7 +64,7 @@ def call(server, name, arguments, modern=False):
 
 def harmless(entry, views):
     """A request that changes nothing: a read, an alias lookup (a POST query), or the execution of a [view]."""
-    if entry["method"] == "GET":
+    if entry["method"] in ("GET", "HEAD"):
         return True
     if entry["method"] == "POST" and entry["path"].startswith("/admin-api/alias/lookup/"):
         return True
@@ -144,6 +149,7 @@ def valid_arguments(double):
         "node_status": {}, "list_nodes": {}, "list_applications": {"verbose": True}, "list_namespaces": {},
         "list_contexts": {"application": "kv-store", "verbose": True}, "lookup_alias": {"name": "demo"},
         "list_blobs": {}, "list_group_members": {"group": namespace}, "describe_app": {"app": "kv-store"},
+        "get_blob": {"blob": BLOB}, "describe_group": {"group": namespace},
         "select_app": {"app": "kv-store", "verbose": True},
         "call": dict(on_kv, method="get", args={"key": "k"}),
         "call_many": {"calls": [dict(on_kv, method="len"), dict(on_kv, method="entries"),
