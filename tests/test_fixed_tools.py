@@ -16,7 +16,6 @@ from node_double import (NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, counter_spec
                          sample_double)
 
 CORE = ["node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "create_context",
-CORE = ["node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "create_context",
         "join_context", "delete_context", "create_alias", "lookup_alias", "delete_alias", "sync_context"]
 BLOBS = ["install_application", "uninstall_application", "upload_blob", "list_blobs", "get_blob", "delete_blob"]
 GOVERNANCE = ["create_namespace", "delete_namespace", "invite_to_namespace", "join_namespace", "leave_namespace",
