@@ -83,6 +83,8 @@ BY_NAME = [
     ("join_open_group", {"group": "alpha"}, ("POST", "/admin-api/groups/{alpha}/join-via-inheritance")),
     ("create_context", {"application": KV, "group": "alpha"}, ("POST", "/admin-api/contexts")),
     ("create_context", {"application": KV, "namespace": "team"}, ("POST", "/admin-api/contexts")),
+    ("describe_group", {"group": "alpha"}, ("GET", "/admin-api/groups/{alpha}")),
+    ("delete_group", {"group": "deep"}, ("DELETE", "/admin-api/groups/{deep}")),
 ]
 
 
@@ -100,6 +102,13 @@ def test_every_namespace_or_group_argument_takes_a_name(serve, node, tool, argum
     if arguments.get("parent"):
         assert seen[-1]["json"]["parentGroupId"] == node.deep
     assert node.double.refusals == []
+
+
+def test_delete_group_refuses_a_namespace_given_by_name(serve, node):
+    server = serve(node.double)
+    text = error_text(server.call_tool("delete_group", {"group": "lab"}))
+    assert node.lab in text and "delete_namespace" in text, text
+    assert not node.double.requests_to("DELETE", "/admin-api/groups/%s" % node.lab)
 
 
 def test_an_id_is_used_as_given_without_reading_names(serve, node):
