@@ -1500,9 +1500,24 @@ def delete_alias(args, call):
 def sync_context(args, call):
     node, context_id = call.server.node, context_id_of(call.server, args["context"])
     if args.get("force"):
-        return node.resync_context(context_id, True)
-    node.sync_context(context_id)
-    return "Context %s: sync from its peers requested." % context_id
+        answer = node.resync_context(context_id, True)
+    else:
+        node.sync_context(context_id)
+        answer = "Context %s: sync from its peers requested." % context_id
+    if peer_count(node) == 0:      # the node accepts the request with no one to ask: say what will come of it
+        return {"answer": answer, "note": NO_PEERS} if isinstance(answer, dict) else answer + " " + NO_PEERS
+    return answer
+
+
+NO_PEERS = "This node has no peers right now: nothing arrives until one connects (node_status counts them)."
+
+
+def peer_count(node):
+    """The node's peer count, or None when it will not say (the sync was asked all the same)."""
+    try:
+        return node.peers()
+    except node_module().NodeError:
+        return None
 
 
 # ── Fixed tools: blobs ────────────────────────────────────────────────────────────────────────────

@@ -1238,8 +1238,9 @@ _ADVICE = (
                                           "for a new one (invite_to_namespace on their node) and join with that."),
     (400, JOIN_ROUTE, "invitation", "Pass the invitation object exactly as invite_to_namespace returned it, to "
                                     "the namespace it was made for."),
-    (409, UPGRADE_ROUTE, "already targeting", "Install the newer version first (install_application with coords "
-                                              "or path: same package and signer, same application id), then retry "
+    (409, UPGRADE_ROUTE, "already targeting", "The group already runs the newest installed version of its app. "
+                                              "Install a newer version first (install_application with coords or "
+                                              "path; the app keeps its id across versions), then retry "
                                               "upgrade_group."),
     (409, UPGRADE_ROUTE, "in progress", "Wait: describe_group shows the upgrade's progress until it is completed."),
     (409, UPGRADE_ROUTE, "no contexts", "Nothing runs in that group: pass cascade to upgrade its subgroups too, or "
@@ -1250,7 +1251,8 @@ _ADVICE = (
     (403, DEV_INSTALL_ROUTE, "install path", "The node installs bundles only from under its MEROD_DEV_INSTALL_ROOT: "
                                              "put the bundle there on the node's machine and pass that absolute "
                                              "path."),
-    (409, None, "last admin", "Make another member Admin first (add_group_members with role Admin), then retry."),
+    (409, None, "last admin", "Make another member Admin first (add_group_members with role Admin, or "
+                              "set_member_role), then retry."),
     (403, None, "not a member", "This node is not a member of {0}: join it first (join_namespace with an "
                                 "invitation, or join_open_group for an open subgroup)."),
     (403, None, "admin", "This needs the Admin role in {0} (or a group above it), which this node lacks: ask an "

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from mero_mcp import INSTALLED_NOTE, TEXT_BOUND
+from mero_mcp import INSTALLED_NOTE, NO_PEERS, TEXT_BOUND
 from node_double import (FRESH_IDENTITY, NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, counter_spec, hex_id,
                          sample_double)
 from test_read_only import ON, READ_ONLY_SAYS, run_check
@@ -57,13 +57,18 @@ def test_sync_context_asks_the_sync_route_and_force_the_resync_route(server, dou
     context = demo_context(double)
     start = len(double.log)
     synced = server.call_tool("sync_context", {"context": "demo"})
-    assert text_of(synced) == "Context %s: sync from its peers requested." % context
+    assert text_of(synced) == "Context %s: sync from its peers requested. %s" % (context, NO_PEERS)
     assert sent(double, start) == [("POST", "/admin-api/contexts/sync/" + context, None)]
     start = len(double.log)
     resynced = server.tool_json("sync_context", {"context": context, "force": True})
-    assert resynced == {"contextId": context, "resyncStarted": True}
+    assert resynced == {"answer": {"contextId": context, "resyncStarted": True}, "note": NO_PEERS}
     assert sent(double, start) == [("POST", "/admin-api/contexts/%s/resync" % context, {"force": True})]
-    assert double.syncs == [{"context": context, "force": False}, {"context": context, "force": True}]
+    double.peer_count = 3                      # with peers to ask, the node's answer as it is
+    assert text_of(server.call_tool("sync_context", {"context": "demo"})) == (
+        "Context %s: sync from its peers requested." % context)
+    assert server.tool_json("sync_context", {"context": "demo", "force": True}) == {"contextId": context,
+                                                                                   "resyncStarted": True}
+    assert double.syncs == [{"context": context, "force": False}, {"context": context, "force": True}] * 2
     assert double.refusals == []
 
 
@@ -305,8 +310,9 @@ def test_upgrade_group_moves_to_the_installed_version_and_describe_group_follows
     namespace, kv_id = namespace_of(double), double._app_key(KV)
     same = error_text(server.call_tool("upgrade_group", {"group": namespace}))
     assert same == ("Error: group %s is already targeting this application; install a new version of it to upgrade. "
-                    "Install the newer version first (install_application with coords or path: same package and "
-                    "signer, same application id), then retry upgrade_group." % namespace)
+                    "The group already runs the newest installed version of its app. Install a newer version first "
+                    "(install_application with coords or path; the app keeps its id across versions), then retry "
+                    "upgrade_group." % namespace)
     double.upgrade_app(kv_id, "2.0.0")
     start = len(double.log)
     upgraded = server.tool_json("upgrade_group", {"group": namespace, "application": "kv-store", "cascade": True})

@@ -204,7 +204,7 @@ def test_leaving_as_the_last_admin_says_to_promote_someone(serve):
     double.set_role(namespace, "Member", account=hex_id("carol"))
     text = error_text(server.call_tool("leave_namespace", {"namespace": namespace}))
     assert text == ("Error: node is the last admin of group '%s'; make another member admin first. Make another "
-                    "member Admin first (add_group_members with role Admin), then retry." % namespace)
+                    "member Admin first (add_group_members with role Admin, or set_member_role), then retry." % namespace)
 
 
 def test_not_found_is_the_nodes_own_text(serve):
