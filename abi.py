@@ -17,6 +17,8 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Set
 # ---------------------------------------------------------------------------------------------------------------------
 # Constants
 
+# The release this file belongs to: mero_mcp.py, node.py and abi.py carry the same one (mero_mcp.module_problems).
+__version__ = "0.1.0"
 INPUT = "input"     # what an agent may send (inputSchema, validation)
 OUTPUT = "output"   # what the node returns (outputSchema)
 

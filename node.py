@@ -38,6 +38,8 @@ if not log.handlers:      # the server's own stderr lines and these share one fo
 
 # ── Constants ─────────────────────────────────────────────────────────────────────────────────────
 
+# The release this file belongs to: mero_mcp.py, node.py and abi.py carry the same one (mero_mcp.module_problems).
+__version__ = "0.1.0"
 PROBE_PORTS = (2528, 2428, 2529, 2429)   # desktop app, merod CLI convention, then their neighbours (§1.3)
 PROBE_TIMEOUT = 2.0
 DEFAULT_TIMEOUT = 10.0
@@ -2280,7 +2282,7 @@ class _Report:
         return 1 if fatal else 0
 
 
-def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, toolsets=None) -> int:
+def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, toolsets=None, modules=()) -> int:
     """Print which discovery step found which node (or why none), the auth mode, health, installed apps with
     their tool counts, and one fix per problem. Non-zero when the server could not work. `mode` is the server's
     read-only setting as mero_mcp.read_only_mode gives it (read_only, line, problem, fix), which reads the variable;
@@ -2288,10 +2290,13 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
 
     `count_tools(env, node)`, given by mero_mcp.py (this module never imports it), returns its ToolCount: what
     tools/list advertises with this environment, counted by the code that answers it. `toolsets` is mero_mcp's
-    (problem, fix) for CALIMERO_MCP_TOOLSETS names that are no toolset, or None."""
+    (problem, fix) for CALIMERO_MCP_TOOLSETS names that are no toolset, or None. `modules` are mero_mcp's (problem,
+    fix) for our files missing or from another release (mero_mcp.module_problems): each one fails the check."""
     report = _Report(out)
     out.write("mero-mcp --check\n")
     packages_ok = _report_packages(report)
+    for problem, fix in modules:
+        report.problem(problem, fix)
     if mode is not None:
         report.line("Mode", mode.line)
         if mode.problem:
