@@ -1641,8 +1641,10 @@ class Node:
                     self._connect_to(location, handoff)
         return self
 
-    def _connect_to(self, location: Location, handoff: Optional[Handoff]) -> None:
-        """Authenticate against `location` (§1.4); marks the node connected only when that worked."""
+    def _connect_to(self, location: Location, handoff: Optional[Handoff], fresh_login: bool = False) -> None:
+        """Authenticate against `location` (§1.4); marks the node connected only when that worked. `fresh_login`
+        (--check) signs in with the credentials even when tokens are cached, so a wrong password is seen; the cache
+        is written only by a sign-in that succeeds, and only when it held no usable pair."""
         env = self._env
         username = setting(env, "CALIMERO_USERNAME")
         mode, injected = auth_plan(env, handoff, location.url)
@@ -1661,7 +1663,10 @@ class Node:
                 self._store.write(tokens)
         elif mode == "credentials":
             self._credentials = (username, read_password(env))
-            tokens = self._store.read() or self._login()
+            cached = self._store.read()          # read even for a fresh login: --check says what is wrong with it
+            # A fresh login keeps a cached pair: a running server may hold that family, and adopting ours would
+            # cost it a refresh of its own.
+            tokens = self._login(save=cached is None) if fresh_login else cached or self._login()
         self._tokens = tokens
         self._location = location
 
@@ -2143,7 +2148,7 @@ class Node:
                         fix=advice, auth_error=reason)
 
     # ---- login (credentials mode) ----
-    def _login(self) -> Dict[str, Any]:
+    def _login(self, save: bool = True) -> Dict[str, Any]:
         username, password = self._credentials
         body = {"auth_method": "user_password", "public_key": username, "client_name": CLIENT_NAME,
                 "permissions": ["admin"], "timestamp": int(time.time()),
@@ -2153,7 +2158,8 @@ class Node:
         except NodeError as error:
             raise _login_error(error, self._base) from None
         bundle = token_bundle(*pair)
-        self._store.write(bundle)
+        if save:
+            self._store.write(bundle)
         return bundle
 
     def _auth_post(self, path, body) -> Tuple[str, str]:
@@ -2328,7 +2334,7 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, location.url)[0]])
     node, step = Node(env, ports), "Auth"
     try:
-        node._connect_to(location, handoff)
+        node._connect_to(location, handoff, fresh_login=True)      # a cached token must not hide a wrong password
         step = "Health"
         report.line(step, node.health()["status"])
         step = "Apps"
