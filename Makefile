@@ -12,10 +12,12 @@ STAMP   := $(VENV)/.installed-test
 
 .PHONY: test test-oldest demo run lint bench clean
 
+# On stderr: `make run` is a server command whose stdout is the protocol, even on the run that builds the venv.
 $(RUNTIME): setup.cfg pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) $(EDITABLE) .
-	touch $@
+	@echo "installing requests and jsonschema into $(VENV)" >&2
+	@{ test -x $(PY) || $(PYTHON) -m venv $(VENV); } >&2
+	@$(PIP) $(EDITABLE) . >&2
+	@touch $@
 
 $(STAMP): $(RUNTIME)
 	$(PIP) $(EDITABLE) '.[test]'
@@ -50,7 +52,7 @@ demo: $(RUNTIME)
 	$(PY) tests/demo.py
 
 run: $(RUNTIME)
-	$(PY) mero_mcp.py
+	@$(PY) mero_mcp.py
 
 lint: $(STAMP)
 	$(PIP) $(EDITABLE) '.[lint]'
