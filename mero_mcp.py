@@ -222,13 +222,15 @@ def file_version(path):
     cannot be read."""
     try:
         with open(path, encoding="utf-8", errors="replace") as source:
-            head = source.read(16384)
+            for _, line in zip(range(VERSION_WITHIN), source):      # read at every start: the head only
+                if line.startswith("__version__ = "):
+                    return line.split("=", 1)[1].strip().strip("\"'")
     except OSError:
         return None
-    for line in head.splitlines():
-        if line.startswith("__version__ = "):
-            return line.split("=", 1)[1].strip().strip("\"'")
     return ""
+
+
+VERSION_WITHIN = 100     # lines: where node.py and abi.py state their __version__
 
 
 def node_module():
