@@ -10,12 +10,14 @@ EDITABLE := --config-settings editable_mode=compat -e
 RUNTIME := $(VENV)/.installed-runtime
 STAMP   := $(VENV)/.installed-test
 
-.PHONY: test demo run lint bench clean
+.PHONY: test test-oldest demo run lint bench clean
 
+# On stderr: `make run` is a server command whose stdout is the protocol, even on the run that builds the venv.
 $(RUNTIME): setup.cfg pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) $(EDITABLE) .
-	touch $@
+	@echo "installing requests and jsonschema into $(VENV)" >&2
+	@{ test -x $(PY) || $(PYTHON) -m venv $(VENV); } >&2
+	@$(PIP) $(EDITABLE) . >&2
+	@touch $@
 
 $(STAMP): $(RUNTIME)
 	$(PIP) $(EDITABLE) '.[test]'
@@ -23,12 +25,35 @@ $(STAMP): $(RUNTIME)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+	@$(MAKE) --no-print-directory test-oldest
+
+# The oldest releases the server supports, as Ubuntu 22.04 and Debian 11 ship them: Python 3.9 with exactly
+# requests 2.25.1 and jsonschema 3.2.0 (no 2020-12 validator there: abi.compile_schema checks with Draft 7).
+# Only the tests those two packages decide run here, about 1.5 min on 2 cores beside the suite's 5: test_abi (every
+# schema and its problem texts), test_fixed_tools and test_app_tools (the tools through the real server), test_node
+# (all node I/O through requests) and test_adversarial (bad input). No Python 3.9 here: one line, and no failure.
+OLDEST_VENV  := .venv-oldest
+OLDEST_PINS  := requests==2.25.1 jsonschema==3.2.0 pytest
+OLDEST_TESTS := tests/test_abi.py tests/test_fixed_tools.py tests/test_app_tools.py tests/test_node.py \
+                tests/test_adversarial.py
+OLDEST_SKIP  := not draft_7_gives_the_verdicts    # compares with the 2020-12 validator, which 3.2 lacks
+PYTHON39 = $(firstword $(foreach p,$(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.9.*/bin/python3.9) \
+                   $(shell command -v python3.9),$(shell $(p) -c 'import sys; print("$(p)" if sys.version_info[:2] \
+                   == (3, 9) else "")' 2>/dev/null)))
+
+test-oldest:
+	@if [ -z "$(PYTHON39)" ]; then echo "test-oldest: skipped, no Python 3.9 here (python3.9 on PATH or under pyenv)"; \
+	else test -f $(OLDEST_VENV)/.installed || { rm -rf $(OLDEST_VENV) && $(PYTHON39) -m venv $(OLDEST_VENV) && \
+	  $(OLDEST_VENV)/bin/python -m pip install -q --disable-pip-version-check $(OLDEST_PINS) && \
+	  touch $(OLDEST_VENV)/.installed; } && \
+	echo "test-oldest: $(PYTHON39) with $(OLDEST_PINS)" && \
+	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS) -k "$(OLDEST_SKIP)"; fi
 
 demo: $(RUNTIME)
 	$(PY) tests/demo.py
 
 run: $(RUNTIME)
-	$(PY) mero_mcp.py
+	@$(PY) mero_mcp.py
 
 lint: $(STAMP)
 	$(PIP) $(EDITABLE) '.[lint]'
@@ -42,4 +67,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_abi.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) build *.egg-info .pytest_cache

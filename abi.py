@@ -17,6 +17,8 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Set
 # ---------------------------------------------------------------------------------------------------------------------
 # Constants
 
+# The release this file belongs to: mero_mcp.py, node.py and abi.py carry the same one (mero_mcp.module_problems).
+__version__ = "0.1.0"
 INPUT = "input"     # what an agent may send (inputSchema, validation)
 OUTPUT = "output"   # what the node returns (outputSchema)
 
@@ -633,9 +635,46 @@ def schema_problems(validator, instance: Any) -> List[Problem]:
 
 
 def compile_schema(schema: dict):
-    """A Draft 2020-12 validator. jsonschema is imported here, so the server answers initialize without it."""
-    from jsonschema import Draft202012Validator
-    return Draft202012Validator(schema)
+    """A validator of `schema`, a Draft 2020-12 schema. jsonschema is imported here, so the server answers initialize
+    without it. jsonschema 3.2 (Ubuntu 22.04's, Debian 11's) has no 2020-12 validator: its Draft 7 one checks the
+    same schema as `draft7` writes it, with the same verdicts and, through `_problems`, the same texts."""
+    import jsonschema
+    modern = getattr(jsonschema, "Draft202012Validator", None)
+    if modern is not None:
+        return modern(schema)
+    return jsonschema.Draft7Validator(draft7(schema))
+
+
+# What 2020-12 spells differently from Draft 7, and what Draft 7 lacks. Our schemas use one of these forms only, the
+# tuple (prefixItems, then items: false for "no more"); DRAFT7_UNKNOWN must stay out of them (test_abi checks every
+# schema the server validates with), since Draft 7 would ignore those keywords and accept what 2020-12 refuses.
+DRAFT7_UNKNOWN = ("$defs", "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
+                  "minContains", "maxContains", "$anchor", "$dynamicRef", "$dynamicAnchor")
+_SUBSCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties")
+
+
+def draft7(schema: Any) -> Any:
+    """`schema` (2020-12) in Draft 7's words: prefixItems becomes items (a list), and the items beside it
+    additionalItems. Keys keep their order, so errors come in the same order; the original is not changed."""
+    if not isinstance(schema, dict):
+        return schema
+    translated: Dict[str, Any] = {}
+    tuple_form = "prefixItems" in schema
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            value = {name: draft7(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            value = [draft7(sub) for sub in value]
+        elif key in _SUBSCHEMA:
+            value = draft7(value)
+        if key == "prefixItems":
+            key = "items"
+        elif key == "items" and tuple_form:
+            key = "additionalItems"
+        translated[key] = value
+    return translated
 
 
 def preload() -> None:
@@ -693,8 +732,8 @@ def _explain(error, or_null: bool = False) -> List[Problem]:
         return [Problem(_dotted(path + [name]), message) for name in missing]
     if error.validator in ("anyOf", "oneOf"):
         return _explain_union(error, or_null)
-    if error.validator == "items" and error.validator_value is False:
-        return []   # the tuple's maxItems error already says it
+    if error.validator in ("items", "additionalItems") and error.validator_value is False:
+        return []   # the tuple's maxItems error already says it (additionalItems: the same check in Draft 7)
     return [Problem(_dotted(path), _message(error, or_null))]
 
 
@@ -781,6 +820,8 @@ def _message(error, or_null: bool = False) -> str:
         return f"unexpected key {', '.join(_show(key) for key in extra)}"
     if keyword == "pattern":
         return f"expected a string matching {expected}, got {_show(instance)}"
+    if keyword == "not":          # an enum with no variants; jsonschema's own words differ between releases
+        return f"no value fits here, got {_show(instance)}"
     return error.message
 
 

@@ -8,11 +8,21 @@ the `initialize` answer costs little more than starting the interpreter.
 # Only what answering `initialize` needs is imported here; the rest (hashing, base64, regular expressions,
 # thread pools, tracebacks, and node.py's requests and abi.py's jsonschema) loads where it is first used,
 # because agents start this server for every session (README: start-up cost).
+import sys
+
+# Before anything an older Python lacks (functools.cached_property is 3.8+, abi.py and node.py are 3.9+): one line and
+# exit 1, not a traceback. So everything above this guard runs, and this whole file parses, on Python 3.6 (RHEL 8's
+# platform python3): no f-string `=`, walrus or positional-only parameter anywhere (test_packaging checks it).
+if sys.version_info < (3, 9):
+    sys.stderr.write("mero-mcp needs Python 3.9 or newer, and %s is Python %s. Point the host at a newer Python: "
+                     "its absolute path as the command, with /path/to/mero_mcp.py as the argument.\n"
+                     % (sys.executable or "python", sys.version.split()[0]))
+    sys.exit(1)
+
 import json
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 from collections import namedtuple
@@ -125,12 +135,25 @@ def heavy(name):
             module = _loaded.get(name)
             if module is None:
                 try:
-                    module = __import__(name)
+                    module = own_module(name)
                     module.preload()
                 except ImportError as error:     # every tool that needs it says which package, and how to fix
                     raise MissingLibrary(import_failure(name, error)) from None
                 _loaded[name] = module
     return module
+
+
+def own_module(name):
+    """node.py or abi.py as found beside this file (never another folder's), not yet asked for its package: abi.py
+    imports jsonschema only to validate, and listing tools must not pay for it."""
+    if name not in _found_beside:
+        if not os.path.isfile(own_file(name)):
+            raise MissingLibrary(import_failure(name, ImportError(name=name)))
+        _found_beside.add(name)
+    return __import__(name)
+
+
+_found_beside = set()
 
 
 class MissingLibrary(ToolError):
@@ -151,6 +174,8 @@ def warn_catalog_failure(template, error):
 
 
 PACKAGE_OF = {"node": "requests", "abi": "jsonschema"}
+TOGETHER = ("mero_mcp.py, node.py and abi.py travel together: copy the three, from one release, into one folder, or "
+            "install the checkout with pip.")
 
 
 def import_failure(name, error):
@@ -160,8 +185,53 @@ def import_failure(name, error):
             return __import__("node").missing_package(PACKAGE_OF[name], error)
         except ImportError as missing:
             error = missing
-    return ("%s.py cannot be imported (%s): mero_mcp.py, node.py and abi.py travel together; keep the three in "
-            "one folder, or install the checkout with pip." % (error.name, error))
+    missing = [text for text, _ in module_problems() if text.startswith(MISSING_MARK)]
+    if missing:
+        return "%s. %s" % (missing[0], TOGETHER)
+    return "%s.py cannot be imported (%s). %s" % (error.name, error, TOGETHER)
+
+
+MISSING_MARK = "Missing beside mero_mcp.py: "
+
+
+def module_problems():
+    """[(problem, fix)]: node.py or abi.py missing beside this file, or from another release (an older node.py
+    beside a newer mero_mcp.py). Read as text, not imported, so --check and the start-up log name every file, and
+    cost neither requests nor jsonschema."""
+    missing, problems = [], []
+    for name in PACKAGE_OF:
+        path = own_file(name)
+        version = file_version(path)
+        if version is None:
+            missing.append(name + ".py")
+        elif version != __version__:
+            problems.append(("%s is from mero-mcp %s, this mero_mcp.py from %s: one may call what the other lacks"
+                             % (path, version or "a release older than 0.1.0", __version__), TOGETHER))
+    if missing:
+        problems.insert(0, ("%s%s (in %s)" % (MISSING_MARK, " and ".join(missing), os.path.dirname(own_file(""))),
+                            TOGETHER))
+    return problems
+
+
+def own_file(name):
+    """Where our module `name` must be: beside this file (a checkout, a copy, or site-packages after pip)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+
+
+def file_version(path):
+    """The `__version__ = "..."` a module file of ours states near its top; "" when it states none, None when the file
+    cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as source:
+            for _, line in zip(range(VERSION_WITHIN), source):      # read at every start: the head only
+                if line.startswith("__version__ = "):
+                    return line.split("=", 1)[1].strip().strip("\"'")
+    except OSError:
+        return None
+    return ""
+
+
+VERSION_WITHIN = 100     # lines: where node.py and abi.py state their __version__
 
 
 def node_module():
@@ -514,6 +584,10 @@ class Server:
                 value = t.handler(arguments, call)
         except ToolError as error:
             return bounded(error_result(failure_text(error), error.blocks))
+        except ImportError as error:     # a tool's own `import abi`: one of our files is missing
+            if error.name not in PACKAGE_OF:
+                raise
+            return bounded(error_result(failure_text(MissingLibrary(import_failure(error.name, error)))))
         except node_module().NodeError as error:
             return bounded(error_result(failure_text(error)))
         # A method's output is the app's data, returned whole, as its generated tool returns it.
@@ -2352,7 +2426,7 @@ class Apps:
         return resolve_among(self.installed(), name.strip())
 
     def manifest(self, app, service=None):
-        import abi
+        abi = own_module("abi")          # every app tool reads a manifest: a missing abi.py is said here, by name
         key = (app.blob or app.id, service)
         cached = self.manifests.get(key)
         if cached is not None:
@@ -3204,6 +3278,23 @@ def serve(stdin, stdout):
         server.handle_line(*received)
 
 
+def run_check():
+    """`mero-mcp --check`: node.py's doctor, told which of our files are missing or from another release; without
+    node.py (or requests) a report of what is missing, in the doctor's form."""
+    modules = module_problems()
+    try:
+        doctor = __import__("node").check          # itself reports missing runtime packages
+    except ImportError as error:
+        problems = modules if error.name in PACKAGE_OF else [(import_failure("node", error), "")] + modules
+        sys.stdout.write("mero-mcp --check\nProblems:\n")
+        for text, fix in problems:
+            sys.stdout.write("  - %s\n" % text + ("    Fix: %s\n" % fix if fix else ""))
+        sys.stdout.write("Result:    the server cannot work until the problems above are fixed.\n")
+        return 1
+    return doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ), count_tools=count_tools,
+                  toolsets=toolsets_problem(os.environ), modules=modules)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:
@@ -3213,13 +3304,7 @@ def main(argv=None):
         sys.stdout.write("mero-mcp %s\n" % __version__)
         return 0
     if "--check" in argv:
-        try:
-            doctor = __import__("node").check          # itself reports missing runtime packages
-        except ImportError as error:
-            sys.stdout.write("mero-mcp --check\nProblems:\n  - %s\n" % import_failure("node", error))
-            return 1
-        return doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ), count_tools=count_tools,
-                      toolsets=toolsets_problem(os.environ))
+        return run_check()
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2
@@ -3228,6 +3313,8 @@ def main(argv=None):
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr              # a stray print can never corrupt the protocol stream
     log.info("ready on stdio; the node connects when a client opens the connection")
+    for problem, fix in module_problems():
+        log.warning("%s. %s", problem, fix)
     serve(stdin, stdout)
     quiet_exit(0)
 

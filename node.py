@@ -38,6 +38,8 @@ if not log.handlers:      # the server's own stderr lines and these share one fo
 
 # ── Constants ─────────────────────────────────────────────────────────────────────────────────────
 
+# The release this file belongs to: mero_mcp.py, node.py and abi.py carry the same one (mero_mcp.module_problems).
+__version__ = "0.1.0"
 PROBE_PORTS = (2528, 2428, 2529, 2429)   # desktop app, merod CLI convention, then their neighbours (§1.3)
 PROBE_TIMEOUT = 2.0
 DEFAULT_TIMEOUT = 10.0
@@ -1712,8 +1714,10 @@ class Node:
                     self._connect_to(location, handoff)
         return self
 
-    def _connect_to(self, location: Location, handoff: Optional[Handoff]) -> None:
-        """Authenticate against `location` (§1.4); marks the node connected only when that worked."""
+    def _connect_to(self, location: Location, handoff: Optional[Handoff], fresh_login: bool = False) -> None:
+        """Authenticate against `location` (§1.4); marks the node connected only when that worked. `fresh_login`
+        (--check) signs in with the credentials even when tokens are cached, so a wrong password is seen; the cache
+        is written only by a sign-in that succeeds, and only when it held no usable pair."""
         env = self._env
         username = setting(env, "CALIMERO_USERNAME")
         mode, injected = auth_plan(env, handoff, location.url)
@@ -1732,7 +1736,10 @@ class Node:
                 self._store.write(tokens)
         elif mode == "credentials":
             self._credentials = (username, read_password(env))
-            tokens = self._store.read() or self._login()
+            cached = self._store.read()          # read even for a fresh login: --check says what is wrong with it
+            # A fresh login keeps a cached pair: a running server may hold that family, and adopting ours would
+            # cost it a refresh of its own.
+            tokens = self._login(save=cached is None) if fresh_login else cached or self._login()
         self._tokens = tokens
         self._location = location
 
@@ -2376,7 +2383,7 @@ class Node:
                         fix=advice, auth_error=reason)
 
     # ---- login (credentials mode) ----
-    def _login(self) -> Dict[str, Any]:
+    def _login(self, save: bool = True) -> Dict[str, Any]:
         username, password = self._credentials
         body = {"auth_method": "user_password", "public_key": username, "client_name": CLIENT_NAME,
                 "permissions": ["admin"], "timestamp": int(time.time()),
@@ -2386,7 +2393,8 @@ class Node:
         except NodeError as error:
             raise _login_error(error, self._base) from None
         bundle = token_bundle(*pair)
-        self._store.write(bundle)
+        if save:
+            self._store.write(bundle)
         return bundle
 
     def _auth_post(self, path, body) -> Tuple[str, str]:
@@ -2533,7 +2541,7 @@ class _Report:
         return 1 if fatal else 0
 
 
-def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, toolsets=None) -> int:
+def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, toolsets=None, modules=()) -> int:
     """Print which discovery step found which node (or why none), the auth mode, health, installed apps with
     their tool counts, and one fix per problem. Non-zero when the server could not work. `mode` is the server's
     read-only setting as mero_mcp.read_only_mode gives it (read_only, line, problem, fix), which reads the variable;
@@ -2541,10 +2549,13 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
 
     `count_tools(env, node)`, given by mero_mcp.py (this module never imports it), returns its ToolCount: what
     tools/list advertises with this environment, counted by the code that answers it. `toolsets` is mero_mcp's
-    (problem, fix) for CALIMERO_MCP_TOOLSETS names that are no toolset, or None."""
+    (problem, fix) for CALIMERO_MCP_TOOLSETS names that are no toolset, or None. `modules` are mero_mcp's (problem,
+    fix) for our files missing or from another release (mero_mcp.module_problems): each one fails the check."""
     report = _Report(out)
     out.write("mero-mcp --check\n")
     packages_ok = _report_packages(report)
+    for problem, fix in modules:
+        report.problem(problem, fix)
     if mode is not None:
         report.line("Mode", mode.line)
         if mode.problem:
@@ -2576,7 +2587,7 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, location.url)[0]])
     node, step = Node(env, ports), "Auth"
     try:
-        node._connect_to(location, handoff)
+        node._connect_to(location, handoff, fresh_login=True)      # a cached token must not hide a wrong password
         step = "Health"
         report.line(step, node.health()["status"])
         step = "Apps"

@@ -86,7 +86,7 @@ Demo done, and its node stopped. To try it yourself (README.md, "Try it by hand"
   python3 tests/node_double.py --sample --port 2530        # a node with these apps, until Ctrl-C
   CALIMERO_NODE_URL=http://127.0.0.1:2530 {python} mero_mcp.py --check
 and point your agent at it, e.g. Claude Code:
-  claude mcp add --env CALIMERO_NODE_URL=http://127.0.0.1:2530 mero-mcp -- {executable} {root}/mero_mcp.py
+  claude mcp add -s user mero-mcp --env CALIMERO_NODE_URL=http://127.0.0.1:2530 -- {executable} {root}/mero_mcp.py
 Against a real merod the server needs no double: set CALIMERO_NODE_URL, or let it find the node itself."""
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
+import jsonschema
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -707,7 +707,7 @@ def test_object_returns_are_never_wrapped_and_nullable_fields_may_be_absent(ever
     schema = abi.output_schema(manifest, "m", wrap=True)
     assert schema["type"] == "object" and schema["description"] == "The profile."
     assert schema["required"] == ["name", "tags"]
-    validator = Draft202012Validator(schema)
+    validator = abi.compile_schema(schema)
     assert validator.is_valid({"name": "a", "tags": []})
     assert validator.is_valid({"name": "a", "tags": [], "bio": None, "avatar": [1]})
     assert not validator.is_valid({"name": "a", "tags": [], "avatar": "ff"})   # output bytes are arrays only
@@ -716,7 +716,7 @@ def test_object_returns_are_never_wrapped_and_nullable_fields_may_be_absent(ever
 def test_output_mode_accepts_64_bit_values_as_numbers(every_kind):
     schema = abi.output_schema(every_kind, "echo_scalars", wrap=False)
     assert schema["prefixItems"][2:] == [{"type": "number"}, {"type": "number", "minimum": 0}]
-    assert Draft202012Validator(schema).is_valid([True, "s", -2 ** 63, 1.8446744073709552e19])
+    assert abi.compile_schema(schema).is_valid([True, "s", -2 ** 63, 1.8446744073709552e19])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1179,6 +1179,27 @@ def manifest_with_methods(path):
     return abi.parse_manifest(raw, path.stem)
 
 
+def check_schema(schema):
+    """A valid 2020-12 schema; under jsonschema 3.2, which has no 2020-12 meta-schema, a valid Draft 7 one as
+    abi.draft7 writes it (what that release validates with), holding no keyword Draft 7 would ignore."""
+    modern = getattr(jsonschema, "Draft202012Validator", None)
+    if modern is not None:
+        modern.check_schema(schema)
+    else:
+        jsonschema.Draft7Validator.check_schema(abi.draft7(schema))
+    assert not draft7_unknown(schema), draft7_unknown(schema)
+
+
+def draft7_unknown(schema):
+    """The keywords of abi.DRAFT7_UNKNOWN anywhere in `schema` (any dict in it: a property named so counts too)."""
+    if isinstance(schema, dict):
+        return [key for key in schema if key in abi.DRAFT7_UNKNOWN] + [
+            found for value in schema.values() for found in draft7_unknown(value)]
+    if isinstance(schema, list):
+        return [found for value in schema for found in draft7_unknown(value)]
+    return []
+
+
 @pytest.mark.parametrize("path", own_and_shared_manifests())
 def test_every_schema_is_valid_draft_2020_12(path):
     manifest = manifest_with_methods(path)
@@ -1186,7 +1207,7 @@ def test_every_schema_is_valid_draft_2020_12(path):
         schemas = [abi.params_schema(manifest, method), abi.input_schema(manifest, method),
                    abi.output_schema(manifest, method, True), abi.output_schema(manifest, method, False)]
         for schema in filter(None, schemas):
-            Draft202012Validator.check_schema(schema)
+            check_schema(schema)
         assert abi.input_schema(manifest, method)["type"] == "object"
         wrapped = abi.output_schema(manifest, method, True)
         assert wrapped is None or wrapped["type"] == "object"
@@ -1219,12 +1240,12 @@ def test_wire_form_of_every_return_satisfies_its_output_schema(path):
         if raw is None:
             continue
         _, value = sampler.pair(method.returns)
-        assert Draft202012Validator(raw).is_valid(value), method.name
+        assert abi.compile_schema(raw).is_valid(value), method.name
         wrapped = abi.output_schema(manifest, method, wrap=True)
         result = value if wrapped is raw or wrapped == raw else {"result": value}
-        assert Draft202012Validator(wrapped).is_valid(result), method.name
+        assert abi.compile_schema(wrapped).is_valid(result), method.name
         if method.returns_nullable:
-            assert Draft202012Validator(raw).is_valid(None)
+            assert abi.compile_schema(raw).is_valid(None)
 
 
 def test_shared_kv_store_matches_the_reference_expectations():
@@ -1270,3 +1291,61 @@ def test_advertised_output_admits_the_null_a_none_return_rides_as():
         "result": {"type": ["object", "null"], "properties": {}}}, "required": ["result"]}
     assert abi.output_schema(manifest, "rec", True) == {"type": "object", "properties": {}}
     assert abi.output_schema(manifest, "opt", False, admit_null=True) == abi.output_schema(manifest, "opt", False)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# jsonschema 3.2 (Ubuntu 22.04, Debian 11) has no 2020-12 validator: abi.compile_schema checks with Draft 7 there.
+
+HOSTILE = (None, True, 0, -1, 1.5, 2 ** 70, "", "zz", [], [0], [1, 2, 3, 4, 5], [None], {}, {"a": 1}, {"Unit": None})
+
+
+def tuple_manifest():
+    return manifest_of([("pair", {"kind": "tuple", "elements": [{"kind": "string"}, {"kind": "u32"}]}),
+                        ("none", ref("Never"), {"nullable": True})],
+                       types={"Never": {"kind": "variant", "variants": []}})
+
+
+def compared_manifests():
+    return [pytest.param(None, id="tuple-and-no-variant")] + own_and_shared_manifests()
+
+
+@pytest.mark.parametrize("path", compared_manifests())
+def test_draft_7_gives_the_verdicts_and_texts_of_2020_12(path):
+    """Every method's arguments, right and wrong (each parameter given each hostile value, and left out), get the
+    same problems, in the same words and order, from the schema under 2020-12 and from abi.draft7's under Draft 7."""
+    modern = getattr(jsonschema, "Draft202012Validator", None)
+    if modern is None:
+        pytest.skip("jsonschema %s has no 2020-12 validator to compare with" % jsonschema.__version__)
+    manifest = tuple_manifest() if path is None else manifest_with_methods(path)
+    sampler = Sampler(manifest.types)
+    compared = refused = 0
+    for method in manifest.methods:
+        schema = abi.params_schema(manifest, method)
+        now, old = modern(schema), jsonschema.Draft7Validator(abi.draft7(schema))
+        given = {"pair": ["a", 1], "none": None} if path is None else {
+            param.name: sampler.pair(param.type)[0] for param in method.params}
+        cases = [given, [], "args"] + [dict(given, **{param.name: value}) for param in method.params
+                                       for value in HOSTILE] + [
+            {name: value for name, value in given.items() if name != param.name} for param in method.params]
+        for args in cases:
+            problems = abi.schema_problems(now, args)
+            assert abi.schema_problems(old, args) == problems, (method.name, args)
+            compared, refused = compared + 1, refused + bool(problems)
+    assert refused and compared > refused, (compared, refused)
+
+
+def test_draft7_translates_the_tuple_and_leaves_the_schema_as_it_was():
+    manifest = tuple_manifest()
+    schema = abi.params_schema(manifest, "m")
+    before = json.dumps(schema)
+    pair = abi.draft7(schema)["properties"]["pair"]
+    assert json.dumps(schema) == before
+    assert list(pair) == ["type", "items", "additionalItems", "minItems", "maxItems"]
+    assert pair["items"] == [{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": 2 ** 32 - 1}]
+    assert pair["additionalItems"] is False
+    validator = abi.compile_schema(schema)
+    assert abi.schema_problems(validator, {"pair": ["a", 1, 2], "none": None}) == [
+        abi.Problem("pair", "expected exactly 2 items, got 3")]
+    assert abi.schema_problems(validator, {"pair": [1, -3], "none": 5}) == [
+        abi.Problem("pair.0", "expected string, got 1"), abi.Problem("pair.1", "expected an integer >= 0, got -3"),
+        abi.Problem("none", "no value fits here, got 5")]

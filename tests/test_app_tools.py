@@ -19,9 +19,8 @@ import stat
 import sys
 import time
 
+import abi
 import pytest
-from jsonschema import Draft202012Validator
-
 from conftest import shared_fixture
 from mcp_client import SERVER, McpServer, minimal_env
 from node_double import SAMPLE_GUIDE, SAMPLE_SIGNER, NodeDouble, counter_spec, hex_id, kv_store_spec
@@ -962,7 +961,7 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
               ("kv_store_get", missing, tools_old), ("gadgets_profile", profile, tools_old),
               ("kv_store_len", {"structuredContent": 2}, tools_new)]
     for name, result, tools in checks:
-        Draft202012Validator(tools[name]["outputSchema"]).validate(result["structuredContent"])
+        abi.compile_schema(tools[name]["outputSchema"]).validate(result["structuredContent"])
 
 
 def test_generated_tool_sends_exactly_the_declared_parameters(own, fresh):
@@ -1238,7 +1237,7 @@ def test_shared_manifests_installed_together(start_server, tmp_path):
             for name, tool in sorted(by_package[package].items()):
                 declared = [p["name"] for p in eligible[name].get("params") or []]
                 args = {p: sample(tool["inputSchema"]["properties"][p]) for p in declared}
-                Draft202012Validator(tool["inputSchema"]).validate(dict(args, app_handle=handle))
+                abi.compile_schema(tool["inputSchema"]).validate(dict(args, app_handle=handle))
                 before = len(double.executions)
                 result = server.call_tool(tool["name"], dict(args, app_handle=handle))
                 text = result["content"][-1]["text"]
@@ -1248,7 +1247,7 @@ def test_shared_manifests_installed_together(start_server, tmp_path):
                 assert set(sent[0]["argsJson"]) == set(declared), tool["name"]
                 assert same_on_wire(args, sent[0]["argsJson"]), (tool["name"], args, sent[0]["argsJson"])
                 if not result.get("isError") and "outputSchema" in tool:
-                    Draft202012Validator(tool["outputSchema"]).validate(result["structuredContent"])
+                    abi.compile_schema(tool["outputSchema"]).validate(result["structuredContent"])
                 elif not result.get("isError"):
                     assert "structuredContent" not in result, tool["name"]
                 total += 1

@@ -404,3 +404,31 @@ def test_a_password_file_that_holds_no_password_is_refused_without_reading_it_al
     done = run_check(env, timeout=30)
     assert done.returncode == 1 and "Auth:      failed: " + said in done.stdout, done.stdout
     assert not [entry for entry in authed.log if entry["path"] == "/auth/token"]      # nothing sent to the node
+
+
+def test_check_signs_in_afresh_so_a_cached_token_hides_no_wrong_password(tmp_path, authed):
+    """--check said OK for a wrong CALIMERO_PASSWORD while a cached token still worked. It now signs in with the
+    credentials every time; the cache stays as it was (a failed sign-in must not spoil it, and a running server may
+    hold that pair), and is written only where it held none."""
+    env = credentials_env(tmp_path, authed)
+    assert run_check(env).returncode == 0
+    path = cache_path(env, authed.url)
+    cached = open(path, "rb").read()
+    wrong = dict(env, CALIMERO_PASSWORD="not-the-password")
+    done = run_check(wrong)
+    assert done.returncode == 1, done.stdout
+    assert "Auth:      failed: " in done.stdout and "Problems:\n  - " in done.stdout, done.stdout
+    assert "Result:    the server cannot work" in done.stdout
+    assert "not-the-password" not in done.stdout + done.stderr and PASSWORD not in done.stdout + done.stderr
+    assert open(path, "rb").read() == cached
+    status, server = session(wrong)                  # the server itself still starts from the cache
+    assert status["authMode"] == "credentials" and status["health"] == {"status": "alive"}, status
+    finished(server)
+    logins = len(authed.requests_to("POST", "/auth/token"))
+    assert run_check(env).returncode == 0
+    assert len(authed.requests_to("POST", "/auth/token")) == logins + 1
+    assert open(path, "rb").read() == cached
+    os.unlink(path)
+    assert run_check(wrong).returncode == 1 and not os.path.exists(path)
+    assert run_check(env).returncode == 0
+    assert_fresh_cache(path, authed)

@@ -54,4 +54,4 @@ def test_the_demo_shows_and_explains_its_session(demo):
     assert '"structuredContent": {\n    "result": "hello"\n  }' in printed and "one value in two forms" in printed
     assert "- value: expected string, got 42" in printed
     assert "python3 tests/node_double.py --sample --port 2530" in printed
-    assert "claude mcp add --env CALIMERO_NODE_URL=http://127.0.0.1:2530 mero-mcp --" in printed
+    assert "claude mcp add -s user mero-mcp --env CALIMERO_NODE_URL=http://127.0.0.1:2530 -- " in printed

@@ -3,7 +3,9 @@ modules travel together."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import sys
 import time
 import venv
 from pathlib import Path
@@ -157,12 +159,128 @@ def test_mero_mcp_py_copied_alone_says_its_siblings_are_missing(bare_python, tmp
     check = subprocess.run([str(bare_python), str(tmp_path / "mero_mcp.py"), "--check"], env=env, cwd=str(tmp_path),
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
-    assert "node.py cannot be imported (No module named 'node'): mero_mcp.py, node.py and abi.py travel together" \
-        in check.stdout
+    assert "  - Missing beside mero_mcp.py: node.py and abi.py (in %s)\n    Fix: %s" % (tmp_path, TOGETHER) \
+        in check.stdout, check.stdout
     server = McpServer(env, command=[str(bare_python), str(tmp_path / "mero_mcp.py")])
     try:
         server.initialize()
         text = server.call_tool("node_status")["content"][-1]["text"]
     finally:
         server.close()
-    assert text.startswith("Error: ") and "travel together" in text, text
+    assert text == "Error: Missing beside mero_mcp.py: node.py and abi.py (in %s). %s" % (tmp_path, TOGETHER), text
+
+
+# ── the three files as a set (issue 20): every missing one named, a copy from another release named
+
+TOGETHER = ("mero_mcp.py, node.py and abi.py travel together: copy the three, from one release, into one folder, or "
+            "install the checkout with pip.")
+
+
+def copied(folder, *names, **versions):
+    """Our modules copied into `folder`, a module's `__version__` line changed where `versions` says."""
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        text = (ROOT / name).read_text(encoding="utf-8")
+        stem = name[:-3]
+        if stem in versions:
+            text = text.replace('\n__version__ = "%s"\n' % VERSION, '\n__version__ = "%s"\n' % versions[stem], 1)
+        (folder / name).write_text(text, encoding="utf-8")
+    return folder / "mero_mcp.py"
+
+
+def module_version(name):
+    found = re.search(r'^__version__ = "([^"]+)"$', (ROOT / name).read_text(encoding="utf-8"), re.M)
+    return found.group(1) if found else None
+
+
+VERSION = module_version("mero_mcp.py")
+
+
+def test_every_module_carries_the_project_version():
+    """One version: the three files state the same, setup.cfg takes mero_mcp's, serverInfo and --version say it."""
+    import abi
+    import mero_mcp
+    import node
+    assert VERSION and module_version("abi.py") == module_version("node.py") == VERSION
+    assert mero_mcp.__version__ == abi.__version__ == node.__version__ == VERSION
+    assert "version = attr: mero_mcp.__version__" in (ROOT / "setup.cfg").read_text(encoding="utf-8")
+    assert mero_mcp.SERVER_INFO["version"] == VERSION
+    out = subprocess.run([sys.executable, str(ROOT / "mero_mcp.py"), "--version"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.stdout == "mero-mcp %s\n" % VERSION and out.returncode == 0
+
+
+def check_in(script, env):
+    return subprocess.run([sys.executable, str(script), "--check"], env=env, cwd=str(script.parent),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_without_abi_py_check_fails_and_every_tool_names_it(double, tmp_path):
+    """mero_mcp.py and node.py copied, abi.py forgotten: --check said OK while every app tool was gone and `call`
+    answered a bare -32603 (this test's Python can import the checkout's abi.py: it must not be taken instead)."""
+    script = copied(tmp_path / "copy", "mero_mcp.py", "node.py")
+    env = bare_env(tmp_path, double)
+    missing = "Missing beside mero_mcp.py: abi.py (in %s)" % script.parent
+    check = check_in(script, env)
+    assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
+    assert "  - %s\n    Fix: %s" % (missing, TOGETHER) in check.stdout, check.stdout
+    assert "Health:    alive" in check.stdout and "Result:    the server cannot work" in check.stdout
+    server = McpServer(env, command=[sys.executable, str(script)])
+    try:
+        server.initialize()
+        assert not [name for name in server.tool_names() if name.startswith("kv_store_")]
+        for name, arguments in (("call", {"app": "kv-store", "context": "demo", "method": "len"}),
+                                ("describe_app", {"app": "kv-store"})):
+            result = server.call_tool(name, arguments)
+            assert result.get("isError") is True, result
+            assert result["content"][-1]["text"] == "Error: %s. %s" % (missing, TOGETHER), result
+    finally:
+        server.close()
+    assert "[mero-mcp] %s. %s" % (missing, TOGETHER) in server.stderr.splitlines()      # said at start too
+    assert "Traceback" not in server.stderr and "Internal error" not in b"".join(server.raw_lines).decode()
+
+
+@pytest.mark.parametrize("stale", ["node", "abi"])
+def test_a_copy_from_another_release_is_named_by_check_and_at_start(stale, double, tmp_path):
+    script = copied(tmp_path / "copy", "mero_mcp.py", "node.py", "abi.py", **{stale: "0.0.9"})
+    env = bare_env(tmp_path, double)
+    named = "%s is from mero-mcp 0.0.9, this mero_mcp.py from %s" % (script.parent / (stale + ".py"), VERSION)
+    check = check_in(script, env)
+    assert check.returncode == 1 and "  - %s: one may call what the other lacks\n    Fix: %s" % (named, TOGETHER) \
+        in check.stdout, check.stdout
+    server = McpServer(env, command=[sys.executable, str(script)])
+    try:
+        server.initialize()
+    finally:
+        server.close()
+    assert [line for line in server.stderr.splitlines() if line.startswith("[mero-mcp] " + named)], server.stderr
+    ok = check_in(copied(tmp_path / "fine", "mero_mcp.py", "node.py", "abi.py"), env)
+    assert ok.returncode == 0 and "mero-mcp 0.0.9" not in ok.stdout, ok.stdout
+
+
+# ── Python older than 3.9: one line, exit 1, no traceback (RHEL 8's python3 is 3.6)
+
+def old_python(version):
+    """An interpreter of `version` (pyenv's, or python3.6 on PATH but not a pyenv shim), or None."""
+    import glob
+    import os
+    import shutil
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    matches = sorted(glob.glob(os.path.join(root, "versions", version + ".*", "bin", "python" + version)))
+    found = matches[-1] if matches else shutil.which("python" + version)
+    return found if found and "/shims/" not in found else None
+
+
+@pytest.mark.parametrize("version", ["3.6", "3.7", "3.8"])
+@pytest.mark.parametrize("args", [[], ["--check"]], ids=["server", "check"])
+def test_an_older_python_gets_one_line_naming_it(version, args, tmp_path):
+    """Everything before the version guard runs, and the whole file parses, there (no walrus, no f-string `=`)."""
+    python = old_python(version)
+    if python is None:
+        pytest.skip("no Python %s here (python%s on PATH or under pyenv)" % (version, version))
+    out = subprocess.run([python, str(ROOT / "mero_mcp.py")] + args, input="", capture_output=True, text=True,
+                         timeout=30, env=minimal_env(tmp_path / "home"))
+    line = "mero-mcp needs Python 3.9 or newer, and %s is Python %s." % (python, version)
+    assert out.returncode == 1 and out.stdout == "", out
+    assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(line), out.stderr
+    assert "absolute path as the command" in out.stderr

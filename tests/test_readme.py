@@ -124,15 +124,29 @@ class HandSession:
 
 
 def claude_mcp_add(command):
-    """(server command, env) of a `claude mcp add [--env K=V]… name -- command args…` line."""
+    """(server command, env) of a `claude mcp add` line, read as current releases read it: `-e`/`--env` takes
+    every value up to the next option or `--` (a name written after it is one more variable, which the CLI refuses:
+    "Invalid environment variable format"), and the README registers for every folder (`-s user`)."""
     words = shlex.split(command)
     assert words[:3] == ["claude", "mcp", "add"] and "--" in words, command
     options, server = words[3:words.index("--")], words[words.index("--") + 1:]
-    env = {}
-    for flag, value in zip(options, options[1:]):
-        if flag in ("--env", "-e"):
-            key, _, setting = value.partition("=")
-            env[key] = setting
+    env, names, scope, index = {}, [], "local", 0
+    while index < len(options):
+        word = options[index]
+        index += 1
+        if word in ("-s", "--scope"):
+            scope, index = options[index], index + 1
+        elif word in ("-e", "--env"):
+            while index < len(options) and not options[index].startswith("-"):
+                key, equals, value = options[index].partition("=")
+                assert key and equals, "Invalid environment variable format: %s (in %s)" % (options[index], command)
+                env[key] = value
+                index += 1
+        else:
+            assert not word.startswith("-"), "an option the README does not use: %s" % word
+            names.append(word)
+    assert names == ["mero-mcp"] and scope == "user", (names, scope, command)
+    assert server, command
     return server, env
 
 
@@ -174,14 +188,204 @@ def test_every_step_runs_as_written(tmp_path):
     assert ran == len(paired(section_blocks())) >= 8
 
 
-def test_the_counter_counts_as_the_section_says(start_server, server_env):
-    """Step 3's last sentence: a context for the counter, then increment {by: 5} answers the new total."""
-    server = start_server(server_env)
-    namespace = server.tool_json("create_namespace", {"application": "counter"})["namespaceId"]
-    context = server.tool_json("create_context", {"application": "counter", "namespace": namespace})["contextId"]
-    assert server.tool_json("counter_increment", {"context": context, "by": 5}) == 5
-    assert server.tool_json("counter_increment", {"context": context, "by": 5}) == 10
-    assert server.tool_json("counter_value", {"context": context}) == 10
+def test_the_claude_code_reader_refuses_the_forms_current_releases_refuse():
+    server, env = claude_mcp_add("claude mcp add -s user mero-mcp -e A=1 B=2 --env C=3 -- python3 x.py")
+    assert server == ["python3", "x.py"] and env == {"A": "1", "B": "2", "C": "3"}
+    for wrong in ("claude mcp add --env A=1 mero-mcp -- python3 x.py",     # the name swallowed by --env
+                  "claude mcp add mero-mcp --env A=1 -- python3 x.py",     # registered for this folder only
+                  "claude mcp add -s user mero-mcp -- "):
+        with pytest.raises(AssertionError):
+            claude_mcp_add(wrong)
+
+
+def counter_lines():
+    """The protocol lines of the counter example in "Try it by hand" (its `jsonl` block)."""
+    blocks = [text for language, text in section_blocks() if language == "jsonl"]
+    assert len(blocks) == 1, blocks
+    return [json.loads(line) for line in blocks[0].splitlines() if line.strip()]
+
+
+def test_the_counter_example_runs_as_written(tmp_path):
+    """create_namespace, then create_context in that namespace, then counter_increment: each placeholder <name> is
+    the field of that name in an earlier answer, and the total is 5, then 10, as the section says."""
+    session = HandSession(tmp_path)
+    session.start_node(session.localise("python3 tests/node_double.py --sample --port 2530"))
+    server = McpServer(dict(session.env, CALIMERO_NODE_URL=session.url))
+    try:
+        server.initialize()
+        lines, answers = counter_lines(), {}
+        assert [line["params"]["name"] for line in lines] == ["create_namespace", "create_context",
+                                                              "counter_increment"]
+        for line in lines:
+            text = json.dumps(line["params"]["arguments"])
+            for name, value in answers.items():
+                text = text.replace("<%s>" % name, value)
+            assert "<" not in text, text
+            answer = server.tool_json(line["params"]["name"], json.loads(text))
+            if isinstance(answer, dict):
+                answers.update({key: value for key, value in answer.items() if isinstance(value, str)})
+        assert answer == 5
+        assert server.tool_json(lines[-1]["params"]["name"], json.loads(text)) == 10
+    finally:
+        server.close()
+        session.stop_node()
+    server.assert_stdout_pure()
+
+
+# ── Register it with your agent: one block per host, each parsed and then run as the host would ────────────
+
+REGISTER = "## Register it with your agent"
+HOSTS = ("Claude Code", "Claude Desktop", "Cursor", "VS Code", "Codex", "Gemini CLI")
+README_NODE = "http://localhost:2528"
+CURSOR_LIMIT = 40
+CURSOR_COUNT = re.compile(r"Cursor count: (\w[\w,]*) keeps (\d+) fixed tools, and the sample node's two apps add "
+                          r"(\d+), so (\d+) of Cursor's 40\.")
+
+
+def section(heading):
+    text = README.read_text(encoding="utf-8")
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end != -1 else len(text)]
+
+
+def host_blocks():
+    """{host: [(language, text)]} of the section's `### <host>` parts."""
+    body = section(REGISTER)
+    found = {}
+    for part in re.split(r"^### ", body, flags=re.M)[1:]:
+        title, _, rest = part.partition("\n")
+        found[title.strip()] = re.findall(r"^```(\w*)\n(.*?)^```", rest, re.S | re.M)
+    return found
+
+
+def host_config(host, language, text):
+    """(command, env) of one host's snippet, checked for the keys that host requires."""
+    if host == "Claude Code":
+        assert language == "sh"
+        return claude_mcp_add(text.strip())
+    if host == "Codex":
+        tomllib = pytest.importorskip("tomllib", reason="TOML is read by Python 3.11's tomllib")
+        entry = tomllib.loads(text)["mcp_servers"]["mero-mcp"]
+    else:
+        assert language == "json"
+        config = json.loads(text)
+        key = "servers" if host == "VS Code" else "mcpServers"
+        assert set(config) == {key}, "%s reads %s" % (host, key)
+        entry = config[key]["mero-mcp"]
+        if host == "VS Code":
+            assert entry["type"] == "stdio", entry
+    assert isinstance(entry["command"], str) and all(isinstance(arg, str) for arg in entry.get("args", [])), entry
+    env = entry.get("env", {})
+    assert all(isinstance(value, str) for value in env.values()), env
+    if host == "Gemini CLI":        # its $VAR expansion runs on an environment already stripped of secrets
+        assert not any("$" in value for value in env.values()), env
+    return [entry["command"]] + entry.get("args", []), env
+
+
+def test_every_host_has_one_block_with_the_keys_it_requires():
+    blocks = host_blocks()
+    assert set(HOSTS) <= set(blocks), sorted(blocks)
+    for host in HOSTS:
+        assert len(blocks[host]) == 1, (host, blocks[host])
+        command, env = host_config(host, *blocks[host][0])
+        assert command[-1].endswith("mero_mcp.py") and env.get("CALIMERO_NODE_URL") == README_NODE, (host, env)
+
+
+def test_every_readme_block_parses():
+    """Every JSON and TOML block anywhere in the README, and every `claude mcp add` line, as hosts read them."""
+    text = README.read_text(encoding="utf-8")
+    for language, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        if language == "json":
+            json.loads(body)
+        elif language == "toml":
+            pytest.importorskip("tomllib").loads(body)
+        elif language == "jsonl":
+            [json.loads(line) for line in body.splitlines() if line.strip()]
+        for line in body.splitlines():
+            if line.startswith("claude mcp add"):
+                claude_mcp_add(line.split("  #")[0])
+
+
+@pytest.fixture(scope="module")
+def sample_node(tmp_path_factory):
+    session = HandSession(tmp_path_factory.mktemp("sample"))
+    session.start_node(session.localise("python3 tests/node_double.py --sample --port 2530"))
+    yield session
+    session.stop_node()
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_every_host_snippet_starts_the_server_as_pasted(host, sample_node):
+    """The snippet with /path/to/mero-mcp this checkout, python3 this interpreter and the README's node the sample
+    node: the server it starts reaches that node and lists the sample's tools."""
+    language, text = host_blocks()[host][0]
+    text = sample_node.localise(text).replace(README_NODE, sample_node.url)
+    command, env = host_config(host, language, text)
+    server = McpServer(dict(sample_node.env, **env), command=command)
+    try:
+        server.initialize()
+        status = server.tool_json("node_status")
+        assert status["url"] == sample_node.url and status["health"] == {"status": "alive"}, status
+        tools = server.result("tools/list")["tools"]
+    finally:
+        server.close()
+    server.assert_stdout_pure()
+    names = [tool["name"] for tool in tools]
+    assert "kv_store_get" in names and "counter_increment" in names, names
+    if host == "Cursor":
+        assert_cursor_count(env, tools)
+
+
+def assert_cursor_count(env, tools):
+    """The README's Cursor arithmetic is the live tool list's: the toolsets it names, the fixed tools they keep, the
+    sample's app tools, the total, within 40."""
+    said = CURSOR_COUNT.search(section(REGISTER))
+    assert said, "the Cursor part states no count a test can check"
+    toolsets, fixed, generated, total = said.group(1), int(said.group(2)), int(said.group(3)), int(said.group(4))
+    live_fixed = sum(1 for tool in tools if "_meta" not in tool)
+    assert env.get("CALIMERO_MCP_TOOLSETS") == toolsets, env
+    assert (fixed, generated, total) == (live_fixed, len(tools) - live_fixed, len(tools)), \
+        "README: %s = %d + %d; live: %d + %d" % (said.group(0), fixed, generated, live_fixed, len(tools) - live_fixed)
+    assert fixed + generated == total <= CURSOR_LIMIT
+
+
+# ── The rest a newcomer runs first ─────────────────────────────────────────────────────────────────────────
+
+def test_the_first_commands_print_what_their_comments_say():
+    text = README.read_text(encoding="utf-8")
+    version = re.search(r"^python3 mero_mcp.py --version +# (.+)$", text, re.M)
+    assert version, "the README shows --version and what it prints"
+    out = subprocess.run([sys.executable, str(ROOT / "mero_mcp.py"), "--version"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.stdout.strip() == version.group(1).strip()
+    assert re.search(r"^python3 mero_mcp.py --help ", text, re.M)
+    out = subprocess.run([sys.executable, str(ROOT / "mero_mcp.py"), "--help"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0 and all(option in out.stdout for option in ("--check", "--version", "--help"))
+
+
+def test_the_changelog_opens_with_this_version():
+    import mero_mcp
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    first = re.search(r"^## (\S+)", changelog, re.M)
+    assert first and first.group(1) == mero_mcp.__version__, first
+
+
+def test_make_run_writes_only_the_protocol_to_stdout(tmp_path):
+    """`make run` is a server command: make's echo of the recipe went to stdout before the first JSON line."""
+    import os
+    import shutil
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    env = {key: value for key, value in minimal_env(tmp_path / "home").items()
+           if key not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}           # as a host starts it, not under make
+    env["CALIMERO_NODE_URL"] = "http://127.0.0.1:9"
+    ping = '{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
+    done = subprocess.run(["make", "run"], input=ping, capture_output=True, text=True, cwd=str(ROOT), env=env,
+                          timeout=300)
+    assert done.stdout == '{"jsonrpc":"2.0","id":1,"result":{}}\n', (done.stdout, done.stderr)
+    assert os.path.isdir(str(ROOT / ".venv"))
 
 
 def test_the_matcher_fails_where_it_should():
