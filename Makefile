@@ -31,11 +31,12 @@ test: $(STAMP)
 # requests 2.25.1 and jsonschema 3.2.0 (no 2020-12 validator there: abi.compile_schema checks with Draft 7).
 # Only the tests those two packages decide run here, about 1.5 min on 2 cores beside the suite's 5: test_abi (every
 # schema and its problem texts), test_fixed_tools and test_app_tools (the tools through the real server), test_node
-# (all node I/O through requests) and test_adversarial (bad input). No Python 3.9 here: one line, and no failure.
+# (all node I/O through requests), test_adversarial (bad input), test_names_and_rows and test_lifecycle (the
+# tools added since, through the same checks). No Python 3.9 here: one line, and no failure.
 OLDEST_VENV  := .venv-oldest
 OLDEST_PINS  := requests==2.25.1 jsonschema==3.2.0 pytest
 OLDEST_TESTS := tests/test_abi.py tests/test_fixed_tools.py tests/test_app_tools.py tests/test_node.py \
-                tests/test_adversarial.py
+                tests/test_adversarial.py tests/test_names_and_rows.py tests/test_lifecycle.py
 OLDEST_SKIP  := not draft_7_gives_the_verdicts    # compares with the 2020-12 validator, which 3.2 lacks
 PYTHON39 = $(firstword $(foreach p,$(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.9.*/bin/python3.9) \
                    $(shell command -v python3.9),$(shell $(p) -c 'import sys; print("$(p)" if sys.version_info[:2] \
