@@ -914,21 +914,22 @@ def paged(tool, args, value, rows_key, id_key):
     TEXT_BOUND; else the page the cursor starts (the first without one) holding the rows that fit, with
     nextCursor and a line saying how to go on while rows are left.
 
-    A cursor is opaque: base64url of [offset, a digest of the page's last row id, a digest of the tool and its
-    other arguments]. The list is read live for every page; resuming after that last row (where it still is)
-    keeps every row once across pages even when rows come or go before it."""
+    A paged list goes in id order and a cursor is opaque: base64url of [the page's last row id, a digest of the
+    tool and its other arguments]. The list is read live for every page and resumes after that id, whether its
+    row is still there or not, so a row present for the whole walk is listed once even when rows before it (the
+    page's own, say) come or go."""
     query = query_fingerprint(tool, args)
     rows = value[rows_key]
     frame = len(json_text(dict(value, **{rows_key: []})))
-    costs = [row_cost(row) for row in rows]
     if args.get("cursor") is None:
-        if fit_count(frame, costs, TEXT_BOUND) == len(costs):
+        if fit_count(frame, [row_cost(row) for row in rows], TEXT_BOUND) == len(rows):
             return value
-        start = 0
+        rows, start = in_id_order(rows, id_key), 0
     else:
+        rows = in_id_order(rows, id_key)
         start = resume_at(tool, args["cursor"], query, rows, id_key)
-    rows, costs = rows[start:], costs[start:]
-    count = fit_count(frame, costs, TEXT_BOUND)
+    rows = rows[start:]
+    count = fit_count(frame, [row_cost(row) for row in rows], TEXT_BOUND)
     if count == 0 and rows:                  # one row alone passes the bound: its long strings are cut
         rows = [shortened(rows[0], id_key)] + rows[1:]
         count = 1
@@ -936,7 +937,7 @@ def paged(tool, args, value, rows_key, id_key):
         page = dict(value, **{rows_key: rows[:count]})
         if count == len(rows):
             return page
-        page["nextCursor"] = make_cursor(query, start + count, rows[count - 1].get(id_key))
+        page["nextCursor"] = make_cursor(query, row_key(rows[count - 1], id_key))
         line = ('%s %d-%d of %d. For the rest, call %s again with the same arguments and cursor "%s".'
                 % (rows_key.capitalize(), start + 1, start + count, start + len(rows), tool, page["nextCursor"]))
         text = json_text(page)
@@ -944,6 +945,16 @@ def paged(tool, args, value, rows_key, id_key):
             return {"content": [{"type": "text", "text": text}, {"type": "text", "text": line}],
                     "structuredContent": page}
         count -= 1                           # the cursor and the line took what the estimate left
+
+
+def row_key(row, id_key):
+    """A row's place in id order, as JSON a cursor can carry: a string id as it is, anything else after them."""
+    value = row.get(id_key) if isinstance(row, dict) else None
+    return [0, value] if isinstance(value, str) else [1, json.dumps(value, sort_keys=True)]
+
+
+def in_id_order(rows, id_key):
+    return sorted(rows, key=lambda row: row_key(row, id_key))
 
 
 def row_cost(row):
@@ -1013,28 +1024,41 @@ def digest(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
-def make_cursor(query, offset, last_row_id):
-    return b64url(json.dumps([offset, digest(last_row_id), query], separators=(",", ":")).encode("utf-8"))
+CURSOR_LIMIT = 1000         # characters: a nextCursor is well under; a longer one is no cursor of ours
+CURSOR_SHOWN = 200          # a refused cursor is quoted up to this much: a 64-hex row id makes one of ~120
+
+
+def make_cursor(query, last_key):
+    return b64url(json.dumps([last_key, query], separators=(",", ":")).encode("utf-8"))
 
 
 def resume_at(tool, cursor, query, rows, id_key):
-    """Where the page a cursor names starts: after the row it ended on, else at its offset."""
-    try:
-        offset, anchor, made_for = json.loads(unb64url(cursor))
-        valid = type(offset) is int and offset >= 0 and isinstance(made_for, str)
-    except (ValueError, TypeError):          # not base64, not JSON, not three items
-        valid = False
-    shown = cursor if len(cursor) <= 100 else cursor[:100] + "..."
-    if not valid:
+    """Where the page a cursor names starts: at the first row after its last row's id (rows are in id order)."""
+    last_key = cursor_key(cursor)
+    shown = cursor if len(cursor) <= CURSOR_SHOWN else cursor[:CURSOR_SHOWN] + "..."
+    if last_key is None:
         raise ToolError('Invalid cursor "%s": it is no nextCursor of %s. Omit cursor for the first page.'
                         % (shown, tool))
-    if made_for != query:
+    if last_key[1] != query:
         raise ToolError('Invalid cursor "%s": it continues a %s call with other arguments. Pass the arguments of '
                         'the call that returned it, or omit cursor for the first page.' % (shown, tool))
-    if 0 < offset <= len(rows) and digest(rows[offset - 1].get(id_key)) == anchor:
-        return offset
-    found = [index + 1 for index, row in enumerate(rows) if digest(row.get(id_key)) == anchor]
-    return found[0] if found else min(offset, len(rows))
+    import bisect
+    keys = [row_key(row, id_key) for row in rows]
+    return bisect.bisect_right(keys, last_key[0])
+
+
+def cursor_key(cursor):
+    """A cursor's [last row key, query digest], or None when it is no cursor of ours (a forged one included: it
+    is read only when short, and flat)."""
+    if len(cursor) > CURSOR_LIMIT:
+        return None
+    try:
+        key, made_for = json.loads(unb64url(cursor))
+    except (ValueError, TypeError, RecursionError):          # not base64, not JSON, not two items
+        return None
+    well_formed = (isinstance(key, list) and len(key) == 2 and key[0] in (0, 1) and type(key[0]) is int
+                   and isinstance(key[1], str) and isinstance(made_for, str))
+    return (key, made_for) if well_formed else None
 
 
 _fixed_validators = {}

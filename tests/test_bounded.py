@@ -161,7 +161,7 @@ def test_bad_cursors_are_refused_naming_them(start_server, tmp_path, crowded):
         assert text.startswith(other % (plain, tool)), text
     long = "A" * 500
     text = error_text(server.call_tool("list_blobs", {"cursor": long}))
-    assert ('"%s..."' % long[:100]) in text and long not in text          # quoted, but not whole
+    assert ('"%s..."' % long[:200]) in text and long not in text          # quoted, but not whole
     assert not error_text(server.call_tool("list_blobs", {"cursor": 7})).startswith("Error: Invalid cursor")
 
 
@@ -298,3 +298,41 @@ def test_select_app_of_an_app_with_thousands_of_tools_names_those_that_fit(serve
     listed = {name for name in server.tool_names() if name.startswith("huge_")}
     assert 500 < len(summary["tools"]) < 2500 and set(summary["tools"]) <= listed and summary["context"]
     assert summary["omitted"].startswith("%d of the 2500 tools are left out" % (2500 - len(summary["tools"])))
+
+
+WALKED = {  # rows key: how the double drops one row of that list (as deleting it through the node would)
+    "contexts": lambda double, namespace, row_id: double._contexts.pop(row_id),
+    "blobs": lambda double, namespace, row_id: double._blobs.pop(row_id, None),
+    "namespaces": lambda double, namespace, row_id: double._groups.pop(row_id),
+    "members": lambda double, namespace, row_id: double._groups[namespace]["members"].pop(row_id),
+}
+
+
+@pytest.mark.parametrize("tool,extra,rows_key,id_key", [t for t in LISTS if not t[1].get("verbose")],
+                         ids=[t[0] for t in LISTS if not t[1].get("verbose")])
+def test_a_walk_deleting_each_page_as_it_goes_lists_every_row_once(serve, tool, extra, rows_key, id_key):
+    """Issue 19.1: the page's last row gone before the next page is asked for (an agent deleting what it listed)
+    left the next page starting as many rows late (400 contexts: 195 never listed, and no nextCursor)."""
+    double, namespace = crowded_double()
+    server = serve(double)
+    arguments = {key: (namespace if value is None else value) for key, value in extra.items()}
+    with double._lock:
+        at_start = listed_ids(double, rows_key, namespace) - {namespace}
+    kept = {namespace} | (at_start - {hex_id("member-%d" % index) for index in range(ROWS)}
+                          if rows_key == "members" else set())      # the node's own membership stays
+    seen, cursor = [], None
+    while True:
+        result = server.call_tool(tool, dict(arguments, cursor=cursor) if cursor else arguments, timeout=60)
+        assert not result.get("isError"), result
+        page = result["structuredContent"]
+        seen += [row[id_key] for row in page[rows_key]]
+        with double._lock:
+            for row in page[rows_key]:
+                if row[id_key] in at_start - kept:
+                    WALKED[rows_key](double, namespace, row[id_key])
+        cursor = page.get("nextCursor")
+        if cursor is None:
+            break
+        assert len(seen) < 3 * len(at_start), "paging does not end"
+    assert len(seen) == len(set(seen))
+    assert at_start <= set(seen), "%d rows never listed" % len(at_start - set(seen))
