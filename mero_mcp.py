@@ -297,6 +297,19 @@ def error_response(request_id, error):
     return {"jsonrpc": "2.0", "id": request_id, "error": error.to_json()}
 
 
+CANCEL_POLL_SECONDS = 0.05           # how soon the main loop sees that the request it waits on was cancelled
+REQUEST_THREADS = 16                 # requests run one at a time; cancelled ones may still be finishing
+_request_pool = []
+
+
+def request_pool():
+    """The threads requests run on (made once, on first use): the main loop hands each request over and waits."""
+    if not _request_pool:
+        from concurrent.futures import ThreadPoolExecutor
+        _request_pool.append(ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="request"))
+    return _request_pool[0]
+
+
 class Server:
     """One stdio connection: what it negotiated, and the handlers for each method."""
 
@@ -376,7 +389,7 @@ class Server:
         if isinstance(message, list):
             self.handle_batch(message, tickets)
             return
-        reply = self.handle_message(message, ticket=tickets)
+        reply = self.until_cancelled(tickets, self.handle_message, message, False, tickets)
         if reply is not None:
             self.channel.send(reply)
         self.apps.start()                    # after the first answer of either era: off the answer path
@@ -390,11 +403,27 @@ class Server:
                 "Batches are only served when protocol version %s was negotiated" % BATCH_VERSION)
             self.channel.send(error_response(None, RpcError(INVALID_REQUEST, reason)))
             return
-        replies = [self.handle_message(item, True, ticket) for item, ticket in zip(batch, tickets)]
+        replies = [self.until_cancelled(ticket, self.handle_message, item, True, ticket)
+                   for item, ticket in zip(batch, tickets)]
         replies = [r for r in replies if r is not None]
         if replies:
             self.channel.send(replies)
         self.apps.start()                    # after the first answer of either era: off the answer path
+
+    def until_cancelled(self, ticket, handle, *args):
+        """`handle(*args)` on a request thread while the main loop waits for it, or for its cancellation: a
+        cancelled request lets the next one start at once. Its node call may finish in the background; its
+        answer is dropped there (handle_message answers nothing once the ticket is set)."""
+        if ticket is None:                   # a notification, a stray frame, initialize: nothing to cancel
+            return handle(*args)
+        from concurrent.futures import TimeoutError as FutureTimeout
+        future = request_pool().submit(handle, *args)
+        while True:
+            try:
+                return future.result(timeout=CANCEL_POLL_SECONDS)
+            except FutureTimeout:
+                if ticket.is_set():
+                    return None
 
     def handle_message(self, message, in_batch=False, ticket=None):
         """The response for one message, or None (notifications, stray responses and cancelled requests get
