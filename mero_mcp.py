@@ -792,7 +792,8 @@ def toolsets_problem(env):
 # ---- read-only mode: the only least-privilege switch there is (a node mints no narrower token than admin) ----
 
 READ_ONLY_VARIABLE = "CALIMERO_MCP_READ_ONLY"
-READ_ONLY_VALUES = ("1", "true", "yes")
+READ_ONLY_VALUES = ("1", "true", "yes", "on")
+READ_ONLY_OFF = ("0", "false", "no", "off")        # the only values that leave it off: a typo must not give admin
 # The two tools that reach any method of any app: they validate per item, answer the app's own data (never cut),
 # and stay offered in read-only mode, where execute() refuses a method that is not [view] for them.
 APP_CALLS = frozenset({"call", "call_many"})
@@ -814,18 +815,20 @@ def server_config(env):
 
 
 def read_only_mode(env):
-    """CALIMERO_MCP_READ_ONLY: 1, true or yes (any case) turn it on; any other non-blank value is a mistake,
-    reported, and counts as off."""
+    """CALIMERO_MCP_READ_ONLY fails safe: off only when unset, blank or one of READ_ONLY_OFF (any case); 1, true,
+    yes or on turn it on, and so does any other value (`ture`, `enabled`), which is said as read as on."""
     raw = (env.get(READ_ONLY_VARIABLE) or "").strip()
+    if not raw or raw.lower() in READ_ONLY_OFF:
+        return ReadOnlyMode(False, "read-write (%s=1 would offer only tools that cannot change the node)"
+                            % READ_ONLY_VARIABLE, None, None)
+    line = ("only tools that cannot change the node are offered; call and call_many run [view] methods only")
     if raw.lower() in READ_ONLY_VALUES:
-        return ReadOnlyMode(True, "read-only (%s): only tools that cannot change the node are offered; call and "
-                            "call_many run [view] methods only" % READ_ONLY_VARIABLE, None, None)
-    line = "read-write (%s=1 would offer only tools that cannot change the node)" % READ_ONLY_VARIABLE
-    if not raw:
-        return ReadOnlyMode(False, line, None, None)
-    problem = "%s=%s is not 1, true or yes, so read-only mode is off" % (READ_ONLY_VARIABLE, json.dumps(raw[:40]))
-    return ReadOnlyMode(False, "read-write (%s)" % problem, problem,
-                        "Set %s to 1, true or yes for read-only mode, or unset it." % READ_ONLY_VARIABLE)
+        return ReadOnlyMode(True, "read-only (%s): %s" % (READ_ONLY_VARIABLE, line), None, None)
+    problem = ("%s=%s is none of 1, true, yes, on (on) or 0, false, no, off (off), so it is read as on: read-only "
+               "mode is on" % (READ_ONLY_VARIABLE, json.dumps(raw[:40])))
+    return ReadOnlyMode(True, "read-only (%s=%s, read as on): %s" % (READ_ONLY_VARIABLE, json.dumps(raw[:40]), line),
+                        problem, "Set %s to 1 for read-only mode, or to 0 (or unset it) for read-write."
+                        % READ_ONLY_VARIABLE)
 
 
 def in_toolsets(t, config):
