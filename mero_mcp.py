@@ -383,6 +383,11 @@ class Server:
 
     def handle_line(self, message, tickets):
         """Answer one received line (a message, a batch or a parse error); sends what is due."""
+        if isinstance(message, TooDeep):
+            reply = message.reply(self)
+            if reply is not None:
+                self.channel.send(reply)
+            return
         if isinstance(message, RpcError):
             self.channel.send(error_response(None, message))
             return
@@ -617,11 +622,114 @@ def parse_line(raw):
     except UnicodeDecodeError as error:
         raise RpcError(PARSE_ERROR, "Parse error: not UTF-8 (%s)" % error.reason) from None
     try:
-        return json.loads(text, parse_constant=not_json)
-    except RecursionError:
-        raise RpcError(PARSE_ERROR, "Parse error: nested too deeply") from None
+        message = json.loads(text, parse_constant=not_json)
+    except RecursionError:                   # past ~990 levels: the frame's own fields are read without it
+        fields, keys, balanced = top_level_fields(text)
+        if not balanced:
+            raise RpcError(PARSE_ERROR, "Parse error: not JSON (unbalanced brackets, nested too deeply to read)") \
+                from None
+        raise TooDeep(fields, keys, None) from None
     except ValueError as error:
         raise RpcError(PARSE_ERROR, "Parse error: %s" % error) from None
+    if nested_past(message, MAX_NESTING):
+        raise TooDeep.of(message)
+    return message
+
+
+MAX_NESTING = 100            # levels of JSON in one message: well under the recursion limit of everything after
+TOO_DEEP = "nested more than %d levels deep (the message's own levels included), more than this server reads" % (
+    MAX_NESTING)
+
+
+class TooDeep(RpcError):
+    """A well-formed message nested past MAX_NESTING, known by its top-level scalars (`fields`) and keys: answered
+    as handle_message would answer it, with its own id (a tools/call gets an isError result naming the limit), so
+    its client does not wait for an answer that never comes."""
+
+    def __init__(self, fields, keys, modern):
+        super().__init__(INVALID_REQUEST, "Invalid request: " + TOO_DEEP)
+        self.fields, self.keys, self.modern = fields, keys, modern
+
+    @classmethod
+    def of(cls, message):
+        if not isinstance(message, dict):
+            return cls({}, None, None)       # a batch: its items are not answered one by one
+        params = message.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        version = meta.get(META_VERSION) if isinstance(meta, dict) else None
+        fields = {key: value for key, value in message.items() if not isinstance(value, (dict, list))}
+        return cls(fields, set(message), None if version is None else version in MODERN_VERSIONS)
+
+    def reply(self, server):
+        fields, keys = self.fields, self.keys
+        request_id = fields.get("id")
+        shown_id = request_id if is_valid_id(request_id) else None
+        if keys is None or fields.get("jsonrpc") != "2.0":
+            return error_response(shown_id, self)
+        if "method" not in keys:
+            if "id" in keys and ("result" in keys or "error" in keys):
+                return None                  # a response to a request of ours; we send none
+            return error_response(shown_id, self)
+        if "id" not in keys:
+            return None                      # a notification: never answered
+        if shown_id is None or fields.get("method") != "tools/call":
+            return error_response(shown_id, self)
+        result = error_result("Error: The arguments are %s. Pass them flatter (at most %d levels in all)."
+                              % (TOO_DEEP, MAX_NESTING))
+        modern = self.modern or (self.modern is None and server.version is None)
+        return response(request_id, modern_result("tools/call", result) if modern else result)
+
+
+def nested_past(value, limit):
+    """Whether `value` holds containers more than `limit` levels deep; level by level, without recursion."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            inner.extend(child for child in children if isinstance(child, (dict, list)))
+        level = inner
+    return False
+
+
+def top_level_fields(text):
+    """(top-level scalars, top-level keys or None when it is no object, whether its brackets balance) of a text too
+    deep for json.loads: read token by token, without recursion."""
+    import re
+    fields, keys, key, after_colon, depth, balanced = {}, set(), None, False, 0, True
+    tokens = re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}:,]|[^\s"\[\]{}:,]+', text)
+    for index, match in enumerate(tokens):
+        token = match.group()
+        if index == 0 and token != "{":
+            keys = None
+        if token in ("[", "{"):
+            after_colon = after_colon and depth != 1
+            depth += 1
+        elif token in ("]", "}"):
+            depth -= 1
+            balanced = balanced and (depth > 0 or match.end() == len(text.rstrip()))
+        elif depth != 1:
+            continue
+        elif token == ":":
+            after_colon = key is not None
+        elif token == ",":
+            key, after_colon = None, False
+        elif after_colon:
+            try:
+                fields.setdefault(key, json.loads(token))
+            except ValueError:
+                pass
+            key, after_colon = None, False
+        elif token.startswith('"') and keys is not None:
+            try:
+                key = json.loads(token)
+                keys.add(key)
+            except ValueError:
+                key = None
+    return fields, keys, balanced and depth == 0
 
 
 def not_json(constant):
