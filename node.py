@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import functools
 import hashlib
 import http
 import itertools
@@ -1532,6 +1533,27 @@ EXECUTE_GRANT_ADVICE = ("The token this server uses may not call {method} in con
                         "whose permissions include context:execute for it (an admin login's do).")
 
 
+@functools.lru_cache(maxsize=16)
+def secret_pattern(secret: str):
+    """A secret as node text may quote it: as written, JSON-escaped (\\uXXXX for any character, either case),
+    URL-encoded (%XX, + for a space) or any mix of these, and base64 (standard or URL-safe, padded or not)."""
+    def char(c):
+        forms = ["\\\\u%s" % "".join("[%s%s]" % (d.lower(), d.upper()) for d in "%04x" % ord(c))]
+        forms.append("".join("%%%s" % "".join("[%s%s]" % (d.lower(), d.upper()) for d in "%02x" % b)
+                             for b in c.encode("utf-8")))
+        escaped = json.dumps(c)[1:-1]
+        if escaped != c:
+            forms.append(re.escape(escaped))
+        if c == " ":
+            forms.append("\\+")
+        return "(?:%s|%s)" % ("|".join(forms), re.escape(c))
+    encoded = secret.encode("utf-8")
+    b64 = {text for form in (base64.b64encode(encoded), base64.urlsafe_b64encode(encoded))
+           for text in (form.decode("ascii"), form.decode("ascii").rstrip("="))}
+    return re.compile("|".join(sorted((re.escape(form) for form in b64), key=len, reverse=True)
+                               + ["".join(char(c) for c in secret)]))
+
+
 def rpc_error(error, context_id: str, method: str) -> NodeError:
     """A JSON-RPC `error` object (`{"type","data"}` from merod, or `{code,message}`) rendered readably."""
     if not isinstance(error, dict):
@@ -1900,7 +1922,7 @@ class Node:
                             "decoder allows)" % method) from None
         reply = answer.value if isinstance(answer.value, dict) else {}
         if reply.get("error") is not None:
-            raise rpc_error(reply["error"], context_id, method)
+            raise self._scrubbed(rpc_error(reply["error"], context_id, method))
         result = reply.get("result")
         if not isinstance(result, dict) or "output" not in result:     # never a made-up output (node-api §4.2)
             raise self._unexpected("POST", "/jsonrpc", 'a JSON-RPC reply: a "result" object with the "output", or '
@@ -2143,15 +2165,23 @@ class Node:
         return self._redacted(response.content.decode("utf-8", "replace")).encode("utf-8")
 
     def _redacted(self, text: str) -> str:
-        """An echoing proxy may quote our headers or body back (a JSON body escapes the password's quotes): no
-        token or password of ours reaches a message."""
+        """An echoing proxy or app may quote our headers or body back, in any of the encodings `secret_pattern`
+        knows: no token or password of ours reaches a message."""
         tokens = self._tokens or {}
         for secret in (tokens.get("access_token"), tokens.get("refresh_token"),
                        self._credentials[1] if self._credentials else None):
             if secret:
-                for form in (secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]):
-                    text = text.replace(form, "[redacted]")
+                text = secret_pattern(secret).sub("[redacted]", text)
+        if self._credentials and self._credentials[1]:     # HTTP Basic's user:password, base64
+            text = secret_pattern("%s:%s" % self._credentials).sub("[redacted]", text)
         return text
+
+    def _scrubbed(self, error: NodeError) -> NodeError:
+        """`error` with our secrets taken out of its texts (a JSON-RPC error may quote the request)."""
+        error.message = self._redacted(error.message)
+        error.args = (error.message,)
+        error.hint = self._redacted(error.hint) if error.hint else error.hint
+        return error
 
     def _absent_as_none(self, statuses, method, path, shape, **request):
         """_call, or None when the node answers one of `statuses`: its way of saying "no such thing"."""
