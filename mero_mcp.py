@@ -910,16 +910,32 @@ READ_ONLY_UNSET = ("To allow changes, unset %s in this server's entry of the hos
 READ_ONLY_INSTRUCTION = ("This server runs read-only (%s): it offers only tools that cannot change the node, and "
                          "call and call_many run [view] methods only." % READ_ONLY_VARIABLE)
 
-Config = namedtuple("Config", "toolsets read_only")
+Config = namedtuple("Config", "toolsets read_only result_bound")
 ReadOnlyMode = namedtuple("ReadOnlyMode", "read_only line problem fix")   # what --check prints
+RESULT_BOUND_VARIABLE = "CALIMERO_MCP_MAX_RESULT_CHARS"
 
 
 def server_config(env):
-    """The tool filter's settings, read once at start; a bad value is said on stderr."""
+    """The tool filter's settings and the result bound, read once at start; a bad value is said on stderr."""
     mode = read_only_mode(env)
     if mode.problem:
         log.warning("%s", mode.problem)
-    return Config(enabled_toolsets(env), mode.read_only)
+    bound, problem = result_bound(env)
+    if problem:
+        log.warning("%s", problem)
+    return Config(enabled_toolsets(env), mode.read_only, bound)
+
+
+def result_bound(env):
+    """(the characters an app's result may take, None for no bound; what is wrong with the value or None):
+    CALIMERO_MCP_MAX_RESULT_CHARS, TEXT_BOUND unless set, 0 for none."""
+    raw = (env.get(RESULT_BOUND_VARIABLE) or "").strip()
+    if not raw:
+        return TEXT_BOUND, None
+    if raw.isdigit():
+        return (int(raw) or None), None
+    return TEXT_BOUND, ("%s=%s is not a number of characters (0 for no bound); using %d"
+                        % (RESULT_BOUND_VARIABLE, json.dumps(raw[:40]), TEXT_BOUND))
 
 
 def read_only_mode(env):
@@ -2474,6 +2490,10 @@ def execute(apps, admitted, method, args):
 
 
 def plain_text(value):
+    """An app's result as `call` shows it: a string raw, but "" as `""` (an empty text reads as no answer at all,
+    and a model retries); anything else as JSON."""
+    if value == "":
+        return '""'
     return value if isinstance(value, str) else json_text(value)
 
 
@@ -2632,7 +2652,19 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
       CALL_PROPERTIES, required=["method"], toolset="app", annotations=APP_CALL)
 def call_tool(args, call):
     with call.server.apps.reading():
-        return plain_text(run_call(call.server.apps, args))
+        text = plain_text(run_call(call.server.apps, args))
+    refuse_oversized(args.get("method"), text, call.server.config.result_bound)
+    return text
+
+
+def refuse_oversized(method, text, bound):
+    """An app's result past the bound is an error carrying its size, what to do, and its first part: whole, it
+    is an answer Claude Code rejects (and a context it floods)."""
+    if bound is None or len(text) <= bound:
+        return
+    head = ("The result of %s is %d characters, more than one answer carries (%d, %s): call a narrower method or "
+            "pass arguments that select less. Its first part:\n" % (method, len(text), bound, RESULT_BOUND_VARIABLE))
+    raise ToolError(head + text[:max(bound - len(head) - 100, bound // 2)] + "\n... [cut]")
 
 
 class Cancelled(Exception):
@@ -2704,7 +2736,23 @@ def call_many(args, call):
                                                               "progress": done[0], "total": len(items)})
     with call.server.apps.reading():          # one app list, app record and context read for the batch
         list(call_pool().map(run, range(len(items))))
-    return json_text(results)
+    return json_text(with_errors_fitted(results))
+
+
+def with_errors_fitted(results):
+    """call_many's items with each error cut to its share of TEXT_BOUND when together they pass it: the server's
+    own words stay within the bound (the apps' results are their data, each bounded on its own)."""
+    if len(json_text(results)) <= TEXT_BOUND:
+        return results
+    share = max(200, TEXT_BOUND // len(results) - 100)
+    return [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
+
+
+def cut_text(text, limit):
+    if len(text) <= limit:
+        return text
+    marker = "... [cut: %d characters in all]" % len(text)
+    return text[:max(0, limit - len(marker))] + marker
 
 
 def describe_count(items):
@@ -2720,7 +2768,9 @@ def call_many_item(server, item, traceparent, cancelled):
     try:
         refuse_unknown_arguments(server.fixed_tools["call"], item)
         with server.node.traced(traceparent):
-            return {"ok": True, "result": run_call(server.apps, item, cancelled)}
+            value = run_call(server.apps, item, cancelled)
+        refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
+        return {"ok": True, "result": value}
     except Cancelled:
         return {"ok": False, "error": "Cancelled before it ran."}
     except ToolError as error:
@@ -2816,7 +2866,9 @@ def strip_injected(method, args):
 
 def generated_result(binding, value, call):
     """Compact JSON text, plus structuredContent for a method that returns something (reference §3.14)."""
-    result = {"content": [{"type": "text", "text": json.dumps(value, separators=(",", ":"), ensure_ascii=False)}]}
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    refuse_oversized(binding.method.name, text, call.server.config.result_bound)
+    result = {"content": [{"type": "text", "text": text}]}
     if binding.has_output:
         wrapped = binding.wraps and call.server.wraps_output(call)
         result["structuredContent"] = {"result": value} if wrapped else value

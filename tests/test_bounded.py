@@ -336,3 +336,80 @@ def test_a_walk_deleting_each_page_as_it_goes_lists_every_row_once(serve, tool, 
         assert len(seen) < 3 * len(at_start), "paging does not end"
     assert len(seen) == len(set(seen))
     assert at_start <= set(seen), "%d rows never listed" % len(at_start - set(seen))
+
+
+# ── every answer bounded: an app's result, call_many's errors (issue 19.9); "" visible (issue 17.7) ─────────
+
+def kv_call(method, **args):
+    return {"app": "kv-store", "context": "demo", "method": method, "args": args}
+
+
+def test_an_app_result_past_the_bound_is_an_error_carrying_its_start_and_size(serve):
+    double = sample_double()
+    server = serve(double)
+    big = "".join("%06d" % index for index in range(12000))            # 72,000 characters
+    assert not server.call_tool("call", kv_call("set", key="big", value=big)).get("isError")
+    assert not server.call_tool("call", kv_call("set", key="small", value="fine")).get("isError")
+    handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
+    for name, arguments, size in [("call", kv_call("get", key="big"), len(big)),
+                                  ("kv_store_get", {"app_handle": handle, "key": "big"}, len(big) + 2)]:
+        result = server.call_tool(name, arguments)
+        text = error_text(result)
+        assert text.startswith("Error: The result of get is %d characters, more than one answer carries (60000, "
+                               "CALIMERO_MCP_MAX_RESULT_CHARS): call a narrower method or pass arguments that "
+                               "select less. Its first part:\n" % size), text[:300]
+        assert big[:20000] in text and text_length(result) <= BOUND and "structuredContent" not in result
+    many = server.call_tool("call_many", {"calls": [kv_call("get", key="big"), kv_call("get", key="small")]})
+    items = json.loads(many["content"][0]["text"])
+    assert items[0]["ok"] is False and items[0]["error"].startswith("Error: The result of get is 72000 characters")
+    assert items[1] == {"ok": True, "result": "fine"}
+    assert text_length(many) <= BOUND
+
+
+def test_the_result_bound_is_configurable_and_0_lifts_it(serve):
+    double = sample_double()
+    server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="0")
+    big = "y" * 70000
+    server.call_tool("call", kv_call("set", key="big", value=big))
+    assert server.call_tool("call", kv_call("get", key="big")) == {"content": [{"type": "text", "text": big}]}
+    server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="100")
+    assert error_text(server.call_tool("call", kv_call("get", key="big"))).startswith(
+        "Error: The result of get is 70000 characters, more than one answer carries (100, ")
+    assert server.call_tool("list_contexts")["structuredContent"]["contexts"]       # list pages keep their own
+    server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="lots")
+    assert not server.call_tool("call", kv_call("get", key="missing")).get("isError")
+    assert ('CALIMERO_MCP_MAX_RESULT_CHARS="lots" is not a number of characters (0 for no bound); using 60000'
+            in server.stderr)
+
+
+def test_call_many_of_long_errors_stays_within_the_bound(serve):
+    """32 items whose own errors are long returned 646,402 characters; each error is now cut to its share."""
+    double = sample_double()
+    server = serve(double)
+    long_error = "the app refused: " + "z" * 20000
+    double.faults.update({"paths": ["/jsonrpc"], "json": {"jsonrpc": "2.0", "id": 1,
+                                                          "error": {"code": -32000, "message": long_error}}})
+    many = server.call_tool("call_many", {"calls": [kv_call("len")] * 32}, timeout=60)
+    assert text_length(many) <= BOUND, text_length(many)
+    items = json.loads(many["content"][0]["text"])
+    assert len(items) == 32 and all(not item["ok"] for item in items)
+    for item in items:
+        assert item["error"].startswith("Error: JSON-RPC error -32000: the app refused: zzz")
+        assert item["error"].endswith("... [cut: %d characters in all]" % len("Error: JSON-RPC error -32000: "
+                                                                                 + long_error))
+
+
+def test_an_empty_string_result_is_shown_as_two_quotes(serve):
+    """Issue 17.7: a method returning "" showed as no text at all in call; the model retried, twice."""
+    double = sample_double()
+    server = serve(double)
+    assert not server.call_tool("call", kv_call("set", key="blank", value="")).get("isError")
+    assert not server.call_tool("call", kv_call("set", key="word", value="raw text")).get("isError")
+    assert server.call_tool("call", kv_call("get", key="blank")) == {"content": [{"type": "text", "text": '""'}]}
+    assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"}]}
+    many = server.call_tool("call_many", {"calls": [kv_call("get", key="blank"), kv_call("get", key="word")]})
+    assert '"result": ""' in many["content"][0]["text"]
+    assert json.loads(many["content"][0]["text"]) == [{"ok": True, "result": ""}, {"ok": True, "result": "raw text"}]
+    handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
+    generated = server.call_tool("kv_store_get", {"app_handle": handle, "key": "blank"})
+    assert generated["content"] == [{"type": "text", "text": '""'}]

@@ -750,7 +750,7 @@ def test_join_namespace_waits_longer_than_other_calls(start_server, server_env, 
     joined = server.call_tool("join_namespace", {"namespace": namespace, "invitation": signed})
     assert not joined.get("isError"), joined
     left = error_text(server.call_tool("leave_namespace", {"namespace": namespace}))
-    assert "timed out after 1 s" in left
+    assert "no answer within 1 s" in left and "may have carried it out" in left     # a write: it may have run
 
 
 def test_an_older_node_that_requires_an_upgrade_policy_gets_one(start_server, server_env):
