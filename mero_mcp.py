@@ -537,6 +537,7 @@ class Server:
     def run_tool(self, t, arguments, call):
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
         try:
+            arguments = without_null_optionals(t, arguments)
             refuse_unknown_arguments(t, arguments)
             refuse_unsendable(t, arguments)
             problems = check_fixed_arguments(t, arguments)
@@ -1171,7 +1172,14 @@ def shortened(row, id_key):
 
 
 def query_fingerprint(tool, args):
-    return digest([tool, {k: v for k, v in args.items() if k != "cursor"}])
+    """What a cursor is bound to: the tool and its arguments but the cursor, leaving out those equal to their
+    default (a flag's is false), so `verbose: false` continues a walk begun without it."""
+    declared = next((t.input_schema.get("properties") or {} for t in FIXED_TOOLS if t.name == tool), {})
+
+    def default(name):
+        schema = declared.get(name) or {}
+        return schema.get("default", False if schema.get("type") == "boolean" else None)
+    return digest([tool, {k: v for k, v in args.items() if k != "cursor" and v != default(k)}])
 
 
 def digest(value):
@@ -1290,6 +1298,15 @@ def unknown_arguments_text(unknown, owner, takes, where=""):
     told = "takes: " + ", ".join(takes) if takes else "takes no arguments"
     return "Unknown argument%s %s%s. %s %s." % ("s" if len(unknown) > 1 else "", ", ".join(unknown), where, owner,
                                                  told)
+
+
+def without_null_optionals(t, arguments):
+    """A fixed tool's optional argument given as null is absent: hosts in strict function-calling mode send null
+    for every optional they omit (generated tools and `call` read null so already)."""
+    if t.toolset is None or t.name in APP_CALLS:
+        return arguments
+    required = t.input_schema.get("required") or ()
+    return {key: value for key, value in arguments.items() if value is not None or key in required}
 
 
 def check_fixed_arguments(t, arguments):

@@ -413,3 +413,16 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
     handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
     generated = server.call_tool("kv_store_get", {"app_handle": handle, "key": "blank"})
     assert generated["content"] == [{"type": "text", "text": '""'}]
+
+
+def test_a_cursor_continues_with_arguments_equal_to_their_defaults(start_server, tmp_path, crowded):
+    """Issue 19.10: page 2 with verbose: false after page 1 without it was refused as other arguments."""
+    double, _ = crowded
+    server = start_server(minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
+                                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state"}))
+    cursor = cursor_of(server, "list_contexts", {})
+    for extra in ({"verbose": False}, {"verbose": None}, {"application": None}):
+        result = server.call_tool("list_contexts", dict(extra, cursor=cursor), timeout=60)
+        assert not result.get("isError"), (extra, result)
+    assert error_text(server.call_tool("list_contexts", {"verbose": True, "cursor": cursor})).startswith(
+        'Error: Invalid cursor "%s": it continues a list_contexts call with other arguments.' % cursor)
