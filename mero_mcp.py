@@ -77,7 +77,7 @@ class StderrLog:
         try:
             sys.stderr.write("[mero-mcp] %s\n" % (message % args if args else message))
             sys.stderr.flush()
-        except OSError:                  # the host closed our stderr: logs are a courtesy, the protocol goes on
+        except (OSError, AttributeError, ValueError):   # the host closed our stderr: logs are a courtesy
             pass
 
     warning = error = info
@@ -2983,6 +2983,8 @@ def serve(stdin, stdout):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if sys.stderr is None:               # spawned with stderr closed (2>&-): log lines go nowhere, answers go on
+        sys.stderr = open(os.devnull, "w")
     if "--help" in argv or "-h" in argv:
         sys.stdout.write(USAGE)
         return 0
