@@ -520,8 +520,9 @@ class Server:
         message = "Unsupported protocol version"
         if version in HANDSHAKE_VERSIONS:          # served, but only on a session opened with initialize
             message += ": %s is negotiated with initialize, not per request" % version
+        # Only the versions a per-request call can use: a handshake version is served after initialize alone.
         raise RpcError(UNSUPPORTED_VERSION, message,
-                       {"supported": [v for v in SUPPORTED_VERSIONS if v != version], "requested": requested})
+                       {"supported": [v for v in MODERN_VERSIONS if v != version], "requested": requested})
 
     def wraps_output(self, call):
         """Handshake-era clients need object output schemas, so non-object returns ride as {result}."""
@@ -870,8 +871,8 @@ def enabled_toolsets(env):
     if not names or names == {"all"}:
         return set(TOOLSETS)
     problem = toolsets_problem(env)
-    if problem:
-        log.warning("%s; known: %s", problem[0], ", ".join(TOOLSETS))
+    if problem and not _settings_said_by_check:
+        say_once("%s; known: %s" % (problem[0], ", ".join(TOOLSETS)))
     if "all" in names:
         return set(TOOLSETS)
     return (names & set(TOOLSETS)) | {"core"}
@@ -917,14 +918,25 @@ RESULT_BOUND_VARIABLE = "CALIMERO_MCP_MAX_RESULT_CHARS"
 
 
 def server_config(env):
-    """The tool filter's settings and the result bound, read once at start; a bad value is said on stderr."""
+    """The tool filter's settings and the result bound, read once at start; a bad value is said on stderr (once a
+    process: --check builds servers to count tools, and prints the problems it knows among its own)."""
     mode = read_only_mode(env)
-    if mode.problem:
-        log.warning("%s", mode.problem)
+    if mode.problem and not _settings_said_by_check:
+        say_once(mode.problem)
     bound, problem = result_bound(env)
     if problem:
-        log.warning("%s", problem)
+        say_once(problem)
     return Config(enabled_toolsets(env), mode.read_only, bound)
+
+
+_said = set()
+_settings_said_by_check = []        # non-empty while --check runs: it lists these settings' problems itself
+
+
+def say_once(line):
+    if line not in _said:
+        _said.add(line)
+        log.warning("%s", line)
 
 
 def result_bound(env):
@@ -2550,8 +2562,9 @@ def method_references(unit):
     return [abi.method_reference(unit.manifest, m) for m in unit.manifest.methods]
 
 
-def with_guide(apps, app, summary, always):
-    """The summary as JSON, then the guide (always, or the first time this session meets this version)."""
+def with_guide(apps, app, summary, always, methods_from=None):
+    """The summary as JSON, then the guide (always, or the first time this session meets this version).
+    `methods_from(offset)` is the cursor of describe_app's next methods, when it pages them."""
     uri = apps.served_guide_uri(app)
     if not app.guide:
         guide = [{"type": "text", "text": "This app ships no guide."}] if always else []
@@ -2559,28 +2572,43 @@ def with_guide(apps, app, summary, always):
         guide = apps.guide_blocks(app)
     else:
         guide = [{"type": "text", "text": GUIDE_SHOWN_NOTE % uri}]
-    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide))
+    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide), methods_from)
     return {"content": [{"type": "text", "text": json_text(summary)}] + guide, "structuredContent": summary}
 
 
 LEFT_OUT = "%d of the %d %s are left out: one answer carries at most %d characters. call reaches every method by name."
+NEXT_METHODS = ('%d of the %d methods are left out: one answer carries at most %d characters. For the next ones, '
+                'call describe_app again with the same arguments and cursor "%s"; call reaches every method by name.')
 
 
-def fitted_summary(summary, room):
-    """A huge ABI's methods (or tool names) cut to what fits `room`, saying how many were left out."""
+def fitted_summary(summary, room, methods_from=None):
+    """A huge ABI's methods (or tool names) cut to what fits `room`, saying how many were left out (both notes
+    kept when both are cut); with `methods_from`, the methods go on at the cursor it makes."""
+    notes = []
+    first = summary.get("methodsFrom", 1) - 1           # the methods before this page
     for key in ("methods", "tools"):
         items = summary.get(key)
         if not items or len(json_text(summary)) <= room:
             continue
-        cut = dict(summary, **{key: [], "omitted": LEFT_OUT % (len(items), len(items), key, TEXT_BOUND)})
+        total = len(items) + (first if key == "methods" else 0)
+
+        def note(count):
+            if key == "methods" and methods_from is not None:
+                return NEXT_METHODS % (total - first - count, total, TEXT_BOUND, methods_from(first + count))
+            return LEFT_OUT % (len(items) - count, len(items), key, TEXT_BOUND)
+        cut = dict(summary, **{key: [], "omitted": " ".join(notes + [note(0)])})
+        if key == "methods" and methods_from is not None:
+            cut["nextCursor"] = methods_from(first)
         count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
-        summary = dict(cut, **{key: items[:count], "omitted": LEFT_OUT % (len(items) - count, len(items), key,
-                                                                          TEXT_BOUND)})
+        notes.append(note(count))
+        summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})
+        if key == "methods" and methods_from is not None:
+            summary["nextCursor"] = methods_from(first + count)
     return summary
 
 
 @tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
-      {"app": STRING, "service": STRING},
+      {"app": STRING, "service": STRING, "cursor": CURSOR},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def describe_app(args, call):
     apps = call.server.apps
@@ -2590,8 +2618,29 @@ def describe_app(args, call):
     apps.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, apps.contexts_of(app), None)
     summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
-    summary["methods"] = method_references(unit)
-    return with_guide(apps, app, summary, always=True)
+    methods = method_references(unit)
+    query = digest(["describe_app", app.id, app.version, service])
+    start = methods_offset(args.get("cursor"), query, len(methods))
+    summary["methods"] = methods[start:]
+    if start:
+        summary["methodsFrom"] = start + 1
+    return with_guide(apps, app, summary, always=not start,
+                      methods_from=lambda offset: b64url(json.dumps([offset, query]).encode("utf-8")))
+
+
+def methods_offset(cursor, query, count):
+    """Where describe_app's page of methods starts: 0 without a cursor, else the offset its cursor carries."""
+    if cursor is None:
+        return 0
+    try:
+        offset, made_for = json.loads(unb64url(cursor)) if len(cursor) <= CURSOR_LIMIT else (None, None)
+    except (ValueError, TypeError, RecursionError):
+        offset, made_for = None, None
+    if type(offset) is not int or not 0 <= offset <= count or made_for != query:
+        shown = cursor if len(cursor) <= CURSOR_SHOWN else cursor[:CURSOR_SHOWN] + "..."
+        raise ToolError('Invalid cursor "%s": it is no nextCursor of describe_app for this app and service. Omit '
+                        'cursor for the first page.' % shown)
+    return offset
 
 
 @tool("select_app", "Pick an application and the context to act in; returns the app_handle its tools and call "
@@ -2997,8 +3046,14 @@ def main(argv=None):
         except ImportError as error:
             sys.stdout.write("mero-mcp --check\nProblems:\n  - %s\n" % import_failure("node", error))
             return 1
-        return doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ), count_tools=count_tools,
-                      toolsets=toolsets_problem(os.environ))
+        _settings_said_by_check.append(True)
+        try:
+            code = doctor(os.environ, sys.stdout, mode=read_only_mode(os.environ), count_tools=count_tools,
+                          toolsets=toolsets_problem(os.environ))
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:          # `--check | head`: the reader has what it wanted
+            quiet_exit(1)
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

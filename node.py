@@ -350,7 +350,12 @@ def same_node(a: Optional[str], b: Optional[str]) -> bool:
 
 def _checked_node_url(value: str) -> str:
     """The node's address from CALIMERO_NODE_URL; refused when it is not http(s), or when it carries credentials,
-    a query or a fragment (messages show it only through display_url)."""
+    a query or a fragment (messages show it only through display_url), or holds a control character."""
+    control = next((index for index, c in enumerate(value) if ord(c) < 32 or 127 <= ord(c) < 160), None)
+    if control is not None:               # urlsplit drops tabs and line breaks silently: another address
+        fix = "Set CALIMERO_NODE_URL to the node's address alone, e.g. http://localhost:2528, typed without it."
+        raise NodeError("CALIMERO_NODE_URL holds a control character (%s at position %d), which no address has. %s"
+                        % (json.dumps(value[control]), control + 1, fix), fix=fix)
     extras = url_extras(value)
     if extras:                            # first: with a password in it, urlsplit may misread the rest
         fix = ("Set CALIMERO_NODE_URL to the node's address alone (%s), and give credentials in CALIMERO_USERNAME "
@@ -2540,6 +2545,8 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     tools/list advertises with this environment, counted by the code that answers it. `toolsets` is mero_mcp's
     (problem, fix) for CALIMERO_MCP_TOOLSETS names that are no toolset, or None."""
     report = _Report(out)
+    with _logged_lock:                    # the settings' problems are listed below: not said on stderr as well
+        _logged.update(problem for problem in (timeout_setting(env)[1], response_cap_setting(env)[1]) if problem)
     out.write("mero-mcp --check\n")
     packages_ok = _report_packages(report)
     if mode is not None:

@@ -237,8 +237,15 @@ def test_describe_app_of_a_huge_abi_and_guide_fits(start_server, tmp_path):
             assert summary == result["structuredContent"] and summary["app_handle"]
             kept = summary["methods"]
             assert 100 < len(kept) < 1500 and kept[0].startswith("Method 0.")
-            assert summary["omitted"] == ("%d of the 1500 methods are left out: one answer carries at most 60000 "
-                                          "characters. call reaches every method by name." % (1500 - len(kept)))
+            if tool == "select_app":
+                assert summary["omitted"] == ("%d of the 1500 methods are left out: one answer carries at most "
+                                              "60000 characters. call reaches every method by name."
+                                              % (1500 - len(kept)))
+            else:                                   # describe_app pages them (issue 19.12)
+                assert summary["omitted"] == (
+                    '%d of the 1500 methods are left out: one answer carries at most 60000 characters. For the next '
+                    'ones, call describe_app again with the same arguments and cursor "%s"; call reaches every '
+                    'method by name.' % (1500 - len(kept), summary["nextCursor"]))
             guide = result["content"][-1]["text"]
             assert guide.startswith("The guide is 10") and "resources/read calimero://apps/" in guide
     finally:
@@ -426,3 +433,42 @@ def test_a_cursor_continues_with_arguments_equal_to_their_defaults(start_server,
         assert not result.get("isError"), (extra, result)
     assert error_text(server.call_tool("list_contexts", {"verbose": True, "cursor": cursor})).startswith(
         'Error: Invalid cursor "%s": it continues a list_contexts call with other arguments.' % cursor)
+
+
+def test_describe_app_pages_the_methods_of_a_huge_abi(start_server, tmp_path):
+    """Issue 19.12: an app with hundreds of documented methods showed the first ones only, with no way on."""
+    double = NodeDouble(apps=[kv_store_spec(), huge_app(1500, 1000)]).start()
+    try:
+        env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_APPS": "kv-store",
+                                              "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
+        server = start_server(env)
+        seen, cursor, pages_ = [], None, 0
+        while True:
+            arguments = {"app": "huge"} if cursor is None else {"app": "huge", "cursor": cursor}
+            result = server.call_tool("describe_app", arguments, timeout=60)
+            assert not result.get("isError") and text_length(result) <= BOUND, result
+            summary = result["structuredContent"]
+            assert summary.get("methodsFrom", 1) == len(seen) + 1
+            seen += summary["methods"]
+            pages_ += 1
+            cursor = summary.get("nextCursor")
+            if cursor is None:
+                break
+            assert pages_ < 20
+        assert pages_ > 1 and len(seen) == 1500 and seen[0].startswith("Method 0.") and seen[-1].startswith(
+            "Method 1499.")
+        refused = server.call_tool("describe_app", {"app": "kv-store", "cursor": cursor or "e30"})
+        assert error_text(refused).startswith('Error: Invalid cursor "e30": it is no nextCursor of describe_app')
+    finally:
+        double.stop()
+
+
+def test_select_app_verbose_on_a_huge_abi_keeps_both_notes(serve):
+    """Issue 19.12: the tools' note overwrote the methods' one."""
+    double = NodeDouble(apps=[huge_app(2500, 1000, name_length=40)])
+    double.add_context("com.example.huge")
+    server = serve(double)
+    result = server.call_tool("select_app", {"app": "huge", "verbose": True}, timeout=60)
+    assert not result.get("isError") and text_length(result) <= BOUND
+    omitted = result["structuredContent"]["omitted"]
+    assert "of the 2500 methods are left out" in omitted and "of the 2500 tools are left out" in omitted, omitted
