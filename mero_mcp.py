@@ -1318,7 +1318,8 @@ def without_null_optionals(t, arguments):
     if t.toolset is None or t.name in APP_CALLS:
         return arguments
     required = t.input_schema.get("required") or ()
-    return {key: value for key, value in arguments.items() if value is not None or key in required}
+    optional = [name for name in t.input_schema.get("properties") or {} if name not in required]
+    return {key: value for key, value in arguments.items() if value is not None or key not in optional}
 
 
 def check_fixed_arguments(t, arguments):

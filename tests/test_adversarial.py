@@ -367,9 +367,10 @@ class Generator:
             params["arguments"] = arguments
         return self.envelope("tools/call", self.meta(params), outcome)
 
-    def wrong_value(self, schema):
+    def wrong_value(self, schema, required=True):
         kind = schema.get("type")
-        pool = [5, -1, 1.5, True, False, None, "s", "", [], [1, 2], {}, {"a": 1}, deep(self.rng.choice((3, 300)))]
+        pool = [5, -1, 1.5, True, False, "s", "", [], [1, 2], {}, {"a": 1}, deep(self.rng.choice((3, 300)))]
+        pool += [None] if required else []
         return self.rng.choice([value for value in pool if not json_type_ok(value, kind)])
 
     def fixed_call(self):
@@ -393,7 +394,8 @@ class Generator:
         how = rng.choice(options)
         if how == "wrong-type":
             prop = rng.choice(typed)
-            arguments = {prop: self.wrong_value(properties[prop])}
+            # An optional argument given as null is absent (issue 19.10): null is wrong only where required.
+            arguments = {prop: self.wrong_value(properties[prop], prop in (schema.get("required") or ()))}
             for other in rng.sample(typed, min(len(typed), 2)):
                 if other != prop and rng.random() < 0.5:
                     arguments[other] = self.wrong_value(properties[other])

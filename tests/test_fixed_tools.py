@@ -792,3 +792,5 @@ def test_an_optional_argument_given_as_null_is_absent_for_every_tool(server, dou
     assert server.call_tool("list_applications", {"verbose": None}) == server.call_tool("list_applications")
     refused = server.call_tool("select_app", {"app": None})                  # a required one stays required
     assert refused["isError"] is True and "app" in refused["content"][-1]["text"], refused
+    unknown = server.call_tool("list_nodes", {"verbose": None})              # one it does not take stays unknown
+    assert unknown["isError"] is True and "Unknown argument verbose" in unknown["content"][-1]["text"], unknown
