@@ -88,7 +88,7 @@ class StderrLog:
         try:
             sys.stderr.write("[mero-mcp] %s\n" % (message % args if args else message))
             sys.stderr.flush()
-        except OSError:                  # the host closed our stderr: logs are a courtesy, the protocol goes on
+        except (OSError, AttributeError, ValueError):   # the host closed our stderr: logs are a courtesy
             pass
 
     warning = error = info
@@ -368,6 +368,19 @@ def error_response(request_id, error):
     return {"jsonrpc": "2.0", "id": request_id, "error": error.to_json()}
 
 
+CANCEL_POLL_SECONDS = 0.05           # how soon the main loop sees that the request it waits on was cancelled
+REQUEST_THREADS = 16                 # requests run one at a time; cancelled ones may still be finishing
+_request_pool = []
+
+
+def request_pool():
+    """The threads requests run on (made once, on first use): the main loop hands each request over and waits."""
+    if not _request_pool:
+        from concurrent.futures import ThreadPoolExecutor
+        _request_pool.append(ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="request"))
+    return _request_pool[0]
+
+
 class Server:
     """One stdio connection: what it negotiated, and the handlers for each method."""
 
@@ -441,13 +454,18 @@ class Server:
 
     def handle_line(self, message, tickets):
         """Answer one received line (a message, a batch or a parse error); sends what is due."""
+        if isinstance(message, TooDeep):
+            reply = message.reply(self)
+            if reply is not None:
+                self.channel.send(reply)
+            return
         if isinstance(message, RpcError):
             self.channel.send(error_response(None, message))
             return
         if isinstance(message, list):
             self.handle_batch(message, tickets)
             return
-        reply = self.handle_message(message, ticket=tickets)
+        reply = self.until_cancelled(tickets, self.handle_message, message, False, tickets)
         if reply is not None:
             self.channel.send(reply)
         self.apps.start()                    # after the first answer of either era: off the answer path
@@ -461,11 +479,27 @@ class Server:
                 "Batches are only served when protocol version %s was negotiated" % BATCH_VERSION)
             self.channel.send(error_response(None, RpcError(INVALID_REQUEST, reason)))
             return
-        replies = [self.handle_message(item, True, ticket) for item, ticket in zip(batch, tickets)]
+        replies = [self.until_cancelled(ticket, self.handle_message, item, True, ticket)
+                   for item, ticket in zip(batch, tickets)]
         replies = [r for r in replies if r is not None]
         if replies:
             self.channel.send(replies)
         self.apps.start()                    # after the first answer of either era: off the answer path
+
+    def until_cancelled(self, ticket, handle, *args):
+        """`handle(*args)` on a request thread while the main loop waits for it, or for its cancellation: a
+        cancelled request lets the next one start at once. Its node call may finish in the background; its
+        answer is dropped there (handle_message answers nothing once the ticket is set)."""
+        if ticket is None:                   # a notification, a stray frame, initialize: nothing to cancel
+            return handle(*args)
+        from concurrent.futures import TimeoutError as FutureTimeout
+        future = request_pool().submit(handle, *args)
+        while True:
+            try:
+                return future.result(timeout=CANCEL_POLL_SECONDS)
+            except FutureTimeout:
+                if ticket.is_set():
+                    return None
 
     def handle_message(self, message, in_batch=False, ticket=None):
         """The response for one message, or None (notifications, stray responses and cancelled requests get
@@ -557,8 +591,9 @@ class Server:
         message = "Unsupported protocol version"
         if version in HANDSHAKE_VERSIONS:          # served, but only on a session opened with initialize
             message += ": %s is negotiated with initialize, not per request" % version
+        # Only the versions a per-request call can use: a handshake version is served after initialize alone.
         raise RpcError(UNSUPPORTED_VERSION, message,
-                       {"supported": [v for v in SUPPORTED_VERSIONS if v != version], "requested": requested})
+                       {"supported": [v for v in MODERN_VERSIONS if v != version], "requested": requested})
 
     def wraps_output(self, call):
         """Handshake-era clients need object output schemas, so non-object returns ride as {result}."""
@@ -574,6 +609,7 @@ class Server:
     def run_tool(self, t, arguments, call):
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
         try:
+            arguments = without_null_optionals(t, arguments)
             refuse_unknown_arguments(t, arguments)
             refuse_unsendable(t, arguments)
             problems = check_fixed_arguments(t, arguments)
@@ -664,11 +700,114 @@ def parse_line(raw):
     except UnicodeDecodeError as error:
         raise RpcError(PARSE_ERROR, "Parse error: not UTF-8 (%s)" % error.reason) from None
     try:
-        return json.loads(text, parse_constant=not_json)
-    except RecursionError:
-        raise RpcError(PARSE_ERROR, "Parse error: nested too deeply") from None
+        message = json.loads(text, parse_constant=not_json)
+    except RecursionError:                   # past ~990 levels: the frame's own fields are read without it
+        fields, keys, balanced = top_level_fields(text)
+        if not balanced:
+            raise RpcError(PARSE_ERROR, "Parse error: not JSON (unbalanced brackets, nested too deeply to read)") \
+                from None
+        raise TooDeep(fields, keys, None) from None
     except ValueError as error:
         raise RpcError(PARSE_ERROR, "Parse error: %s" % error) from None
+    if nested_past(message, MAX_NESTING):
+        raise TooDeep.of(message)
+    return message
+
+
+MAX_NESTING = 100            # levels of JSON in one message: well under the recursion limit of everything after
+TOO_DEEP = "nested more than %d levels deep (the message's own levels included), more than this server reads" % (
+    MAX_NESTING)
+
+
+class TooDeep(RpcError):
+    """A well-formed message nested past MAX_NESTING, known by its top-level scalars (`fields`) and keys: answered
+    as handle_message would answer it, with its own id (a tools/call gets an isError result naming the limit), so
+    its client does not wait for an answer that never comes."""
+
+    def __init__(self, fields, keys, modern):
+        super().__init__(INVALID_REQUEST, "Invalid request: " + TOO_DEEP)
+        self.fields, self.keys, self.modern = fields, keys, modern
+
+    @classmethod
+    def of(cls, message):
+        if not isinstance(message, dict):
+            return cls({}, None, None)       # a batch: its items are not answered one by one
+        params = message.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        version = meta.get(META_VERSION) if isinstance(meta, dict) else None
+        fields = {key: value for key, value in message.items() if not isinstance(value, (dict, list))}
+        return cls(fields, set(message), None if version is None else version in MODERN_VERSIONS)
+
+    def reply(self, server):
+        fields, keys = self.fields, self.keys
+        request_id = fields.get("id")
+        shown_id = request_id if is_valid_id(request_id) else None
+        if keys is None or fields.get("jsonrpc") != "2.0":
+            return error_response(shown_id, self)
+        if "method" not in keys:
+            if "id" in keys and ("result" in keys or "error" in keys):
+                return None                  # a response to a request of ours; we send none
+            return error_response(shown_id, self)
+        if "id" not in keys:
+            return None                      # a notification: never answered
+        if shown_id is None or fields.get("method") != "tools/call":
+            return error_response(shown_id, self)
+        result = error_result("Error: The arguments are %s. Pass them flatter (at most %d levels in all)."
+                              % (TOO_DEEP, MAX_NESTING))
+        modern = self.modern or (self.modern is None and server.version is None)
+        return response(request_id, modern_result("tools/call", result) if modern else result)
+
+
+def nested_past(value, limit):
+    """Whether `value` holds containers more than `limit` levels deep; level by level, without recursion."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            inner.extend(child for child in children if isinstance(child, (dict, list)))
+        level = inner
+    return False
+
+
+def top_level_fields(text):
+    """(top-level scalars, top-level keys or None when it is no object, whether its brackets balance) of a text too
+    deep for json.loads: read token by token, without recursion."""
+    import re
+    fields, keys, key, after_colon, depth, balanced = {}, set(), None, False, 0, True
+    tokens = re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}:,]|[^\s"\[\]{}:,]+', text)
+    for index, match in enumerate(tokens):
+        token = match.group()
+        if index == 0 and token != "{":
+            keys = None
+        if token in ("[", "{"):
+            after_colon = after_colon and depth != 1
+            depth += 1
+        elif token in ("]", "}"):
+            depth -= 1
+            balanced = balanced and (depth > 0 or match.end() == len(text.rstrip()))
+        elif depth != 1:
+            continue
+        elif token == ":":
+            after_colon = key is not None
+        elif token == ",":
+            key, after_colon = None, False
+        elif after_colon:
+            try:
+                fields.setdefault(key, json.loads(token))
+            except ValueError:
+                pass
+            key, after_colon = None, False
+        elif token.startswith('"') and keys is not None:
+            try:
+                key = json.loads(token)
+                keys.add(key)
+            except ValueError:
+                key = None
+    return fields, keys, balanced and depth == 0
 
 
 def not_json(constant):
@@ -813,8 +952,8 @@ def enabled_toolsets(env):
     if not names or names == {"all"}:
         return set(TOOLSETS)
     problem = toolsets_problem(env)
-    if problem:
-        log.warning("%s; known: %s", problem[0], ", ".join(TOOLSETS))
+    if problem and not _settings_said_by_check:
+        say_once("%s; known: %s" % (problem[0], ", ".join(TOOLSETS)))
     if "all" in names:
         return set(TOOLSETS)
     return (names & set(TOOLSETS)) | {"core"}
@@ -844,7 +983,8 @@ def toolsets_problem(env):
 # ---- read-only mode: the only least-privilege switch there is (a node mints no narrower token than admin) ----
 
 READ_ONLY_VARIABLE = "CALIMERO_MCP_READ_ONLY"
-READ_ONLY_VALUES = ("1", "true", "yes")
+READ_ONLY_VALUES = ("1", "true", "yes", "on")
+READ_ONLY_OFF = ("0", "false", "no", "off")        # the only values that leave it off: a typo must not give admin
 # The two tools that reach any method of any app: they validate per item, answer the app's own data (never cut),
 # and stay offered in read-only mode, where execute() refuses a method that is not [view] for them.
 APP_CALLS = frozenset({"call", "call_many"})
@@ -853,31 +993,60 @@ READ_ONLY_UNSET = ("To allow changes, unset %s in this server's entry of the hos
 READ_ONLY_INSTRUCTION = ("This server runs read-only (%s): it offers only tools that cannot change the node, and "
                          "call and call_many run [view] methods only." % READ_ONLY_VARIABLE)
 
-Config = namedtuple("Config", "toolsets read_only")
+Config = namedtuple("Config", "toolsets read_only result_bound")
 ReadOnlyMode = namedtuple("ReadOnlyMode", "read_only line problem fix")   # what --check prints
+RESULT_BOUND_VARIABLE = "CALIMERO_MCP_MAX_RESULT_CHARS"
 
 
 def server_config(env):
-    """The tool filter's settings, read once at start; a bad value is said on stderr."""
+    """The tool filter's settings and the result bound, read once at start; a bad value is said on stderr (once a
+    process: --check builds servers to count tools, and prints the problems it knows among its own)."""
     mode = read_only_mode(env)
-    if mode.problem:
-        log.warning("%s", mode.problem)
-    return Config(enabled_toolsets(env), mode.read_only)
+    if mode.problem and not _settings_said_by_check:
+        say_once(mode.problem)
+    bound, problem = result_bound(env)
+    if problem:
+        say_once(problem)
+    return Config(enabled_toolsets(env), mode.read_only, bound)
+
+
+_said = set()
+_settings_said_by_check = []        # non-empty while --check runs: it lists these settings' problems itself
+
+
+def say_once(line):
+    if line not in _said:
+        _said.add(line)
+        log.warning("%s", line)
+
+
+def result_bound(env):
+    """(the characters an app's result may take, None for no bound; what is wrong with the value or None):
+    CALIMERO_MCP_MAX_RESULT_CHARS, TEXT_BOUND unless set, 0 for none."""
+    raw = (env.get(RESULT_BOUND_VARIABLE) or "").strip()
+    if not raw:
+        return TEXT_BOUND, None
+    if raw.isdigit():
+        return (int(raw) or None), None
+    return TEXT_BOUND, ("%s=%s is not a number of characters (0 for no bound); using %d"
+                        % (RESULT_BOUND_VARIABLE, json.dumps(raw[:40]), TEXT_BOUND))
 
 
 def read_only_mode(env):
-    """CALIMERO_MCP_READ_ONLY: 1, true or yes (any case) turn it on; any other non-blank value is a mistake,
-    reported, and counts as off."""
+    """CALIMERO_MCP_READ_ONLY fails safe: off only when unset, blank or one of READ_ONLY_OFF (any case); 1, true,
+    yes or on turn it on, and so does any other value (`ture`, `enabled`), which is said as read as on."""
     raw = (env.get(READ_ONLY_VARIABLE) or "").strip()
+    if not raw or raw.lower() in READ_ONLY_OFF:
+        return ReadOnlyMode(False, "read-write (%s=1 would offer only tools that cannot change the node)"
+                            % READ_ONLY_VARIABLE, None, None)
+    line = ("only tools that cannot change the node are offered; call and call_many run [view] methods only")
     if raw.lower() in READ_ONLY_VALUES:
-        return ReadOnlyMode(True, "read-only (%s): only tools that cannot change the node are offered; call and "
-                            "call_many run [view] methods only" % READ_ONLY_VARIABLE, None, None)
-    line = "read-write (%s=1 would offer only tools that cannot change the node)" % READ_ONLY_VARIABLE
-    if not raw:
-        return ReadOnlyMode(False, line, None, None)
-    problem = "%s=%s is not 1, true or yes, so read-only mode is off" % (READ_ONLY_VARIABLE, json.dumps(raw[:40]))
-    return ReadOnlyMode(False, "read-write (%s)" % problem, problem,
-                        "Set %s to 1, true or yes for read-only mode, or unset it." % READ_ONLY_VARIABLE)
+        return ReadOnlyMode(True, "read-only (%s): %s" % (READ_ONLY_VARIABLE, line), None, None)
+    problem = ("%s=%s is none of 1, true, yes, on (on) or 0, false, no, off (off), so it is read as on: read-only "
+               "mode is on" % (READ_ONLY_VARIABLE, json.dumps(raw[:40])))
+    return ReadOnlyMode(True, "read-only (%s=%s, read as on): %s" % (READ_ONLY_VARIABLE, json.dumps(raw[:40]), line),
+                        problem, "Set %s to 1 for read-only mode, or to 0 (or unset it) for read-write."
+                        % READ_ONLY_VARIABLE)
 
 
 def in_toolsets(t, config):
@@ -1006,21 +1175,22 @@ def paged(tool, args, value, rows_key, id_key):
     TEXT_BOUND; else the page the cursor starts (the first without one) holding the rows that fit, with
     nextCursor and a line saying how to go on while rows are left.
 
-    A cursor is opaque: base64url of [offset, a digest of the page's last row id, a digest of the tool and its
-    other arguments]. The list is read live for every page; resuming after that last row (where it still is)
-    keeps every row once across pages even when rows come or go before it."""
+    A paged list goes in id order and a cursor is opaque: base64url of [the page's last row id, a digest of the
+    tool and its other arguments]. The list is read live for every page and resumes after that id, whether its
+    row is still there or not, so a row present for the whole walk is listed once even when rows before it (the
+    page's own, say) come or go."""
     query = query_fingerprint(tool, args)
     rows = value[rows_key]
     frame = len(json_text(dict(value, **{rows_key: []})))
-    costs = [row_cost(row) for row in rows]
     if args.get("cursor") is None:
-        if fit_count(frame, costs, TEXT_BOUND) == len(costs):
+        if fit_count(frame, [row_cost(row) for row in rows], TEXT_BOUND) == len(rows):
             return value
-        start = 0
+        rows, start = in_id_order(rows, id_key), 0
     else:
+        rows = in_id_order(rows, id_key)
         start = resume_at(tool, args["cursor"], query, rows, id_key)
-    rows, costs = rows[start:], costs[start:]
-    count = fit_count(frame, costs, TEXT_BOUND)
+    rows = rows[start:]
+    count = fit_count(frame, [row_cost(row) for row in rows], TEXT_BOUND)
     if count == 0 and rows:                  # one row alone passes the bound: its long strings are cut
         rows = [shortened(rows[0], id_key)] + rows[1:]
         count = 1
@@ -1028,7 +1198,7 @@ def paged(tool, args, value, rows_key, id_key):
         page = dict(value, **{rows_key: rows[:count]})
         if count == len(rows):
             return page
-        page["nextCursor"] = make_cursor(query, start + count, rows[count - 1].get(id_key))
+        page["nextCursor"] = make_cursor(query, row_key(rows[count - 1], id_key))
         line = ('%s %d-%d of %d. For the rest, call %s again with the same arguments and cursor "%s".'
                 % (rows_key.capitalize(), start + 1, start + count, start + len(rows), tool, page["nextCursor"]))
         text = json_text(page)
@@ -1036,6 +1206,16 @@ def paged(tool, args, value, rows_key, id_key):
             return {"content": [{"type": "text", "text": text}, {"type": "text", "text": line}],
                     "structuredContent": page}
         count -= 1                           # the cursor and the line took what the estimate left
+
+
+def row_key(row, id_key):
+    """A row's place in id order, as JSON a cursor can carry: a string id as it is, anything else after them."""
+    value = row.get(id_key) if isinstance(row, dict) else None
+    return [0, value] if isinstance(value, str) else [1, json.dumps(value, sort_keys=True)]
+
+
+def in_id_order(rows, id_key):
+    return sorted(rows, key=lambda row: row_key(row, id_key))
 
 
 def row_cost(row):
@@ -1096,7 +1276,14 @@ def shortened(row, id_key):
 
 
 def query_fingerprint(tool, args):
-    return digest([tool, {k: v for k, v in args.items() if k != "cursor"}])
+    """What a cursor is bound to: the tool and its arguments but the cursor, leaving out those equal to their
+    default (a flag's is false), so `verbose: false` continues a walk begun without it."""
+    declared = next((t.input_schema.get("properties") or {} for t in FIXED_TOOLS if t.name == tool), {})
+
+    def default(name):
+        schema = declared.get(name) or {}
+        return schema.get("default", False if schema.get("type") == "boolean" else None)
+    return digest([tool, {k: v for k, v in args.items() if k != "cursor" and v != default(k)}])
 
 
 def digest(value):
@@ -1105,28 +1292,41 @@ def digest(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
-def make_cursor(query, offset, last_row_id):
-    return b64url(json.dumps([offset, digest(last_row_id), query], separators=(",", ":")).encode("utf-8"))
+CURSOR_LIMIT = 1000         # characters: a nextCursor is well under; a longer one is no cursor of ours
+CURSOR_SHOWN = 200          # a refused cursor is quoted up to this much: a 64-hex row id makes one of ~120
+
+
+def make_cursor(query, last_key):
+    return b64url(json.dumps([last_key, query], separators=(",", ":")).encode("utf-8"))
 
 
 def resume_at(tool, cursor, query, rows, id_key):
-    """Where the page a cursor names starts: after the row it ended on, else at its offset."""
-    try:
-        offset, anchor, made_for = json.loads(unb64url(cursor))
-        valid = type(offset) is int and offset >= 0 and isinstance(made_for, str)
-    except (ValueError, TypeError):          # not base64, not JSON, not three items
-        valid = False
-    shown = cursor if len(cursor) <= 100 else cursor[:100] + "..."
-    if not valid:
+    """Where the page a cursor names starts: at the first row after its last row's id (rows are in id order)."""
+    last_key = cursor_key(cursor)
+    shown = cursor if len(cursor) <= CURSOR_SHOWN else cursor[:CURSOR_SHOWN] + "..."
+    if last_key is None:
         raise ToolError('Invalid cursor "%s": it is no nextCursor of %s. Omit cursor for the first page.'
                         % (shown, tool))
-    if made_for != query:
+    if last_key[1] != query:
         raise ToolError('Invalid cursor "%s": it continues a %s call with other arguments. Pass the arguments of '
                         'the call that returned it, or omit cursor for the first page.' % (shown, tool))
-    if 0 < offset <= len(rows) and digest(rows[offset - 1].get(id_key)) == anchor:
-        return offset
-    found = [index + 1 for index, row in enumerate(rows) if digest(row.get(id_key)) == anchor]
-    return found[0] if found else min(offset, len(rows))
+    import bisect
+    keys = [row_key(row, id_key) for row in rows]
+    return bisect.bisect_right(keys, last_key[0])
+
+
+def cursor_key(cursor):
+    """A cursor's [last row key, query digest], or None when it is no cursor of ours (a forged one included: it
+    is read only when short, and flat)."""
+    if len(cursor) > CURSOR_LIMIT:
+        return None
+    try:
+        key, made_for = json.loads(unb64url(cursor))
+    except (ValueError, TypeError, RecursionError):          # not base64, not JSON, not two items
+        return None
+    well_formed = (isinstance(key, list) and len(key) == 2 and key[0] in (0, 1) and type(key[0]) is int
+                   and isinstance(key[1], str) and isinstance(made_for, str))
+    return (key, made_for) if well_formed else None
 
 
 _fixed_validators = {}
@@ -1216,6 +1416,16 @@ def resolved_ids(apps, t, arguments):
             if isinstance(arguments.get(argument), str):
                 resolved[argument] = apps.resolve_group(arguments[argument], argument, kind)
     return resolved
+
+
+def without_null_optionals(t, arguments):
+    """A fixed tool's optional argument given as null is absent: hosts in strict function-calling mode send null
+    for every optional they omit (generated tools and `call` read null so already)."""
+    if t.toolset is None or t.name in APP_CALLS:
+        return arguments
+    required = t.input_schema.get("required") or ()
+    optional = [name for name in t.input_schema.get("properties") or {} if name not in required]
+    return {key: value for key, value in arguments.items() if value is not None or key not in optional}
 
 
 def check_fixed_arguments(t, arguments):
@@ -2807,6 +3017,10 @@ def execute(apps, admitted, method, args):
 
 
 def plain_text(value):
+    """An app's result as `call` shows it: a string raw, but "" as `""` (an empty text reads as no answer at all,
+    and a model retries); anything else as JSON."""
+    if value == "":
+        return '""'
     return value if isinstance(value, str) else json_text(value)
 
 
@@ -2846,8 +3060,9 @@ def method_references(unit):
     return [abi.method_reference(unit.manifest, m) for m in unit.manifest.methods]
 
 
-def with_guide(apps, app, summary, always):
-    """The summary as JSON, then the guide (always, or the first time this session meets this version)."""
+def with_guide(apps, app, summary, always, methods_from=None):
+    """The summary as JSON, then the guide (always, or the first time this session meets this version).
+    `methods_from(offset)` is the cursor of describe_app's next methods, when it pages them."""
     uri = apps.served_guide_uri(app)
     if not app.guide:
         guide = [{"type": "text", "text": "This app ships no guide."}] if always else []
@@ -2855,33 +3070,51 @@ def with_guide(apps, app, summary, always):
         guide = apps.guide_blocks(app)
     else:
         guide = [{"type": "text", "text": GUIDE_SHOWN_NOTE % uri}]
-    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide))
+    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide), methods_from)
     return {"content": [{"type": "text", "text": json_text(summary)}] + guide, "structuredContent": summary}
 
 
 LEFT_OUT = "%d of the %d %s are left out: one answer carries at most %d characters. call reaches every method by name."
+NEXT_METHODS = ('%d of the %d methods are left out: one answer carries at most %d characters. For the next ones, '
+                'call describe_app again with the same arguments and cursor "%s"; call reaches every method by name.')
 
 
-def fitted_summary(summary, room):
-    """A huge ABI's methods (or tool names) cut to what fits `room`, saying how many were left out."""
+def fitted_summary(summary, room, methods_from=None):
+    """A huge ABI's methods (or tool names) cut to what fits `room`, saying how many were left out (both notes
+    kept when both are cut); with `methods_from`, the methods go on at the cursor it makes."""
+    notes = []
+    first = summary.get("methodsFrom", 1) - 1           # the methods before this page
     for key in ("methods", "tools"):
         items = summary.get(key)
         if not items or len(json_text(summary)) <= room:
             continue
-        cut = dict(summary, **{key: [], "omitted": LEFT_OUT % (len(items), len(items), key, TEXT_BOUND)})
+        total = len(items) + (first if key == "methods" else 0)
+
+        def note(count):
+            if key == "methods" and methods_from is not None:
+                return NEXT_METHODS % (total - first - count, total, TEXT_BOUND, methods_from(first + count))
+            return LEFT_OUT % (len(items) - count, len(items), key, TEXT_BOUND)
+        cut = dict(summary, **{key: [], "omitted": " ".join(notes + [note(0)])})
+        if key == "methods" and methods_from is not None:
+            cut["nextCursor"] = methods_from(first)
         count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
-        summary = dict(cut, **{key: items[:count], "omitted": LEFT_OUT % (len(items) - count, len(items), key,
-                                                                          TEXT_BOUND)})
+        notes.append(note(count))
+        summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})
+        if key == "methods" and methods_from is not None:
+            summary["nextCursor"] = methods_from(first + count)
     return summary
 
 
 @tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
-      {"app": STRING, "service": STRING},
+      {"app": STRING, "service": STRING, "cursor": CURSOR},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def describe_app(args, call):
     apps = call.server.apps
     app = apps.resolve(args["app"])
     if args.get("service") is None and len(app.services) > 1:
+        if args.get("cursor") is not None:      # a cursor pages one service's methods: never dropped unread
+            raise ToolError("A cursor pages the methods of one service: pass service too (%s)."
+                            % ", ".join(app.services))
         return describe_services(apps, app)
     service = require_service(apps, app, args.get("service"))
     unit = apps.unit_for(app, service)
@@ -2889,8 +3122,29 @@ def describe_app(args, call):
     summary = app_summary(apps, app, service, apps.contexts_of(app), None)
     summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
     summary["versions"] = installed_versions(apps.node, app)
-    summary["methods"] = method_references(unit)
-    return with_guide(apps, app, summary, always=True)
+    methods = method_references(unit)
+    query = digest(["describe_app", app.id, app.version, service])
+    start = methods_offset(args.get("cursor"), query, len(methods))
+    summary["methods"] = methods[start:]
+    if start:
+        summary["methodsFrom"] = start + 1
+    return with_guide(apps, app, summary, always=not start,
+                      methods_from=lambda offset: b64url(json.dumps([offset, query]).encode("utf-8")))
+
+
+def methods_offset(cursor, query, count):
+    """Where describe_app's page of methods starts: 0 without a cursor, else the offset its cursor carries."""
+    if cursor is None:
+        return 0
+    try:
+        offset, made_for = json.loads(unb64url(cursor)) if len(cursor) <= CURSOR_LIMIT else (None, None)
+    except (ValueError, TypeError, RecursionError):
+        offset, made_for = None, None
+    if type(offset) is not int or not 0 <= offset <= count or made_for != query:
+        shown = cursor if len(cursor) <= CURSOR_SHOWN else cursor[:CURSOR_SHOWN] + "..."
+        raise ToolError('Invalid cursor "%s": it is no nextCursor of describe_app for this app and service. Omit '
+                        'cursor for the first page.' % shown)
+    return offset
 
 
 SERVICES_NOTE = "A handle names one service: pass service (%s) to describe_app or select_app for an app_handle."
@@ -2998,7 +3252,19 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
       CALL_PROPERTIES, required=["method"], toolset="app", annotations=APP_CALL)
 def call_tool(args, call):
     with call.server.apps.reading():
-        return plain_text(run_call(call.server.apps, args))
+        text = plain_text(run_call(call.server.apps, args))
+    refuse_oversized(args.get("method"), text, call.server.config.result_bound)
+    return text
+
+
+def refuse_oversized(method, text, bound):
+    """An app's result past the bound is an error carrying its size, what to do, and its first part: whole, it
+    is an answer Claude Code rejects (and a context it floods)."""
+    if bound is None or len(text) <= bound:
+        return
+    head = ("The result of %s is %d characters, more than one answer carries (%d, %s): call a narrower method or "
+            "pass arguments that select less. Its first part:\n" % (method, len(text), bound, RESULT_BOUND_VARIABLE))
+    raise ToolError(head + text[:max(bound - len(head) - 100, bound // 2)] + "\n... [cut]")
 
 
 class Cancelled(Exception):
@@ -3070,7 +3336,23 @@ def call_many(args, call):
                                                               "progress": done[0], "total": len(items)})
     with call.server.apps.reading():          # one app list, app record and context read for the batch
         list(call_pool().map(run, range(len(items))))
-    return json_text(results)
+    return json_text(with_errors_fitted(results))
+
+
+def with_errors_fitted(results):
+    """call_many's items with each error cut to its share of TEXT_BOUND when together they pass it: the server's
+    own words stay within the bound (the apps' results are their data, each bounded on its own)."""
+    if len(json_text(results)) <= TEXT_BOUND:
+        return results
+    share = max(200, TEXT_BOUND // len(results) - 100)
+    return [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
+
+
+def cut_text(text, limit):
+    if len(text) <= limit:
+        return text
+    marker = "... [cut: %d characters in all]" % len(text)
+    return text[:max(0, limit - len(marker))] + marker
 
 
 def describe_count(items):
@@ -3086,7 +3368,9 @@ def call_many_item(server, item, traceparent, cancelled):
     try:
         refuse_unknown_arguments(server.fixed_tools["call"], item)
         with server.node.traced(traceparent):
-            return {"ok": True, "result": run_call(server.apps, item, cancelled)}
+            value = run_call(server.apps, item, cancelled)
+        refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
+        return {"ok": True, "result": value}
     except Cancelled:
         return {"ok": False, "error": "Cancelled before it ran."}
     except ToolError as error:
@@ -3182,7 +3466,9 @@ def strip_injected(method, args):
 
 def generated_result(binding, value, call):
     """Compact JSON text, plus structuredContent for a method that returns something (reference §3.14)."""
-    result = {"content": [{"type": "text", "text": json.dumps(value, separators=(",", ":"), ensure_ascii=False)}]}
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    refuse_oversized(binding.method.name, text, call.server.config.result_bound)
+    result = {"content": [{"type": "text", "text": text}]}
     if binding.has_output:
         wrapped = binding.wraps and call.server.wraps_output(call)
         result["structuredContent"] = {"result": value} if wrapped else value
@@ -3297,6 +3583,8 @@ def run_check():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if sys.stderr is None:               # spawned with stderr closed (2>&-): log lines go nowhere, answers go on
+        sys.stderr = open(os.devnull, "w")
     if "--help" in argv or "-h" in argv:
         sys.stdout.write(USAGE)
         return 0
@@ -3304,7 +3592,13 @@ def main(argv=None):
         sys.stdout.write("mero-mcp %s\n" % __version__)
         return 0
     if "--check" in argv:
-        return run_check()
+        _settings_said_by_check.append(True)
+        try:
+            code = run_check()
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:          # `--check | head`: the reader has what it wanted
+            quiet_exit(1)
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
         return 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import functools
 import hashlib
 import http
 import itertools
@@ -21,6 +22,7 @@ import json
 import logging
 import os
 import re
+import socket
 import stat
 import sys
 import threading
@@ -72,11 +74,6 @@ BYTE_LIST = re.compile(r"\[[\d,\s]+\]")
 # What some older nodes require on namespace and group creation (reference §2.1); sent only when a node asks.
 UPGRADE_POLICY = {"upgradePolicy": "LazyOnAccess"}
 
-# The most one blob download may hold (get_blob): the node has no Range, so every page downloads the whole blob.
-# Issue 19 adds a response-size cap to the transport (CALIMERO_MCP_MAX_RESPONSE_BYTES, default 64 MiB): one
-# setting at the merge.
-BLOB_DOWNLOAD_LIMIT = 64 * 1024 * 1024
-
 OLD_NODE_ABI = ("This node's merod does not support the ABI endpoint (GET /admin-api/applications/:id/abi). "
                 "Upgrade merod to a release that includes it.")
 
@@ -104,6 +101,10 @@ class NodeError(Exception):
 
     def __str__(self):
         return self.message
+
+
+class NotSent(NodeError):
+    """A request refused before anything reached the node (its body cannot be encoded)."""
 
 
 class UnexpectedAnswer(NodeError):
@@ -148,6 +149,30 @@ def timeout_setting(env) -> Tuple[float, Optional[str]]:
     if not seconds > 0:                   # zero, negative, NaN or no number at all
         return DEFAULT_TIMEOUT, "%s is not a positive number of seconds; using %g" % (shown, DEFAULT_TIMEOUT)
     return seconds, None
+
+
+MAX_RESPONSE_BYTES = 64 << 20            # what one node answer may hold unless CALIMERO_MCP_MAX_RESPONSE_BYTES says
+RESPONSE_CAP_VARIABLE = "CALIMERO_MCP_MAX_RESPONSE_BYTES"
+RESPONSE_CAP_FIX = "Set %s to a number of bytes, e.g. 134217728, or unset it for %d (64 MiB)." % (
+    RESPONSE_CAP_VARIABLE, MAX_RESPONSE_BYTES)
+
+
+def response_cap_setting(env) -> Tuple[int, Optional[str]]:
+    """(the bytes one node answer may hold, what is wrong with CALIMERO_MCP_MAX_RESPONSE_BYTES or None)."""
+    value = setting(env, RESPONSE_CAP_VARIABLE)
+    if value is None:
+        return MAX_RESPONSE_BYTES, None
+    if value.isdigit() and int(value) > 0:
+        return int(value), None
+    return MAX_RESPONSE_BYTES, ("%s=%s is not a positive number of bytes; using %d"
+                                % (RESPONSE_CAP_VARIABLE, json.dumps(value[:40]), MAX_RESPONSE_BYTES))
+
+
+def response_cap(env) -> int:
+    cap, problem = response_cap_setting(env)
+    if problem:
+        _warn_once(problem)
+    return cap
 
 
 def _home(env):
@@ -327,7 +352,12 @@ def same_node(a: Optional[str], b: Optional[str]) -> bool:
 
 def _checked_node_url(value: str) -> str:
     """The node's address from CALIMERO_NODE_URL; refused when it is not http(s), or when it carries credentials,
-    a query or a fragment (messages show it only through display_url)."""
+    a query or a fragment (messages show it only through display_url), or holds a control character."""
+    control = next((index for index, c in enumerate(value) if ord(c) < 32 or 127 <= ord(c) < 160), None)
+    if control is not None:               # urlsplit drops tabs and line breaks silently: another address
+        fix = "Set CALIMERO_NODE_URL to the node's address alone, e.g. http://localhost:2528, typed without it."
+        raise NodeError("CALIMERO_NODE_URL holds a control character (%s at position %d), which no address has. %s"
+                        % (json.dumps(value[control]), control + 1, fix), fix=fix)
     extras = url_extras(value)
     if extras:                            # first: with a password in it, urlsplit may misread the rest
         fix = ("Set CALIMERO_NODE_URL to the node's address alone (%s), and give credentials in CALIMERO_USERNAME "
@@ -727,10 +757,11 @@ def probe(ports=PROBE_PORTS) -> List[str]:
 
 
 def _answers_health(url) -> bool:
-    requests = _requests()
+    requests, session = _requests(), _session()
     try:
-        response = _session().get(url + "/admin-api/health", timeout=PROBE_TIMEOUT, allow_redirects=False)
-    except requests.RequestException:
+        prepared = _prepared(requests, session, "GET", url + "/admin-api/health", None, None, {})
+        response = fetch(session, prepared, PROBE_TIMEOUT, LOCAL_FILE_LIMIT)   # a health answer is a few bytes
+    except (requests.RequestException, Late, TooLarge):
         return False
     if not 200 <= response.status_code < 300:
         return False
@@ -1079,11 +1110,140 @@ def _session():
             session = requests.Session()
             session.trust_env = False
             adapter = HTTPAdapter(pool_connections=POOL_CONNECTIONS, pool_maxsize=POOL_MAXSIZE)
+            _watch_connections(adapter)
             session.mount("http://", adapter)
             session.mount("https://", adapter)
             session.headers["User-Agent"] = USER_AGENT
             _session_instance = session
         return _session_instance
+
+
+def _watch_connections(adapter):
+    """The adapter's pools tell the request's deadline (`_watched`) which connection carries it, so the deadline
+    can shut that connection down wherever the request is: sending, waiting for headers or reading the body."""
+    from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
+
+    def watched(pool_class):
+        class Watched(pool_class):
+            def _make_request(self, conn, *args, **kwargs):
+                watch = getattr(_watched, "value", None)
+                if watch is not None:
+                    watch.conn = conn
+                return super()._make_request(conn, *args, **kwargs)
+        return Watched
+    adapter.poolmanager.pool_classes_by_scheme = {"http": watched(HTTPConnectionPool),
+                                                  "https": watched(HTTPSConnectionPool)}
+
+
+_watched = threading.local()             # the deadline of the request this thread is sending
+
+
+class _Watch:
+    """One request's deadline: when it passes, its connection is shut down, which ends a blocked read at once."""
+    __slots__ = ("deadline", "conn", "fired", "sent")
+
+    def __init__(self, deadline):
+        self.deadline, self.conn, self.fired, self.sent = deadline, None, False, False
+
+    def fire(self):
+        self.fired = True
+        sock = getattr(self.conn, "sock", None)
+        self.sent = sock is not None         # connected: the request may have gone out
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Deadlines:
+    """One thread for every request's deadline (a timer thread per request would cost more than the request)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._watches = set()
+        self._thread = None
+
+    def start(self, seconds) -> _Watch:
+        watch = _Watch(time.monotonic() + seconds)
+        with self._cond:
+            earliest = min((w.deadline for w in self._watches), default=None)
+            self._watches.add(watch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mero-mcp-deadlines", daemon=True)
+                self._thread.start()
+            elif earliest is None or watch.deadline < earliest:
+                self._cond.notify()
+        return watch
+
+    def stop(self, watch) -> None:
+        with self._cond:
+            self._watches.discard(watch)
+
+    def _run(self):
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for watch in [w for w in self._watches if w.deadline <= now]:
+                    self._watches.discard(watch)
+                    watch.fire()
+                earliest = min((w.deadline for w in self._watches), default=None)
+                self._cond.wait(None if earliest is None else max(0.0, earliest - now))
+
+
+_deadlines = _Deadlines()
+READ_CHUNK = 64 << 10
+
+
+class TooLarge(Exception):
+    """An answer past the size cap: `declared` when its Content-Length said so, else the bytes read."""
+
+    def __init__(self, cap, declared=None):
+        super().__init__(cap, declared)
+        self.cap, self.declared = cap, declared
+
+
+class Late(Exception):
+    """The request's deadline passed; `sent`: it had a connection then, so the node may have received it."""
+
+    def __init__(self, sent):
+        super().__init__(sent)
+        self.sent = sent
+
+
+def fetch(session, prepared, timeout, cap):
+    """Send `prepared` and read its whole answer within `timeout` seconds, connect to last byte (a node or proxy
+    dripping a byte at a time is cut off at the deadline), holding at most `cap` bytes of body: a larger one is
+    refused unread (by its Content-Length) or as soon as it passes the cap. Raises requests' exceptions, Late or
+    TooLarge; the response returned has its content read."""
+    watch = _deadlines.start(timeout)
+    _watched.value = watch
+    response = None
+    try:
+        response = session.send(prepared, timeout=(timeout, timeout), allow_redirects=False, stream=True)
+        declared = response.headers.get("Content-Length", "").strip()
+        if declared.isdigit() and int(declared) > cap:
+            raise TooLarge(cap, int(declared))
+        chunks, size = [], 0
+        for chunk in response.iter_content(READ_CHUNK):
+            size += len(chunk)
+            if size > cap:
+                raise TooLarge(cap)
+            chunks.append(chunk)
+        response._content = b"".join(chunks)      # what requests itself keeps once a body is read
+    except BaseException:
+        if response is not None:
+            response.close()
+        if watch.fired:
+            raise Late(watch.sent) from None
+        raise
+    finally:
+        _watched.value = None
+        _deadlines.stop(watch)
+    if watch.fired:                              # a close-delimited body shut at the deadline looks complete
+        response.close()
+        raise Late(True)
+    return response
 
 
 def is_traceparent(value) -> bool:
@@ -1143,29 +1303,75 @@ _NETWORK_REASONS = (
 )
 
 
-def network_error(error: Exception, url: str, timeout: float) -> NodeError:
-    """`Cannot reach the node at <url>: <reason>`. The exception's own text is matched, never shown:
-    it quotes the full URL, query string included."""
+def network_error(error: Exception, url: str, timeout: float, method: str = "GET") -> NodeError:
+    """`Cannot reach the node at <url>: <reason>` for a request that never left (and for a GET, which may simply
+    be sent again); a write that went out and got no answer says it may have been carried out. The exception's
+    own text is matched, never shown: it quotes the full URL, query string included."""
     requests = _requests()
     shown, base = display_url(url), display_url(_base_of(url))
     hint = None
+    sent = not never_left(error)
     if isinstance(error, requests.Timeout):
         reason = "timed out after %g s" % timeout
         hint = "The node at %s did not answer in time: retry, and check its log if this keeps happening." % base
     elif isinstance(error, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
-        return cut_off(shown, base)
+        return cut_off(shown, base, method)
     elif isinstance(error, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema)):
         reason = "the url is not valid"
     else:
         text = repr(error)
         reason = next((said for marker, said in _NETWORK_REASONS if marker in text), "network error")
+    if sent and method != "GET":
+        return no_answer(shown, base, reason, timeout)
     fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
     return NodeError("Cannot reach the node at %s: %s" % (shown, reason), fix=fix, hint=hint or fix)
 
 
-def cut_off(shown, base):
+def never_left(error: Exception) -> bool:
+    """A failure before the request was sent: no connection (refused, unknown host, connect timeout, TLS)."""
+    requests = _requests()
+    if isinstance(error, (requests.exceptions.ConnectTimeout, requests.exceptions.SSLError,
+                          requests.exceptions.InvalidURL, requests.exceptions.MissingSchema)):
+        return True
+    text = repr(error)
+    return isinstance(error, requests.ConnectionError) and any(
+        marker in text for marker in ("NewConnectionError", "NameResolutionError", "Failed to establish"))
+
+
+def no_answer(shown, base, reason, timeout) -> NodeError:
+    """A write that reached the node and got no answer: it may have run, so "retry" would be wrong advice."""
+    said = ("no answer within %g s" % timeout) if reason.startswith("timed out") else reason
+    return NodeError("The request to %s was sent, but no answer came (%s)" % (shown, said), hint=CARRIED_OUT % base)
+
+
+CARRIED_OUT = ("The node may have carried it out: check before repeating it (list or read what it would change). "
+               "If the node at %s is slow, a larger CALIMERO_MCP_TIMEOUT gives it longer.")
+
+
+def late(shown, base, timeout, sent, method) -> NodeError:
+    """The request's deadline passed: never connected, or connected and not answered in full in time."""
+    if sent and method != "GET":
+        return no_answer(shown, base, "timed out", timeout)
+    hint = "The node at %s did not answer in time: retry, and check its log if this keeps happening." % base
+    fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
+    return NodeError("Cannot reach the node at %s: timed out after %g s" % (shown, timeout), fix=fix, hint=hint)
+
+
+def too_large(shown, base, error, method) -> NodeError:
+    """An answer past the size cap, refused without reading it all."""
+    size = ("is %d bytes (its Content-Length)" % error.declared if error.declared is not None
+            else "passed %d bytes before it ended" % error.cap)
+    hint = ("Ask for less (a narrower method or argument), or raise %s (now %d bytes) if answers this large are "
+            "expected." % (RESPONSE_CAP_VARIABLE, error.cap))
+    if method != "GET":
+        hint = "The node may have carried it out: check before repeating it. " + hint
+    return NodeError("The answer from %s %s, more than this server reads (%d bytes, %s): refused, the rest unread"
+                     % (shown, size, error.cap, RESPONSE_CAP_VARIABLE), hint=hint)
+
+
+def cut_off(shown, base, method="GET"):
     return NodeError("Unreadable response from %s: the connection closed mid-response" % shown,
-                     hint=_unreadable_hint(base))
+                     hint=CARRIED_OUT % base if method != "GET" else _unreadable_hint(base))
 
 
 def _is_short(response, content) -> bool:
@@ -1300,7 +1506,7 @@ def decode_json(response, url: str):
     """The JSON of a 2xx answer, `{"data": …}` unwrapped; None for an empty body."""
     content = response.content
     if _is_short(response, content):
-        raise cut_off(display_url(url), display_url(_base_of(url)))
+        raise cut_off(display_url(url), display_url(_base_of(url)), getattr(response.request, "method", "GET"))
     if not content.strip():
         return None
     try:
@@ -1349,6 +1555,27 @@ _RPC_ADVICE = {
 NO_EXECUTE_GRANT = "does not grant context:execute"
 EXECUTE_GRANT_ADVICE = ("The token this server uses may not call {method} in context {context}: sign in with one "
                         "whose permissions include context:execute for it (an admin login's do).")
+
+
+@functools.lru_cache(maxsize=16)
+def secret_pattern(secret: str):
+    """A secret as node text may quote it: as written, JSON-escaped (\\uXXXX for any character, either case),
+    URL-encoded (%XX, + for a space) or any mix of these, and base64 (standard or URL-safe, padded or not)."""
+    def char(c):
+        forms = ["\\\\u%s" % "".join("[%s%s]" % (d.lower(), d.upper()) for d in "%04x" % ord(c))]
+        forms.append("".join("%%%s" % "".join("[%s%s]" % (d.lower(), d.upper()) for d in "%02x" % b)
+                             for b in c.encode("utf-8")))
+        escaped = json.dumps(c)[1:-1]
+        if escaped != c:
+            forms.append(re.escape(escaped))
+        if c == " ":
+            forms.append("\\+")
+        return "(?:%s|%s)" % ("|".join(forms), re.escape(c))
+    encoded = secret.encode("utf-8")
+    b64 = {text for form in (base64.b64encode(encoded), base64.urlsafe_b64encode(encoded))
+           for text in (form.decode("ascii"), form.decode("ascii").rstrip("="))}
+    return re.compile("|".join(sorted((re.escape(form) for form in b64), key=len, reverse=True)
+                               + ["".join(char(c) for c in secret)]))
 
 
 def rpc_error(error, context_id: str, method: str) -> NodeError:
@@ -1652,9 +1879,9 @@ def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> 
     return error
 
 
-def _blob_too_large(blob_id: str, size: int) -> NodeError:
-    return NodeError("Blob %s is %d bytes, more than the %d bytes (64 MiB) this server downloads for one answer: the "
-                     "node sends a blob whole, with no ranges" % (blob_id, size, BLOB_DOWNLOAD_LIMIT),
+def _blob_too_large(blob_id: str, size: int, cap: int) -> NodeError:
+    return NodeError("Blob %s is %d bytes, more than the %d bytes this server takes in one answer (%s): the node "
+                     "sends a blob whole, with no ranges" % (blob_id, size, cap, RESPONSE_CAP_VARIABLE),
                      hint="Fetch it from the node's machine directly (meroctl blob download, or the node's GET "
                           "/admin-api/blobs/%s)." % blob_id)
 
@@ -1668,6 +1895,7 @@ class Node:
     def __init__(self, env: Optional[Mapping[str, str]] = None, ports=None):
         self._env = os.environ if env is None else env
         self._timeout = request_timeout(self._env)
+        self.max_response_bytes = response_cap(self._env)     # CALIMERO_MCP_MAX_RESPONSE_BYTES
         self._ports = ports               # probe ports; injectable so tests need not bind the real ones
         self._connect_lock = threading.Lock()
         self._renew_lock = threading.Lock()
@@ -1766,12 +1994,15 @@ class Node:
                 "params": {"contextId": context_id, "method": method, "argsJson": {} if args is None else args}}
         try:
             answer = self._exchange("POST", "/jsonrpc", body=body, timeout=timeout)
+        except NotSent:
+            raise NodeError("%s was not sent to the node: its arguments are nested too deeply to encode (more "
+                            "levels than Python's JSON encoder allows)" % method) from None
         except RecursionError:          # json.loads gives up past Python's recursion limit
             raise NodeError("%s ran, but its output is nested too deeply to decode (more levels than Python's JSON "
                             "decoder allows)" % method) from None
         reply = answer.value if isinstance(answer.value, dict) else {}
         if reply.get("error") is not None:
-            raise rpc_error(reply["error"], context_id, method)
+            raise self._scrubbed(rpc_error(reply["error"], context_id, method))
         result = reply.get("result")
         if not isinstance(result, dict) or "output" not in result:     # never a made-up output (node-api §4.2)
             raise self._unexpected("POST", "/jsonrpc", 'a JSON-RPC reply: a "result" object with the "output", or '
@@ -1928,14 +2159,13 @@ class Node:
 
     def download_blob(self, blob_id: str, context_id: Optional[str] = None) -> Tuple[bytes, Dict[str, Any]]:
         """The blob's bytes, whole (the node has no Range), and its headers as blob_info gives them. A blob past
-        BLOB_DOWNLOAD_LIMIT is refused before its bytes are read, by its HEAD."""
+        the answer-size cap (CALIMERO_MCP_MAX_RESPONSE_BYTES) is refused by its HEAD, before a byte is read; one
+        whose HEAD gave no size is cut off by the transport at the cap."""
         path, params = "/admin-api/blobs/" + quoted(blob_id), _blob_params(context_id)
         size = self.blob_info(blob_id, context_id)["size"]
-        if size is not None and size > BLOB_DOWNLOAD_LIMIT:
-            raise _blob_too_large(blob_id, size)
+        if size is not None and size > self.max_response_bytes:
+            raise _blob_too_large(blob_id, size, self.max_response_bytes)
         response = self._raw("GET", path, params)
-        if len(response.content) > BLOB_DOWNLOAD_LIMIT:
-            raise _blob_too_large(blob_id, len(response.content))
         return response.content, _blob_headers(response)
 
     def delete_blob(self, blob_id: str) -> Dict[str, Any]:
@@ -2164,15 +2394,23 @@ class Node:
         return self._redacted(response.content.decode("utf-8", "replace")).encode("utf-8")
 
     def _redacted(self, text: str) -> str:
-        """An echoing proxy may quote our headers or body back (a JSON body escapes the password's quotes): no
-        token or password of ours reaches a message."""
+        """An echoing proxy or app may quote our headers or body back, in any of the encodings `secret_pattern`
+        knows: no token or password of ours reaches a message."""
         tokens = self._tokens or {}
         for secret in (tokens.get("access_token"), tokens.get("refresh_token"),
                        self._credentials[1] if self._credentials else None):
             if secret:
-                for form in (secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]):
-                    text = text.replace(form, "[redacted]")
+                text = secret_pattern(secret).sub("[redacted]", text)
+        if self._credentials and self._credentials[1]:     # HTTP Basic's user:password, base64
+            text = secret_pattern("%s:%s" % self._credentials).sub("[redacted]", text)
         return text
+
+    def _scrubbed(self, error: NodeError) -> NodeError:
+        """`error` with our secrets taken out of its texts (a JSON-RPC error may quote the request)."""
+        error.message = self._redacted(error.message)
+        error.args = (error.message,)
+        error.hint = self._redacted(error.hint) if error.hint else error.hint
+        return error
 
     def _absent_as_none(self, statuses, method, path, shape, **request):
         """_call, or None when the node answers one of `statuses`: its way of saying "no such thing"."""
@@ -2213,7 +2451,11 @@ class Node:
     def _exchange(self, method, path, body=None, params=None, data=None, content_type=None, timeout=None):
         """One request; the answer with its raw body, for the admin API's shape checks."""
         if body is not None:
-            data, content_type = json.dumps(body).encode("utf-8"), "application/json"
+            try:
+                data, content_type = json.dumps(body).encode("utf-8"), "application/json"
+            except RecursionError:       # json.dumps gives up past Python's recursion limit: nothing went out
+                raise NotSent("%s %s was not sent: its body is nested too deeply to encode (more levels than "
+                              "Python's JSON encoder allows)" % (method, path)) from None
         response, url = self._response(method, path, params, data, content_type, timeout)
         return Answer(decode_json(response, url), response.content)
 
@@ -2237,13 +2479,20 @@ class Node:
             raise self._refusal(response, url)
         return response, url
 
-    def _send(self, method, url, token, data, content_type, params, timeout):
+    def _send(self, method, url, token, data, content_type, params, timeout, changes=None):
+        """One request and its whole answer. `changes` (default: not a GET) is whether a request that went out
+        unanswered may have changed the node, which its error then says instead of "retry"."""
         requests, session = _requests(), _session()
+        kind = method if changes is None else ("POST" if changes else "GET")
         try:
             prepared = _prepared(requests, session, method, url, params, data, _headers(token, content_type))
-            return session.send(prepared, timeout=timeout, allow_redirects=False)
+            return fetch(session, prepared, timeout, self.max_response_bytes)
         except requests.RequestException as error:
-            raise network_error(error, url, timeout) from None
+            raise network_error(error, url, timeout, kind) from None
+        except Late as error:
+            raise late(display_url(url), display_url(_base_of(url)), timeout, error.sent, kind) from None
+        except TooLarge as error:
+            raise too_large(display_url(url), display_url(_base_of(url)), error, kind) from None
 
     def _refusal(self, response, url) -> NodeError:
         error = http_error(response.status_code, response.reason, self._redacted_body(response), url,
@@ -2401,7 +2650,7 @@ class Node:
         """POST to the node's auth service (no Authorization header); the new (access, refresh) pair."""
         url = self._base + path
         response = self._send("POST", url, None, json.dumps(body).encode("utf-8"), "application/json",
-                              None, self._timeout)
+                              None, self._timeout, changes=False)      # a login's own errors say what to do
         if not 200 <= response.status_code < 300:
             error = http_error(response.status_code, response.reason, self._redacted_body(response), url,
                                _auth_error(response))
@@ -2552,6 +2801,8 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     (problem, fix) for CALIMERO_MCP_TOOLSETS names that are no toolset, or None. `modules` are mero_mcp's (problem,
     fix) for our files missing or from another release (mero_mcp.module_problems): each one fails the check."""
     report = _Report(out)
+    with _logged_lock:                    # the settings' problems are listed below: not said on stderr as well
+        _logged.update(problem for problem in (timeout_setting(env)[1], response_cap_setting(env)[1]) if problem)
     out.write("mero-mcp --check\n")
     packages_ok = _report_packages(report)
     for problem, fix in modules:
@@ -2567,6 +2818,9 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     timeout_problem = timeout_setting(env)[1]
     if timeout_problem:
         report.problem(timeout_problem, TIMEOUT_FIX, fatal=False)
+    cap_problem = response_cap_setting(env)[1]
+    if cap_problem:
+        report.problem(cap_problem, RESPONSE_CAP_FIX, fatal=False)
     handoff = _report_handoff(report, env)
     orphan = password_without_username(env)
     if orphan:

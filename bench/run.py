@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 import requests  # noqa: E402
+import node  # noqa: E402
 
 import fixture_apps  # noqa: E402
 from mcp_client import minimal_env  # noqa: E402
@@ -394,30 +395,34 @@ class DiscardingChannel:
 
 
 class HttpClock:
-    """Time spent inside requests on one thread: preparing a request (node.py prepares its own, then sends it on the
-    session), the loopback round trip, the response. `count` is the requests sent."""
+    """Time spent inside requests on one thread and the request threads the main loop hands calls to: preparing a
+    request (node.py prepares its own, then fetches it: sends it on the session and reads its body), the loopback
+    round trip, the response. `count` is the requests sent."""
 
     def __init__(self, thread):
-        self.seconds, self.count, self.thread, self.depth = 0.0, 0, thread, 0
+        self.seconds, self.count, self.thread, self.local = 0.0, 0, thread, threading.local()
 
     def wrap(self, function, counts):
         def timed(*args, **kwargs):
-            if threading.current_thread() is not self.thread or self.depth:    # the catalog poll; nested calls
-                return function(*args, **kwargs)
-            self.depth += 1
+            current = threading.current_thread()
+            depth = getattr(self.local, "depth", 0)
+            if (current is not self.thread and not current.name.startswith("request")) or depth:
+                return function(*args, **kwargs)           # the catalog poll; nested calls
+            self.local.depth = depth + 1
             started = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - started
                 self.count += counts
-                self.depth -= 1
+                self.local.depth = depth
         return timed
 
 
 # The entry points into requests: Session.request (prepares and sends) and what node.py calls, Request.prepare then
 # Session.send; each with whether it counts as one request.
-REQUESTS_ENTRIES = ((requests.Session, "request", 1), (requests.Request, "prepare", 0), (requests.Session, "send", 1))
+REQUESTS_ENTRIES = ((requests.Session, "request", 1), (requests.Request, "prepare", 0), (node, "fetch", 1),
+                    (requests.Session, "send", 1))
 
 
 def in_process_answer(server, channel, request_id, method, params=None):

@@ -1240,6 +1240,10 @@ class NodeDouble:
       down       close the connection without answering     reset      abort the socket with a TCP RST
       truncated  promise more Content-Length than is sent    garbage    200 with a non-JSON body
       delay      seconds to sleep first (combines with the rest)
+      drip       seconds between bytes: the route's own answer, status line to last byte, one byte at a time
+                 (a stalled node or proxy; the request is carried out first, as a slow node would)
+      huge       bytes of a 200 body (a JSON string of that length), streamed without holding it; with
+                 "declared": False no Content-Length is sent (the body ends when the connection closes)
       status     answer this status: with "body" (text/plain), "json" or "raw" (JSON text sent as is, for
                  bodies json.dumps cannot make), else the node's own text
                  (503 → the "authority … not yet resolvable" error, 500 → Internal server error)
@@ -1709,6 +1713,12 @@ class NodeDouble:
         if fault.get("truncated"):
             self._send_truncated(handler)
             return True
+        if fault.get("drip"):
+            self._send_dripping(handler, self._answer(request), float(fault["drip"]))
+            return True
+        if fault.get("huge"):
+            self._send_huge(handler, int(fault["huge"]), fault.get("declared", True))
+            return True
         if fault.get("garbage"):
             handler.send(Reply(200, b"<html><body>502 Bad Gateway?</body>", JSON_TYPE))
             return True
@@ -1726,6 +1736,33 @@ class NodeDouble:
         handler.end_headers()
         handler.wfile.write(partial)
         handler.close_connection = True
+
+    def _send_dripping(self, handler: _Handler, reply: Reply, seconds: float) -> None:
+        head = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n" % (
+            reply.status, HTTPStatus(reply.status).phrase, reply.content_type or JSON_TYPE, len(reply.body))
+        handler.close_connection = True
+        for index, byte in enumerate(head.encode("ascii") + reply.body):
+            if self._server is None:
+                return                       # stopped: no need to finish
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+            time.sleep(seconds)
+
+    @staticmethod
+    def _send_huge(handler: _Handler, size: int, declared: bool) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", JSON_TYPE)
+        if declared:
+            handler.send_header("Content-Length", str(size))
+        handler.end_headers()
+        handler.close_connection = True
+        chunk, sent = b"x" * (1 << 20), 0
+        handler.wfile.write(b'"')
+        while sent < size - 2:
+            piece = chunk[:size - 2 - sent]
+            handler.wfile.write(piece)
+            sent += len(piece)
+        handler.wfile.write(b'"')
 
     @staticmethod
     def _fault_reply(fault: Dict[str, Any], path: str) -> Reply:

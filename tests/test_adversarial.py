@@ -159,11 +159,14 @@ def expect_frame(raw, parsed, state):
     `parsed` is (object, annotation) as generated, or None to parse `raw` the way RFC 8259 says."""
     if parsed is None:
         try:
-            obj = strict_loads(raw)
+            obj = deep_loads(raw)
         except (ValueError, RecursionError):
             return [(None, ("error", PARSE))], False
         parsed = (obj, None)
     obj, annotation = parsed
+    if nesting(obj) > MAX_NESTING:
+        due = expect_too_deep(obj)
+        return ([due] if due is not None else []), False
     if isinstance(obj, list):
         if state.version != BATCH_VERSION or not obj:
             return [(None, ("error", INVALID_REQUEST))], False
@@ -172,6 +175,50 @@ def expect_frame(raw, parsed, state):
         return [d for d in due if d is not None], True
     due = expect_message(obj, annotation, state, False)
     return ([due] if due is not None else []), False
+
+
+MAX_NESTING = 100                     # levels of JSON the server reads in one message (issue 19.6)
+
+
+def deep_loads(raw):
+    """strict_loads, reading valid JSON nested past Python's default recursion limit too (the server answers such
+    a frame by its id; a text that is no JSON stays a parse error)."""
+    import sys
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 8000))
+    try:
+        return strict_loads(raw)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def nesting(value):
+    depth, level = 0, [value]
+    while level:
+        depth += 1
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else
+                                                       item if isinstance(item, list) else ())
+                 if isinstance(child, (dict, list))]
+    return depth
+
+
+def expect_too_deep(obj):
+    """A frame past the nesting limit, answered by its top-level fields alone."""
+    if not isinstance(obj, dict):
+        return None, ("error", INVALID_REQUEST)
+    request_id = obj.get("id")
+    shown = request_id if valid_id(request_id) else None
+    if obj.get("jsonrpc") != "2.0":
+        return shown, ("error", INVALID_REQUEST)
+    if "method" not in obj:
+        if "id" in obj and ("result" in obj or "error" in obj):
+            return None
+        return shown, ("error", INVALID_REQUEST)
+    if "id" not in obj:
+        return None
+    if shown is not None and obj["method"] == "tools/call":
+        return shown, ("tool", IS_ERROR)
+    return shown, ("error", INVALID_REQUEST)
 
 
 # ── the generator ─────────────────────────────────────────────────────────────────────────────────
@@ -320,9 +367,10 @@ class Generator:
             params["arguments"] = arguments
         return self.envelope("tools/call", self.meta(params), outcome)
 
-    def wrong_value(self, schema):
+    def wrong_value(self, schema, required=True):
         kind = schema.get("type")
-        pool = [5, -1, 1.5, True, False, None, "s", "", [], [1, 2], {}, {"a": 1}, deep(self.rng.choice((3, 300)))]
+        pool = [5, -1, 1.5, True, False, "s", "", [], [1, 2], {}, {"a": 1}, deep(self.rng.choice((3, 300)))]
+        pool += [None] if required else []
         return self.rng.choice([value for value in pool if not json_type_ok(value, kind)])
 
     def fixed_call(self):
@@ -346,7 +394,8 @@ class Generator:
         how = rng.choice(options)
         if how == "wrong-type":
             prop = rng.choice(typed)
-            arguments = {prop: self.wrong_value(properties[prop])}
+            # An optional argument given as null is absent (issue 19.10): null is wrong only where required.
+            arguments = {prop: self.wrong_value(properties[prop], prop in (schema.get("required") or ()))}
             for other in rng.sample(typed, min(len(typed), 2)):
                 if other != prop and rng.random() < 0.5:
                     arguments[other] = self.wrong_value(properties[other])

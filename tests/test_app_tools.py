@@ -1374,3 +1374,23 @@ def test_a_node_whose_app_list_omits_services_serves_the_same_tools(start_server
         assert records() - before <= 3
     finally:
         older.double.stop()
+
+
+def test_an_abi_type_whose_kind_is_no_string_is_passed_through_unchecked(serve):
+    """Issue 19.6: `"kind": ["list"]` was TypeError: unhashable type: 'list' in the wire conversion (-32603)."""
+    from node_double import NodeDouble
+    manifest = {"schema_version": "wasm-abi/1", "types": {}, "events": [], "methods": [
+        {"name": "odd", "params": [{"name": "value", "type": {"kind": ["list"]}},
+                                   {"name": "other", "type": {"kind": {"x": 1}}}],
+         "returns": {"kind": "unit"}, "intent": "mutating"}]}
+    spec = {"package": "com.example.odd", "version": "1.0.0", "signer_id": "signer-odd", "abi": manifest}
+    double = NodeDouble(apps=[spec], contexts=[{"app": "com.example.odd"}])
+    server = serve(double)
+    context_id = next(iter(double._contexts))
+    for name, arguments in [("call", {"app": "odd", "context": context_id, "method": "odd",
+                                      "args": {"value": [1, "a"], "other": {"y": 2}}}),
+                            ("odd_odd", {"_context": context_id, "value": [1, "a"], "other": {"y": 2}})]:
+        result = server.call_tool(name, arguments)
+        assert not result.get("isError"), result
+    sent = [e["argsJson"] for e in double.executions]
+    assert sent == [{"value": [1, "a"], "other": {"y": 2}}] * 2

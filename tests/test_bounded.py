@@ -161,7 +161,7 @@ def test_bad_cursors_are_refused_naming_them(start_server, tmp_path, crowded):
         assert text.startswith(other % (plain, tool)), text
     long = "A" * 500
     text = error_text(server.call_tool("list_blobs", {"cursor": long}))
-    assert ('"%s..."' % long[:100]) in text and long not in text          # quoted, but not whole
+    assert ('"%s..."' % long[:200]) in text and long not in text          # quoted, but not whole
     assert not error_text(server.call_tool("list_blobs", {"cursor": 7})).startswith("Error: Invalid cursor")
 
 
@@ -237,8 +237,15 @@ def test_describe_app_of_a_huge_abi_and_guide_fits(start_server, tmp_path):
             assert summary == result["structuredContent"] and summary["app_handle"]
             kept = summary["methods"]
             assert 100 < len(kept) < 1500 and kept[0].startswith("Method 0.")
-            assert summary["omitted"] == ("%d of the 1500 methods are left out: one answer carries at most 60000 "
-                                          "characters. call reaches every method by name." % (1500 - len(kept)))
+            if tool == "select_app":
+                assert summary["omitted"] == ("%d of the 1500 methods are left out: one answer carries at most "
+                                              "60000 characters. call reaches every method by name."
+                                              % (1500 - len(kept)))
+            else:                                   # describe_app pages them (issue 19.12)
+                assert summary["omitted"] == (
+                    '%d of the 1500 methods are left out: one answer carries at most 60000 characters. For the next '
+                    'ones, call describe_app again with the same arguments and cursor "%s"; call reaches every '
+                    'method by name.' % (1500 - len(kept), summary["nextCursor"]))
             guide = result["content"][-1]["text"]
             assert guide.startswith("The guide is 10") and "resources/read calimero://apps/" in guide
     finally:
@@ -298,3 +305,170 @@ def test_select_app_of_an_app_with_thousands_of_tools_names_those_that_fit(serve
     listed = {name for name in server.tool_names() if name.startswith("huge_")}
     assert 500 < len(summary["tools"]) < 2500 and set(summary["tools"]) <= listed and summary["context"]
     assert summary["omitted"].startswith("%d of the 2500 tools are left out" % (2500 - len(summary["tools"])))
+
+
+WALKED = {  # rows key: how the double drops one row of that list (as deleting it through the node would)
+    "contexts": lambda double, namespace, row_id: double._contexts.pop(row_id),
+    "blobs": lambda double, namespace, row_id: double._blobs.pop(row_id, None),
+    "namespaces": lambda double, namespace, row_id: double._groups.pop(row_id),
+    "members": lambda double, namespace, row_id: double._groups[namespace]["members"].pop(row_id),
+}
+
+
+@pytest.mark.parametrize("tool,extra,rows_key,id_key", [t for t in LISTS if not t[1].get("verbose")],
+                         ids=[t[0] for t in LISTS if not t[1].get("verbose")])
+def test_a_walk_deleting_each_page_as_it_goes_lists_every_row_once(serve, tool, extra, rows_key, id_key):
+    """Issue 19.1: the page's last row gone before the next page is asked for (an agent deleting what it listed)
+    left the next page starting as many rows late (400 contexts: 195 never listed, and no nextCursor)."""
+    double, namespace = crowded_double()
+    server = serve(double)
+    arguments = {key: (namespace if value is None else value) for key, value in extra.items()}
+    with double._lock:
+        at_start = listed_ids(double, rows_key, namespace) - {namespace}
+    kept = {namespace} | (at_start - {hex_id("member-%d" % index) for index in range(ROWS)}
+                          if rows_key == "members" else set())      # the node's own membership stays
+    seen, cursor = [], None
+    while True:
+        result = server.call_tool(tool, dict(arguments, cursor=cursor) if cursor else arguments, timeout=60)
+        assert not result.get("isError"), result
+        page = result["structuredContent"]
+        seen += [row[id_key] for row in page[rows_key]]
+        with double._lock:
+            for row in page[rows_key]:
+                if row[id_key] in at_start - kept:
+                    WALKED[rows_key](double, namespace, row[id_key])
+        cursor = page.get("nextCursor")
+        if cursor is None:
+            break
+        assert len(seen) < 3 * len(at_start), "paging does not end"
+    assert len(seen) == len(set(seen))
+    assert at_start <= set(seen), "%d rows never listed" % len(at_start - set(seen))
+
+
+# ── every answer bounded: an app's result, call_many's errors (issue 19.9); "" visible (issue 17.7) ─────────
+
+def kv_call(method, **args):
+    return {"app": "kv-store", "context": "demo", "method": method, "args": args}
+
+
+def test_an_app_result_past_the_bound_is_an_error_carrying_its_start_and_size(serve):
+    double = sample_double()
+    server = serve(double)
+    big = "".join("%06d" % index for index in range(12000))            # 72,000 characters
+    assert not server.call_tool("call", kv_call("set", key="big", value=big)).get("isError")
+    assert not server.call_tool("call", kv_call("set", key="small", value="fine")).get("isError")
+    handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
+    for name, arguments, size in [("call", kv_call("get", key="big"), len(big)),
+                                  ("kv_store_get", {"app_handle": handle, "key": "big"}, len(big) + 2)]:
+        result = server.call_tool(name, arguments)
+        text = error_text(result)
+        assert text.startswith("Error: The result of get is %d characters, more than one answer carries (60000, "
+                               "CALIMERO_MCP_MAX_RESULT_CHARS): call a narrower method or pass arguments that "
+                               "select less. Its first part:\n" % size), text[:300]
+        assert big[:20000] in text and text_length(result) <= BOUND and "structuredContent" not in result
+    many = server.call_tool("call_many", {"calls": [kv_call("get", key="big"), kv_call("get", key="small")]})
+    items = json.loads(many["content"][0]["text"])
+    assert items[0]["ok"] is False and items[0]["error"].startswith("Error: The result of get is 72000 characters")
+    assert items[1] == {"ok": True, "result": "fine"}
+    assert text_length(many) <= BOUND
+
+
+def test_the_result_bound_is_configurable_and_0_lifts_it(serve):
+    double = sample_double()
+    server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="0")
+    big = "y" * 70000
+    server.call_tool("call", kv_call("set", key="big", value=big))
+    assert server.call_tool("call", kv_call("get", key="big")) == {"content": [{"type": "text", "text": big}]}
+    server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="100")
+    assert error_text(server.call_tool("call", kv_call("get", key="big"))).startswith(
+        "Error: The result of get is 70000 characters, more than one answer carries (100, ")
+    assert server.call_tool("list_contexts")["structuredContent"]["contexts"]       # list pages keep their own
+    server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="lots")
+    assert not server.call_tool("call", kv_call("get", key="missing")).get("isError")
+    assert ('CALIMERO_MCP_MAX_RESULT_CHARS="lots" is not a number of characters (0 for no bound); using 60000'
+            in server.stderr)
+
+
+def test_call_many_of_long_errors_stays_within_the_bound(serve):
+    """32 items whose own errors are long returned 646,402 characters; each error is now cut to its share."""
+    double = sample_double()
+    server = serve(double)
+    long_error = "the app refused: " + "z" * 20000
+    double.faults.update({"paths": ["/jsonrpc"], "json": {"jsonrpc": "2.0", "id": 1,
+                                                          "error": {"code": -32000, "message": long_error}}})
+    many = server.call_tool("call_many", {"calls": [kv_call("len")] * 32}, timeout=60)
+    assert text_length(many) <= BOUND, text_length(many)
+    items = json.loads(many["content"][0]["text"])
+    assert len(items) == 32 and all(not item["ok"] for item in items)
+    for item in items:
+        assert item["error"].startswith("Error: JSON-RPC error -32000: the app refused: zzz")
+        assert item["error"].endswith("... [cut: %d characters in all]" % len("Error: JSON-RPC error -32000: "
+                                                                                 + long_error))
+
+
+def test_an_empty_string_result_is_shown_as_two_quotes(serve):
+    """Issue 17.7: a method returning "" showed as no text at all in call; the model retried, twice."""
+    double = sample_double()
+    server = serve(double)
+    assert not server.call_tool("call", kv_call("set", key="blank", value="")).get("isError")
+    assert not server.call_tool("call", kv_call("set", key="word", value="raw text")).get("isError")
+    assert server.call_tool("call", kv_call("get", key="blank")) == {"content": [{"type": "text", "text": '""'}]}
+    assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"}]}
+    many = server.call_tool("call_many", {"calls": [kv_call("get", key="blank"), kv_call("get", key="word")]})
+    assert '"result": ""' in many["content"][0]["text"]
+    assert json.loads(many["content"][0]["text"]) == [{"ok": True, "result": ""}, {"ok": True, "result": "raw text"}]
+    handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
+    generated = server.call_tool("kv_store_get", {"app_handle": handle, "key": "blank"})
+    assert generated["content"] == [{"type": "text", "text": '""'}]
+
+
+def test_a_cursor_continues_with_arguments_equal_to_their_defaults(start_server, tmp_path, crowded):
+    """Issue 19.10: page 2 with verbose: false after page 1 without it was refused as other arguments."""
+    double, _ = crowded
+    server = start_server(minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
+                                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state"}))
+    cursor = cursor_of(server, "list_contexts", {})
+    for extra in ({"verbose": False}, {"verbose": None}, {"application": None}):
+        result = server.call_tool("list_contexts", dict(extra, cursor=cursor), timeout=60)
+        assert not result.get("isError"), (extra, result)
+    assert error_text(server.call_tool("list_contexts", {"verbose": True, "cursor": cursor})).startswith(
+        'Error: Invalid cursor "%s": it continues a list_contexts call with other arguments.' % cursor)
+
+
+def test_describe_app_pages_the_methods_of_a_huge_abi(start_server, tmp_path):
+    """Issue 19.12: an app with hundreds of documented methods showed the first ones only, with no way on."""
+    double = NodeDouble(apps=[kv_store_spec(), huge_app(1500, 1000)]).start()
+    try:
+        env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_APPS": "kv-store",
+                                              "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
+        server = start_server(env)
+        seen, cursor, pages_ = [], None, 0
+        while True:
+            arguments = {"app": "huge"} if cursor is None else {"app": "huge", "cursor": cursor}
+            result = server.call_tool("describe_app", arguments, timeout=60)
+            assert not result.get("isError") and text_length(result) <= BOUND, result
+            summary = result["structuredContent"]
+            assert summary.get("methodsFrom", 1) == len(seen) + 1
+            seen += summary["methods"]
+            pages_ += 1
+            cursor = summary.get("nextCursor")
+            if cursor is None:
+                break
+            assert pages_ < 20
+        assert pages_ > 1 and len(seen) == 1500 and seen[0].startswith("Method 0.") and seen[-1].startswith(
+            "Method 1499.")
+        refused = server.call_tool("describe_app", {"app": "kv-store", "cursor": cursor or "e30"})
+        assert error_text(refused).startswith('Error: Invalid cursor "e30": it is no nextCursor of describe_app')
+    finally:
+        double.stop()
+
+
+def test_select_app_verbose_on_a_huge_abi_keeps_both_notes(serve):
+    """Issue 19.12: the tools' note overwrote the methods' one."""
+    double = NodeDouble(apps=[huge_app(2500, 1000, name_length=40)])
+    double.add_context("com.example.huge")
+    server = serve(double)
+    result = server.call_tool("select_app", {"app": "huge", "verbose": True}, timeout=60)
+    assert not result.get("isError") and text_length(result) <= BOUND
+    omitted = result["structuredContent"]["omitted"]
+    assert "of the 2500 methods are left out" in omitted and "of the 2500 tools are left out" in omitted, omitted

@@ -238,3 +238,31 @@ def test_a_batch_item_cancelled_while_it_waits_never_runs(start_server, slow_env
     writes = [e["argsJson"]["key"] for e in slow_double.executions[before:] if e["method"] == "set"]
     assert writes == ["kept"]
     assert frames_with_id(server, "b") == []
+
+
+@pytest.mark.parametrize("tool", ["kv_store_len", "call"])
+def test_cancelling_a_running_call_frees_the_server_at_once(start_server, slow_env, slow_double, handle_of, tool):
+    """Issue 19.5: the next request waited for the cancelled call's node request (6 s here; up to 65 s for a
+    join). Now it is answered at once; the cancelled call finishes in the background, its answer dropped."""
+    server = start_server(slow_env)
+    handle = handle_of(server)
+    slow_double.exec_delay = 6.0
+    before = len(slow_double.executions)
+    arguments = {"app_handle": handle} if tool != "call" else {"app_handle": handle, "method": "len"}
+    server.send({"jsonrpc": "2.0", "id": "stuck", "method": "tools/call",
+                 "params": {"name": tool, "arguments": arguments}})
+    server.send(set_request("queued", handle, "after-the-cancel"))        # waits its turn behind it
+    wait_until(lambda: len(slow_double.executions) > before, "the call to reach the node")
+    slow_double.exec_delay = 0.0
+    started = time.monotonic()
+    server.notify("notifications/cancelled", {"requestId": "stuck", "reason": "taking too long"})
+    queued = server.wait_for("queued", LONG)
+    assert not queued["result"].get("isError"), queued
+    fresh = server.call_tool("kv_store_len", {"app_handle": handle})
+    assert time.monotonic() - started < 2.0, "the queue waited for the cancelled call"
+    assert fresh["structuredContent"] == {"result": 1}
+    wait_until(lambda: len(slow_double.executions) >= before + 3, "the writes")
+    time.sleep(6.5)                                # the cancelled node request ends now: its answer is dropped
+    assert server.result("ping") == {}
+    assert frames_with_id(server, "stuck") == []
+    assert len(frames_with_id(server, "queued")) == 1

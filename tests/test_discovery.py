@@ -358,3 +358,36 @@ def test_toolset_lists_with_spaces_empty_items_or_repeats_are_read_as_meant(tmp_
     assert done.returncode == 0 and "Problems:" not in done.stdout, done.stdout
     fixed = "38 fixed" if value == "," else "22 fixed"                # core + blobs; "," is unset: every toolset
     assert fixed in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("value", ["http://local\thost:2528", "http://localhost:25\n28", "http://localhost\x1b:2528",
+                                   "http://localhost:2528/\x7f"])
+def test_a_node_url_with_a_control_character_is_refused_naming_the_variable(tmp_path, value):
+    """Issue 19.12: urlsplit drops a tab or line break silently, so the server talked to another address."""
+    env = home_env(tmp_path, CALIMERO_NODE_URL=value)
+    done = run_check(env)
+    assert done.returncode == 1 and "CALIMERO_NODE_URL holds a control character" in done.stdout, done.stdout
+    status, _, _ = node_status(env)
+    assert status["health"]["status"] == "unreachable"
+    assert status["health"]["error"].startswith("CALIMERO_NODE_URL holds a control character"), status
+
+
+def test_check_says_each_warning_once_and_ends_quietly_into_head(tmp_path, double):
+    """Issue 19.12: --check repeated setting warnings on stderr (once per server it built to count tools), and
+    `--check | head` ended in a BrokenPipeError traceback."""
+    from mcp_client import SERVER
+    env = home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TIMEOUT="abc", CALIMERO_MCP_READ_ONLY="ture",
+                   CALIMERO_MCP_TOOLSETS="Core", CALIMERO_MCP_MAX_RESPONSE_BYTES="x",
+                   CALIMERO_MCP_MAX_RESULT_CHARS="y")
+    done = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    lines = (done.stdout + done.stderr).splitlines()
+    for variable in ("CALIMERO_MCP_TIMEOUT", "CALIMERO_MCP_READ_ONLY", "CALIMERO_MCP_TOOLSETS",
+                     "CALIMERO_MCP_MAX_RESPONSE_BYTES", "CALIMERO_MCP_MAX_RESULT_CHARS"):
+        said = [line for line in lines if line.lstrip("[mero-cp] -").startswith(variable + "=")
+                or line.lstrip("[mero-cp] -").startswith(variable + " names")]
+        assert len(said) == 1, (variable, said, done.stdout, done.stderr)
+    piped = subprocess.run("%s %s --check | head -1" % (sys.executable, SERVER), shell=True, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert piped.stdout == "mero-mcp --check\n"
+    assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr, piped.stderr

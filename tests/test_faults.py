@@ -105,6 +105,8 @@ def test_node_fault_while_executing(session, double, name):
     """Admission passes, then the method call itself (POST /jsonrpc) fails: same clarity, nothing half-done."""
     server, handle = session
     fault, wanted = FAULTS[name]
+    if name in ("truncated body", "connection reset"):     # sent, then no (whole) answer: it may have run
+        wanted = [wanted[1], "The node may have carried it out: check before repeating it"]
     double.faults.update(dict(fault, paths=["/jsonrpc"]))
     for tool, arguments in probe_calls(handle)[1:]:
         text = assert_fault(server.call_tool(tool, arguments), double.url, *wanted)
@@ -687,3 +689,112 @@ def test_check_against_a_static_web_server(server_env, tmp_path):
 def test_check_still_passes_a_healthy_node(server_env, double):
     done = run_check(server_env)
     assert done.returncode == 0 and "Result:    OK, the server can work with this node." in done.stdout, done.stdout
+
+
+# ── a node that drips, a node that floods, a write that went out and got no answer (issue 19.3, 19.4) ─────
+
+DRIP = 0.3                       # seconds between bytes: far inside any idle timeout, far too slow for an answer
+
+
+def peak_memory_kb(server):
+    """The server process's high-water resident memory (Linux)."""
+    with open("/proc/%d/status" % server.proc.pid, encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+def test_a_node_dripping_its_answer_is_cut_off_at_the_deadline(start_server, server_env, double):
+    """CALIMERO_MCP_TIMEOUT is the whole request, connect to last byte: a byte every 0.3 s never trips an idle
+    timeout of 1.5 s, and held the call (and every later one) until the node finished (minutes)."""
+    server = start_server(dict(server_env, CALIMERO_MCP_TIMEOUT="1.5"))
+    assert not server.call_tool("list_applications").get("isError")
+    double.faults.update({"drip": DRIP, "paths": ["/admin-api/applications"], "times": 1})
+    started = time.monotonic()
+    result = server.call_tool("list_applications", timeout=LONG)
+    took = time.monotonic() - started
+    assert_fault(result, double.url, "Cannot reach the node at", "timed out after 1.5 s", "retry")
+    assert took < 1.5 + 2, took
+    again = time.monotonic()
+    assert not server.call_tool("list_applications").get("isError")     # later requests are answered
+    assert time.monotonic() - again < 1.5
+
+
+def test_check_ends_against_a_dripping_node(double, tmp_path):
+    from mcp_client import minimal_env, run_check
+    double.faults.update({"drip": DRIP})
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_TIMEOUT": "1",
+                                          "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
+    started = time.monotonic()
+    done = run_check(env, timeout=30)
+    assert time.monotonic() - started < 15
+    assert "timed out after 1 s" in done.stdout, done.stdout
+
+
+HUGE = 200 * 1024 * 1024
+
+
+def test_an_answer_declared_past_the_size_cap_is_refused_unread(start_server, server_env, double):
+    """A 200 MB answer took the server to 1.24 GB: one past the cap (64 MiB) is refused by its Content-Length."""
+    server = start_server(server_env)
+    assert not server.call_tool("list_applications").get("isError")
+    double.faults.update({"huge": HUGE, "paths": ["/admin-api/applications"], "times": 1})
+    started = time.monotonic()
+    text = assert_fault(server.call_tool("list_applications", timeout=LONG), double.url,
+                        "is %d bytes (its Content-Length), more than this server reads (%d bytes, "
+                        "CALIMERO_MCP_MAX_RESPONSE_BYTES): refused, the rest unread" % (HUGE, 64 << 20),
+                        "Ask for less", "raise CALIMERO_MCP_MAX_RESPONSE_BYTES")
+    assert time.monotonic() - started < 5, text
+    assert peak_memory_kb(server) < 150 * 1024
+    assert not server.call_tool("list_applications").get("isError")
+
+
+def test_an_undeclared_answer_is_cut_at_the_configured_cap(start_server, server_env, double):
+    server = start_server(dict(server_env, CALIMERO_MCP_MAX_RESPONSE_BYTES="1048576"))
+    assert not server.call_tool("list_applications").get("isError")
+    double.faults.update({"huge": HUGE, "declared": False, "paths": ["/admin-api/applications"], "times": 1})
+    assert_fault(server.call_tool("list_applications", timeout=LONG), double.url,
+                 "passed 1048576 bytes before it ended, more than this server reads (1048576 bytes")
+    assert peak_memory_kb(server) < 150 * 1024
+    assert not server.call_tool("list_applications").get("isError")
+
+
+def test_a_bad_size_cap_is_said_and_the_default_used(start_server, server_env, double):
+    server = start_server(dict(server_env, CALIMERO_MCP_MAX_RESPONSE_BYTES="lots"))
+    assert not server.call_tool("list_applications").get("isError")
+    said = 'CALIMERO_MCP_MAX_RESPONSE_BYTES="lots" is not a positive number of bytes; using 67108864'
+    assert said in server.stderr
+    from mcp_client import run_check
+    assert said in run_check(dict(server_env, CALIMERO_MCP_MAX_RESPONSE_BYTES="lots")).stdout
+
+
+@pytest.fixture
+def counter(double):
+    namespace = next(iter(double._groups))
+    context_id = double.add_context(double._app_key("com.example.counter"), group_id=namespace)
+    return context_id
+
+
+def counter_value(server, context_id):
+    return json.loads(text_of(server.call_tool("call", {"app": "counter", "context": context_id,
+                                                         "method": "value"})))
+
+
+def test_a_write_sent_and_unanswered_says_it_may_have_run(start_server, server_env, double, counter):
+    """The node applied the increment and its answer never came: "Cannot reach the node … retry" applied it
+    twice. A request that went out says it may have been carried out, and to check before repeating it."""
+    server = start_server(dict(server_env, CALIMERO_MCP_TIMEOUT="1"))
+    assert counter_value(server, counter) == 0
+    double.faults.update({"drip": DRIP, "paths": ["/jsonrpc"], "times": 1})
+    result = server.call_tool("call", {"app": "counter", "context": counter, "method": "increment",
+                                       "args": {"by": 1}}, timeout=LONG)
+    text = assert_fault(result, double.url, "was sent, but no answer came (no answer within 1 s)",
+                        "The node may have carried it out: check before repeating it")
+    assert "Cannot reach" not in text and "retry" not in text.lower()
+    assert counter_value(server, counter) == 1              # it had run: the advice was true
+
+
+def test_a_write_that_never_left_says_cannot_reach(start_server, server_env, double, counter):
+    server = start_server(server_env)
+    assert counter_value(server, counter) == 0
+    double.stop()
+    result = server.call_tool("create_namespace", {"application": "counter"})
+    assert_fault(result, double.url, "Cannot reach the node at", "connection refused", "Start the node at")

@@ -145,6 +145,16 @@ def test_get_blob_pages_binary_and_starts_mid_character_as_base64(server, double
     assert (inside["encoding"], base64.b64decode(inside["content"])) == ("base64", "€uro".encode("utf-8")[1:])
 
 
+def test_get_blob_follows_the_configured_answer_cap(serve):
+    double = sample_double()
+    blob = blob_of(double, b"x" * 2000)
+    server = serve(double, CALIMERO_MCP_MAX_RESPONSE_BYTES="1000")
+    start = len(double.log)
+    refused = error_text(server.call_tool("get_blob", {"blob": blob}))
+    assert refused.startswith("Error: Blob %s is 2000 bytes, more than the 1000 bytes this server takes" % blob)
+    assert blob_requests(double, start) == [("HEAD", "/admin-api/blobs/" + blob, {})]
+
+
 def test_get_blob_refuses_an_offset_past_the_end_and_a_blob_past_the_cap(server, double):
     blob = blob_of(double, b"four")
     past = error_text(server.call_tool("get_blob", {"blob": blob, "offset": 5}))
@@ -153,8 +163,8 @@ def test_get_blob_refuses_an_offset_past_the_end_and_a_blob_past_the_cap(server,
     double._blobs[huge] = b"\0" * (64 * 1024 * 1024 + 1)
     start = len(double.log)
     refused = error_text(server.call_tool("get_blob", {"blob": huge}))
-    assert refused.startswith("Error: Blob %s is 67108865 bytes, more than the 67108864 bytes (64 MiB) this server "
-                              "downloads for one answer" % huge)
+    assert refused.startswith("Error: Blob %s is 67108865 bytes, more than the 67108864 bytes this server takes in "
+                              "one answer (CALIMERO_MCP_MAX_RESPONSE_BYTES)" % huge)
     assert blob_requests(double, start) == [("HEAD", "/admin-api/blobs/" + huge, {})]      # never downloaded
     del double._blobs[huge]
     gone = error_text(server.call_tool("get_blob", {"blob": hex_id("none")}))

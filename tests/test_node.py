@@ -974,6 +974,25 @@ def test_execute_sends_the_envelope_and_returns_the_output(tmp_path, plain):
     assert str(caught.value) == "Context %s not found on this node (ContextNotFound)" % ("f" * 64)
 
 
+def test_arguments_too_deep_to_encode_are_not_sent_and_say_so(tmp_path, plain):
+    """Issue 19.7: json.dumps giving up on the request body was reported as "put ran, but its output is nested
+    too deeply", though nothing had reached the node. (The server's nesting limit keeps such arguments from
+    reaching node.py; this is its own guard.)"""
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    context = client.get("/admin-api/contexts")["contexts"][0]["id"]
+    deep = []
+    for _ in range(sys.getrecursionlimit() + 10):
+        deep = [deep]
+    with pytest.raises(NodeError) as caught:
+        client.execute(context, "put", {"value": deep})
+    assert str(caught.value) == ("put was not sent to the node: its arguments are nested too deeply to encode "
+                                 "(more levels than Python's JSON encoder allows)")
+    assert not requests_to(plain, "/jsonrpc")
+    with pytest.raises(NodeError) as caught:
+        client.post("/admin-api/contexts", {"x": deep})
+    assert str(caught.value).startswith("POST /admin-api/contexts was not sent: its body is nested too deeply")
+
+
 def byte_list(text):
     return "the method call returned an error: [%s]" % ", ".join(str(b) for b in text.encode("utf-8"))
 

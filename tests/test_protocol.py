@@ -237,7 +237,8 @@ def test_unsupported_version_lists_only_what_is_served(bare, requested):
     error = reply["error"]
     assert error["code"] == -32022 and error["data"]["requested"] == requested
     assert requested not in error["data"]["supported"]
-    assert error["data"]["supported"] == [v for v in served if v != requested]
+    # Issue 19.12: only what a per-request call accepts (handshake versions listed there were refused in turn).
+    assert error["data"]["supported"] == ["2026-07-28"] and "2026-07-28" in served
     if requested in served:                  # a handshake version: the message says how to get it
         assert error["message"] == ("Unsupported protocol version: %s is negotiated with initialize, not per "
                                     "request" % requested)
@@ -486,3 +487,63 @@ def test_exits_within_a_second_of_eof_while_a_call_waits_on_the_node(offline_env
     assert server.close(timeout=5) == 0
     assert time.monotonic() - started < 1.5
     server.assert_stdout_pure()
+
+
+# ── one nesting limit where a line is parsed (issue 19.6) ─────────────────────────────────────────
+
+def nested(depth):
+    value = "x"
+    for level in range(depth):
+        value = [value] if level % 2 else {"d": value}
+    return value
+
+
+def deep_text(depth):
+    """JSON of `depth` nested lists, written out (json.dumps itself gives up past its recursion limit)."""
+    return "[" * depth + '"x"' + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [150, 985, 5000])
+def test_a_tools_call_nested_past_the_limit_is_an_error_result_with_its_id(server, depth):
+    """~985 levels of arguments answered -32603, and from ~990 a valid frame got -32700 with id null: its client
+    waited for an answer that never came."""
+    line = ('{"jsonrpc": "2.0", "id": "deep-%d", "method": "tools/call", "params": {"name": "call", "arguments": '
+            '{"app": "kv-store", "context": "demo", "method": "set", "args": {"key": "k", "value": %s}}}}'
+            % (depth, deep_text(depth)))
+    server.send_raw(line.encode())
+    reply = server.wait_for("deep-%d" % depth)
+    assert reply["result"]["isError"] is True, reply
+    assert reply["result"]["content"] == [{"type": "text", "text": (
+        "Error: The arguments are nested more than 100 levels deep (the message's own levels included), more "
+        "than this server reads. Pass them flatter (at most 100 levels in all).")}]
+    assert server.result("ping") == {}
+    assert "Traceback" not in server.stderr and "internal error" not in server.stderr
+
+
+@pytest.mark.parametrize("depth", [120, 3000])
+def test_other_frames_nested_past_the_limit_are_answered_by_their_id(server, depth):
+    server.send_raw(('{"jsonrpc": "2.0", "method": "tools/list", "id": 77, "params": {"x": %s}}'
+                     % deep_text(depth)).encode())
+    reply = server.wait_for(77)
+    assert reply["error"]["code"] == -32600 and "nested more than 100 levels deep" in reply["error"]["message"]
+    server.send_raw(('{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": %s}}'
+                     % deep_text(depth)).encode())               # a notification: never answered
+    server.send_raw(('{"jsonrpc": "2.0", "id": 78, "result": %s}' % deep_text(depth)).encode())   # a stray answer
+    assert server.request("ping", request_id="after") == {"jsonrpc": "2.0", "id": "after", "result": {}}
+
+
+def test_a_shallow_frame_is_unchanged(server):
+    result = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "set",
+                                       "args": {"key": "k", "value": nested(90)}})
+    assert result.get("isError") is not True or "nested more than" not in result["content"][-1]["text"], result
+
+
+def test_a_forged_cursor_is_refused_naming_it(server):
+    import base64
+    forged = base64.urlsafe_b64encode(b"[" * 5000).decode()
+    for tool in ("list_contexts", "list_blobs", "list_applications"):
+        result = server.call_tool(tool, {"cursor": forged})
+        assert result["isError"] is True
+        assert result["content"][-1]["text"].startswith('Error: Invalid cursor "%s..."' % forged[:200]), result
+    shallow = base64.urlsafe_b64encode(b"[" * 700 + b"]" * 700).decode()
+    assert server.call_tool("list_contexts", {"cursor": shallow})["isError"] is True

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mcp_client import McpServer, tuned_server
 from node_double import counter_spec
 
@@ -116,18 +118,25 @@ def test_a_cancelled_initialize_is_answered_all_the_same(start_server, server_en
     assert server.wait_for("init", LONG)["result"]["protocolVersion"] == "2025-11-25"
 
 
-def test_a_closed_stderr_leaves_the_protocol_working(server_env):
+@pytest.mark.parametrize("how", ["closed by the host", "closed at spawn"])
+def test_a_closed_stderr_leaves_the_protocol_working(server_env, how):
     """A host that closed its end of our stderr: the first log line ('ready on stdio') was a BrokenPipeError that
-    killed the server before it read a line, and any later log line would have ended the call writing it."""
+    killed the server before it read a line, and any later log line would have ended the call writing it. Spawned
+    with stderr closed (`2>&-`, issue 19.11), sys.stderr is None: the first log line was an AttributeError."""
     import os
     import subprocess
     import sys
     from mcp_client import SERVER, ROOT
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=write_end, env=dict(server_env, CALIMERO_MCP_APPS="no-such-app"), cwd=str(ROOT))
-    os.close(write_end)
+    env = dict(server_env, CALIMERO_MCP_APPS="no-such-app")
+    if how == "closed at spawn":
+        proc = subprocess.Popen(["sh", "-c", 'exec "$0" "$1" 2>&-', sys.executable, str(SERVER)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=str(ROOT))
+    else:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=write_end, env=env, cwd=str(ROOT))
+        os.close(write_end)
     requests = [{"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                                                              "clientInfo": {"name": "tests", "version": "0"}}},
                 {"id": 2, "method": "tools/list"},           # the catalog logs the unmatched CALIMERO_MCP_APPS name

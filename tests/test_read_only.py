@@ -101,22 +101,26 @@ def test_read_only_keeps_the_harmless_tools_and_drops_the_rest(serve, modern):
 
 
 def test_the_values_that_turn_it_on_and_a_bad_one(serve):
+    """Issue 19.2: it fails safe. Off only when unset, blank, 0, false, no or off; `on`, `y`, `enabled` or `ture`
+    gave full admin (one stderr line) and now turn it on, saying the value was read as on."""
     double = sample_double()
-    for value in ("1", "true", "TRUE", "Yes", " yes "):
+    for value in ("1", "true", "TRUE", "Yes", " yes ", "on", "ON", "ture", "y", "enabled", "maybe"):
         server = serve(double, CALIMERO_MCP_READ_ONLY=value)
         assert "kv_store_set" not in server.tool_names(), value
         assert server.tool_json("node_status")["readOnly"] is True, value
-    for value in ("", "   ", "0", "false", "no", "maybe"):
+        server.close()
+        warnings = [line for line in server.stderr.splitlines() if "CALIMERO_MCP_READ_ONLY" in line]
+        if value.strip().lower() in ("1", "true", "yes", "on"):
+            assert warnings == [], value
+        else:
+            assert warnings == ['[mero-mcp] CALIMERO_MCP_READ_ONLY="%s" is none of 1, true, yes, on (on) or 0, false, '
+                                'no, off (off), so it is read as on: read-only mode is on' % value.strip()], value
+    for value in ("", "   ", "0", "false", "No", " OFF "):
         server = serve(double, CALIMERO_MCP_READ_ONLY=value)
         assert "kv_store_set" in server.tool_names() and "install_application" in server.tool_names(), value
         assert server.tool_json("node_status")["readOnly"] is False, value
         server.close()
-        warnings = [line for line in server.stderr.splitlines() if "CALIMERO_MCP_READ_ONLY" in line]
-        if value.strip() in ("0", "false", "no", "maybe"):
-            assert warnings == ['[mero-mcp] CALIMERO_MCP_READ_ONLY="%s" is not 1, true or yes, so read-only mode is '
-                                'off' % value], value
-        else:
-            assert warnings == [], value
+        assert [line for line in server.stderr.splitlines() if "CALIMERO_MCP_READ_ONLY" in line] == [], value
 
 
 def test_it_takes_precedence_over_toolsets_and_apps(serve):
@@ -330,9 +334,16 @@ def test_check_prints_the_mode_and_counts_what_it_offers(tmp_path):
         assert code == 0 and lines[2] == ("Mode:      read-write (CALIMERO_MCP_READ_ONLY=1 would offer only tools "
                                           "that cannot change the node)")
         assert "  - com.calimero.kv-store 1.0.0: 9 tools" in lines
-        code, lines = run_check(double, tmp_path, CALIMERO_MCP_READ_ONLY="on")
+        code, lines = run_check(double, tmp_path, CALIMERO_MCP_READ_ONLY="enabled")
         assert code == 0
-        said = 'CALIMERO_MCP_READ_ONLY="on" is not 1, true or yes, so read-only mode is off'
-        assert lines[2] == "Mode:      read-write (%s)" % said
+        said = ('CALIMERO_MCP_READ_ONLY="enabled" is none of 1, true, yes, on (on) or 0, false, no, off (off), so it '
+                'is read as on: read-only mode is on')
+        assert lines[2] == ('Mode:      read-only (CALIMERO_MCP_READ_ONLY="enabled", read as on): only tools that '
+                            'cannot change the node are offered; call and call_many run [view] methods only')
+        assert "  - com.calimero.kv-store 1.0.0: 4 tools ([view] only; 9 in all)" in lines
         assert lines[lines.index("Problems:") + 1:lines.index("Problems:") + 3] == [
-            "  - " + said, "    Fix: Set CALIMERO_MCP_READ_ONLY to 1, true or yes for read-only mode, or unset it."]
+            "  - " + said, "    Fix: Set CALIMERO_MCP_READ_ONLY to 1 for read-only mode, or to 0 (or unset it) for "
+            "read-write."]
+        assert sum(said in line for line in lines) == 1          # said once (issue 19.12), not once per reader
+        code, lines = run_check(double, tmp_path, CALIMERO_MCP_READ_ONLY="off")
+        assert code == 0 and lines[2].startswith("Mode:      read-write") and "Problems:" not in lines

@@ -278,3 +278,56 @@ def test_a_password_without_a_username_is_warned_about_once_and_in_check(tmp_pat
     assert check.returncode == 0                      # a warning: the node itself works without auth
     assert_nowhere({PASSWORD}, {"stderr": server.stderr, "stdout": b"".join(server.raw_lines).decode(),
                                 "--check": check.stdout + check.stderr})
+
+
+def encoded_forms(secret):
+    """The encodings an echo may use: URL-encoded (two ways), base64 (two alphabets) and every character \\u-escaped."""
+    import base64
+    from urllib.parse import quote, quote_plus
+    raw = secret.encode("utf-8")
+    return {quote(secret, safe=""), quote_plus(secret), base64.b64encode(raw).decode().rstrip("="),
+            base64.urlsafe_b64encode(raw).decode().rstrip("="), "".join("\\u%04x" % ord(c) for c in secret)}
+
+
+def test_a_login_refusal_quoting_the_password_encoded_quotes_none_of_it(tmp_path, authed):
+    """Issue 19.8: URL-encoded, base64 or \\u-escaped, the password was quoted as it was, by tools and --check."""
+    forms = encoded_forms(PASSWORD) | encoded_forms("admin:" + PASSWORD)
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": PASSWORD})
+    authed.faults.update({"status": 400, "body": "bad request: " + " | ".join(sorted(forms)),
+                          "paths": ["/auth/token"]})
+    server = McpServer(env)
+    try:
+        server.initialize()
+        text = server.call_tool("list_namespaces")["content"][-1]["text"]
+    finally:
+        server.close()
+    assert text.count("[redacted]") == len(forms), text
+    places = {"result": text, "stderr": server.stderr, "--check": run_check(env)}
+    assert places["--check"].count("[redacted]") >= len(forms), places["--check"]
+    for form in forms | {PASSWORD}:
+        for where, said in places.items():
+            assert form not in said, "the password (%s...) leaked into %s" % (form[:8], where)
+
+
+def test_an_execute_error_echoing_the_token_quotes_none_of_it(tmp_path, authed):
+    """Issue 19.8: the admin routes were redacted, a JSON-RPC execute error echoing Authorization was not."""
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": PASSWORD})
+    server = McpServer(env)
+    try:
+        server.initialize()
+        assert not server.call_tool("list_namespaces").get("isError")
+        access = authed.minted[-2]
+        texts = []
+        for error in ({"code": -32000, "message": "echo: Authorization: Bearer %s" % access},
+                      {"type": "FunctionCallError", "data": "echo: Bearer %s" % access},
+                      {"type": "InternalError", "data": {"header": "Bearer " + access}}):
+            authed.faults.update({"json": {"jsonrpc": "2.0", "id": 1, "error": error}, "paths": ["/jsonrpc"],
+                                  "times": 1})
+            result = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "len"})
+            texts.append(result["content"][-1]["text"])
+            assert result["isError"] is True and "[redacted]" in texts[-1], texts[-1]
+    finally:
+        server.close()
+    assert_nowhere(set(authed.minted), {"results": "\n".join(texts), "stderr": server.stderr})
