@@ -29,14 +29,16 @@ test: $(STAMP)
 
 # The oldest releases the server supports, as Ubuntu 22.04 and Debian 11 ship them: Python 3.9 with exactly
 # requests 2.25.1 and jsonschema 3.2.0 (no 2020-12 validator there: abi.compile_schema checks with Draft 7).
-# Only the tests those two packages decide run here, about 1.5 min on 2 cores beside the suite's 5: test_abi (every
+# Only the tests those two packages decide run here, about 2.5 min on 2 cores beside the suite's 6: test_abi (every
 # schema and its problem texts), test_fixed_tools and test_app_tools (the tools through the real server), test_node
 # (all node I/O through requests), test_adversarial (bad input), test_names_and_rows and test_lifecycle (the
-# tools added since, through the same checks). No Python 3.9 here: one line, and no failure.
+# tools added since, through the same checks) and test_faults (the total deadline watches urllib3's connections,
+# and 2.25.1 brings urllib3 1.26). No Python 3.9 here: one line, and no failure.
 OLDEST_VENV  := .venv-oldest
 OLDEST_PINS  := requests==2.25.1 jsonschema==3.2.0 pytest
 OLDEST_TESTS := tests/test_abi.py tests/test_fixed_tools.py tests/test_app_tools.py tests/test_node.py \
-                tests/test_adversarial.py tests/test_names_and_rows.py tests/test_lifecycle.py
+                tests/test_adversarial.py tests/test_names_and_rows.py tests/test_lifecycle.py \
+                tests/test_faults.py
 OLDEST_SKIP  := not draft_7_gives_the_verdicts    # compares with the 2020-12 validator, which 3.2 lacks
 PYTHON39 = $(firstword $(foreach p,$(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.9.*/bin/python3.9) \
                    $(shell command -v python3.9),$(shell $(p) -c 'import sys; print("$(p)" if sys.version_info[:2] \
