@@ -3090,13 +3090,16 @@ def fitted_summary(summary, room, methods_from=None):
             continue
         total = len(items) + (first if key == "methods" else 0)
 
-        def note(count):
+        def note(count, cursor_at=None):
             if key == "methods" and methods_from is not None:
-                return NEXT_METHODS % (total - first - count, total, TEXT_BOUND, methods_from(first + count))
+                at = first + (count if cursor_at is None else cursor_at)
+                return NEXT_METHODS % (total - first - count, total, TEXT_BOUND, methods_from(at))
             return LEFT_OUT % (len(items) - count, len(items), key, TEXT_BOUND)
-        cut = dict(summary, **{key: [], "omitted": " ".join(notes + [note(0)])})
+        # Measured with the longest note and cursor it can get (a later offset takes more digits), so the page
+        # that fits stays within the room once its own cursor is in.
+        cut = dict(summary, **{key: [], "omitted": " ".join(notes + [note(0, cursor_at=len(items))])})
         if key == "methods" and methods_from is not None:
-            cut["nextCursor"] = methods_from(first)
+            cut["nextCursor"] = methods_from(first + len(items))
         count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
         notes.append(note(count))
         summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})

@@ -1222,7 +1222,8 @@ def fetch(session, prepared, timeout, cap):
     try:
         response = session.send(prepared, timeout=(timeout, timeout), allow_redirects=False, stream=True)
         declared = response.headers.get("Content-Length", "").strip()
-        if declared.isdigit() and int(declared) > cap:
+        # A HEAD's Content-Length is the size a GET would bring (a blob's): no body comes to refuse.
+        if declared.isdigit() and int(declared) > cap and prepared.method != "HEAD":
             raise TooLarge(cap, int(declared))
         chunks, size = [], 0
         for chunk in response.iter_content(READ_CHUNK):
