@@ -1878,7 +1878,7 @@ def uninstall_application(args, call):
 
 @tool("upload_blob", "Upload a blob (a file's bytes) to this node. At most %d bytes fit in one request."
       % MAX_BLOB_BYTES,
-      {"data": text_property("Base64; or pass text."),
+      {"data": text_property("The bytes, base64-encoded; or pass text."),
        "text": text_property("Uploaded as its UTF-8 bytes."),
        "hash": text_property("Refused unless the bytes have it."),
        "context": text_property("Announce it to its peers.")},
@@ -2846,8 +2846,9 @@ class Apps:
         if found:
             raise ToolError('%s: %d %s are named "%s": %s. Nothing was done; pass the id of the one you mean.'
                             % (argument, len(found), GROUP_KINDS[kind + "s"], name, carriers_text(found)))
+        where = " (describe_group of a namespace shows its subgroups)" if kind == "group" else ""
         raise ToolError('%s: no %s on this node is named "%s". Nothing was done; list_namespaces lists the '
-                        "namespaces with their ids and names." % (argument, GROUP_KINDS[kind], name))
+                        "namespaces with their ids and names%s." % (argument, GROUP_KINDS[kind], name, where))
 
     def groups_of(self, namespaces):
         """Every subgroup this node can list, below each of `namespaces`."""

@@ -127,7 +127,9 @@ def test_a_name_none_carries_is_refused_naming_the_argument_and_where_to_look(se
     assert text == ('Error: namespace: no namespace on this node is named "tema". Nothing was done; list_namespaces '
                     "lists the namespaces with their ids and names.")
     text = error_text(server.call_tool("create_context", {"application": KV, "group": "nowhere"}))
-    assert text.startswith('Error: group: no namespace or group on this node is named "nowhere". Nothing was done;')
+    assert text == ('Error: group: no namespace or group on this node is named "nowhere". Nothing was done; '
+                    "list_namespaces lists the namespaces with their ids and names (describe_group of a namespace "
+                    "shows its subgroups).")
     assert writes(node.double) == []
 
 
