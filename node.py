@@ -1468,9 +1468,9 @@ _ADVICE = (
                          "admin there to give it that role (add_group_members with role Admin)."),
     (403, None, "not eligible", "join_open_group joins only an open group inside a namespace or group this node "
                                 "belongs to: ask an admin of {0} to add this node (add_group_members) instead."),
-    (502, INSTALL_ROUTE, "dht registry mode", "This node cannot install by package@version: install the "
-                                              "application from a local .mpk bundle on the node (meroctl), or "
-                                              "through governance."),
+    (502, INSTALL_ROUTE, "dht registry mode", "This node cannot install by package@version: put the "
+                                              "application's .mpk bundle on the node's machine and pass its "
+                                              "absolute path to install_application as path."),
     (502, INSTALL_ROUTE, "no application published", "Check the package and version: the node's registry has no "
                                                      "such release, and install_application takes them exactly as "
                                                      "published."),

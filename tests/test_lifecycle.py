@@ -14,6 +14,7 @@ import pytest
 from mero_mcp import INSTALLED_NOTE, NO_PEERS, TEXT_BOUND
 from node_double import (FRESH_IDENTITY, NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, counter_spec, hex_id,
                          sample_double)
+from test_fixed_tools import error_text, namespace_of, text_of
 from test_read_only import ON, READ_ONLY_SAYS, run_check
 
 KV = "com.calimero.kv-store"
@@ -21,18 +22,6 @@ STRANGER = hex_id("someone else")
 ALICE = hex_id("alice")
 
 
-def text_of(result):
-    return result["content"][-1]["text"]
-
-
-def error_text(result):
-    assert result.get("isError") is True, result
-    return text_of(result)
-
-
-def namespace_of(double, package=KV):
-    app_id = double._app_key(package)
-    return next(g["id"] for g in double._groups.values() if g["parent"] is None and g["applicationId"] == app_id)
 
 
 def demo_context(double):

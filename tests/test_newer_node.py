@@ -257,8 +257,8 @@ def test_a_blob_whose_bytes_miss_the_expected_hash_is_refused(serve):
              "registry has no such release, and install_application takes them exactly as published."),
     ("dht", "Error: HTTP 502 Bad Gateway from {url}/admin-api/install-application - the node said: this node is in "
             "dht registry mode, which cannot install by package@version; install from a local .mpk bundle or via "
-            "governance instead. This node cannot install by package@version: install the application from a local "
-            ".mpk bundle on the node (meroctl), or through governance."),
+            "governance instead. This node cannot install by package@version: put the application's .mpk bundle on "
+            "the node's machine and pass its absolute path to install_application as path."),
 ])
 def test_install_502_texts_pass_through_with_advice(serve, mode, text):
     double = sample_double()
