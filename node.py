@@ -1157,22 +1157,24 @@ class _Watch:
 
 
 class _Deadlines:
-    """One thread for every request's deadline (a timer thread per request would cost more than the request)."""
+    """One thread for every request's deadline (a timer thread per request would cost more than the request). It is
+    woken only for a deadline earlier than the one it sleeps until: with one timeout for all, a new request's comes
+    later, so starting a request wakes no thread (waking it cost ~0.1 ms a request, a thread switch)."""
 
     def __init__(self):
         self._cond = threading.Condition()
         self._watches = set()
         self._thread = None
+        self._wake_at = float("inf")         # when the watcher thread looks next (it never misses an earlier one)
 
     def start(self, seconds) -> _Watch:
         watch = _Watch(time.monotonic() + seconds)
         with self._cond:
-            earliest = min((w.deadline for w in self._watches), default=None)
             self._watches.add(watch)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="mero-mcp-deadlines", daemon=True)
                 self._thread.start()
-            elif earliest is None or watch.deadline < earliest:
+            elif watch.deadline < self._wake_at:
                 self._cond.notify()
         return watch
 
@@ -1187,8 +1189,9 @@ class _Deadlines:
                 for watch in [w for w in self._watches if w.deadline <= now]:
                     self._watches.discard(watch)
                     watch.fire()
-                earliest = min((w.deadline for w in self._watches), default=None)
-                self._cond.wait(None if earliest is None else max(0.0, earliest - now))
+                # A stopped request's deadline may still be the one waited for: waking then finds nothing due.
+                self._wake_at = min((w.deadline for w in self._watches), default=float("inf"))
+                self._cond.wait(None if self._wake_at == float("inf") else max(0.0, self._wake_at - now))
 
 
 _deadlines = _Deadlines()
@@ -1225,8 +1228,10 @@ def fetch(session, prepared, timeout, cap):
         # A HEAD's Content-Length is the size a GET would bring (a blob's): no body comes to refuse.
         if declared.isdigit() and int(declared) > cap and prepared.method != "HEAD":
             raise TooLarge(cap, int(declared))
+        # A small body that says its length is read in one read (a chunk size past it costs a second, empty read).
+        chunk_size = min(int(declared), READ_CHUNK) if declared.isdigit() and int(declared) > 0 else READ_CHUNK
         chunks, size = [], 0
-        for chunk in response.iter_content(READ_CHUNK):
+        for chunk in response.iter_content(chunk_size):
             size += len(chunk)
             if size > cap:
                 raise TooLarge(cap)

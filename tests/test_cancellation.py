@@ -266,3 +266,25 @@ def test_cancelling_a_running_call_frees_the_server_at_once(start_server, slow_e
     assert server.result("ping") == {}
     assert frames_with_id(server, "stuck") == []
     assert len(frames_with_id(server, "queued")) == 1
+
+
+def test_each_cancel_of_a_running_call_hands_the_server_on(start_server, slow_env, slow_double, handle_of):
+    """A cancel frees the server by handing its loop to a new thread: cancelled again there, and again, it is
+    freed each time, the next request answered at once, and stdin's end still ends the process."""
+    server = start_server(slow_env)
+    handle = handle_of(server)
+    for n in range(3):
+        slow_double.exec_delay = 4.0
+        before = len(slow_double.executions)
+        slow_call(server, handle, "stuck-%d" % n)
+        wait_until(lambda: len(slow_double.executions) > before, "call %d to reach the node" % n)
+        slow_double.exec_delay = 0.0
+        started = time.monotonic()
+        server.notify("notifications/cancelled", {"requestId": "stuck-%d" % n})
+        assert server.result("ping") == {}
+        assert "tools" in server.result("tools/list", timeout=LONG)
+        assert time.monotonic() - started < 2.0, "cancel %d did not free the server" % n
+    time.sleep(4.5)                                # the cancelled node requests end now: their answers dropped
+    assert server.call_tool("kv_store_len", {"app_handle": handle})["structuredContent"] == {"result": 0}
+    assert all(frames_with_id(server, "stuck-%d" % n) == [] for n in range(3))
+    assert server.close() == 0

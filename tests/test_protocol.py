@@ -547,3 +547,20 @@ def test_a_forged_cursor_is_refused_naming_it(server):
         assert result["content"][-1]["text"].startswith('Error: Invalid cursor "%s..."' % forged[:200]), result
     shallow = base64.urlsafe_b64encode(b"[" * 700 + b"]" * 700).decode()
     assert server.call_tool("list_contexts", {"cursor": shallow})["isError"] is True
+
+
+@pytest.mark.parametrize("brackets_in_strings", [False, True])
+def test_the_nesting_limit_is_exact_whatever_the_brackets_in_strings(brackets_in_strings):
+    """parse_line walks a frame only when its text holds more brackets than the limit: the limit itself is exact
+    at 100 levels, and brackets inside strings (counted, never levels) change nothing."""
+    sys.path.insert(0, str(ROOT))
+    import mero_mcp
+    padding = '"' + "[{" * 100 + '"' if brackets_in_strings else '"x"'
+
+    def frame(levels):         # the frame's own object is one level, params another
+        return ('{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": %s%s%s}}'
+                % ("[" * (levels - 2), padding, "]" * (levels - 2))).encode()
+    assert mero_mcp.parse_line(frame(100))["id"] == 1
+    with pytest.raises(mero_mcp.TooDeep):
+        mero_mcp.parse_line(frame(101))
+    assert mero_mcp.parse_line(frame(2) if not brackets_in_strings else b'{"a": "' + b"[" * 500 + b'"}')
