@@ -220,6 +220,13 @@ def huge_app(methods, guide_size, name_length=12):
             "metadata": {"name": "Huge", "guide": guide}, "abi": manifest}
 
 
+def huge_env(tmp_path, double):
+    """The server's environment beside a huge app: only kv-store gets generated tools (the huge one would be
+    1,500), so describe_app and select_app are what reach it."""
+    return minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_APPS": "kv-store",
+                                           "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
+
+
 def summary_of(result):
     return json.loads(result["content"][0]["text"])
 
@@ -227,9 +234,7 @@ def summary_of(result):
 def test_describe_app_of_a_huge_abi_and_guide_fits(start_server, tmp_path):
     double = NodeDouble(apps=[kv_store_spec(), huge_app(1500, 100000)]).start()
     try:
-        env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_APPS": "kv-store",
-                                              "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
-        server = start_server(env)
+        server = start_server(huge_env(tmp_path, double))
         for tool, arguments in [("describe_app", {"app": "huge"}), ("select_app", {"app": "huge", "verbose": True})]:
             result = server.call_tool(tool, arguments, timeout=60)
             assert not result.get("isError") and text_length(result) <= BOUND, (tool, text_length(result))
@@ -439,9 +444,7 @@ def test_describe_app_pages_the_methods_of_a_huge_abi(start_server, tmp_path):
     """Issue 19.12: an app with hundreds of documented methods showed the first ones only, with no way on."""
     double = NodeDouble(apps=[kv_store_spec(), huge_app(1500, 1000)]).start()
     try:
-        env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_APPS": "kv-store",
-                                              "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
-        server = start_server(env)
+        server = start_server(huge_env(tmp_path, double))
         seen, cursor, pages_ = [], None, 0
         while True:
             arguments = {"app": "huge"} if cursor is None else {"app": "huge", "cursor": cursor}
