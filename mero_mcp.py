@@ -28,7 +28,8 @@ import time
 from collections import namedtuple
 from functools import cached_property, partial
 
-# ── Constants ─────────────────────────────────────────────────────────────────────────────────────
+
+# ── 1. Constants and errors ─────────────────────────────────────────────────────────────────────────────────
 
 __version__ = "0.1.0"
 SERVER_INFO = {"name": "mero-mcp", "version": __version__}
@@ -76,6 +77,8 @@ MAX_LINE_BYTES = 16 * 1024 * 1024   # one message is held whole while parsed: th
 MAX_BLOB_BYTES = MAX_LINE_BYTES // 4 * 3 - 1024   # base64 takes 4 characters per 3 bytes; 1 KiB for the framing
 EOF_GRACE_SECONDS = 0.8      # "exit within a second when stdin closes", even with a call in flight
 
+TEXT_BOUND = 60000          # characters of text in one answer: well under Claude Code's 25,000-token reject
+
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700, -32600, -32601, -32602, -32603)
 RESOURCE_NOT_FOUND = -32002            # handshake era; the modern era uses INVALID_PARAMS
@@ -119,6 +122,20 @@ class ToolError(Exception):
         self.text, self.blocks = text, tuple(blocks)
 
 
+class MissingLibrary(ToolError):
+    """node.py or abi.py, or a package they need, cannot be imported: a tool's isError, not an internal error."""
+
+
+class Refusal(ToolError):
+    """A refused call: guide blocks, then the retry text, and nothing ran (reference §3.0)."""
+
+
+class Cancelled(Exception):
+    """The client cancelled the request: what has not reached the node yet does not go."""
+
+
+# ── 2. Sibling modules: node.py and abi.py, loaded lazily from beside this file ─────────────────────────────
+
 _loaded = {}
 _loading = threading.Lock()
 
@@ -154,24 +171,6 @@ def own_module(name):
 
 
 _found_beside = set()
-
-
-class MissingLibrary(ToolError):
-    """node.py or abi.py, or a package they need, cannot be imported: a tool's isError, not an internal error."""
-
-
-_missing_told = set()
-
-
-def warn_catalog_failure(template, error):
-    """Log why a catalog read failed; a missing library only once per process (the poll retries every 30 s, and
-    a package does not install itself in between: every tool call still says it)."""
-    if isinstance(error, MissingLibrary):
-        if error.text in _missing_told:
-            return
-        _missing_told.add(error.text)
-    log.warning(template, error)
-
 
 PACKAGE_OF = {"node": "requests", "abi": "jsonschema"}
 TOGETHER = ("mero_mcp.py, node.py and abi.py travel together: copy the three, from one release, into one folder, or "
@@ -238,7 +237,7 @@ def node_module():
     return heavy("node")
 
 
-# ── Framing: one JSON message per line on stdout, under one lock ─────────────────────────────────
+# ── 3. Wire: one JSON message per line, under one lock ──────────────────────────────────────────────────────
 
 class Channel:
     """Owns the real stdout. Everything written there goes through send()."""
@@ -337,9 +336,127 @@ def read_lines(stream):
         yield line
 
 
-# ── Protocol ──────────────────────────────────────────────────────────────────────────────────────
+def parse_line(raw):
+    if raw is None:
+        raise RpcError(PARSE_ERROR, "Parse error: message longer than %d bytes" % MAX_LINE_BYTES)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RpcError(PARSE_ERROR, "Parse error: not UTF-8 (%s)" % error.reason) from None
+    try:
+        message = json.loads(text, parse_constant=not_json)
+    except RecursionError:                   # past ~990 levels: the frame's own fields are read without it
+        fields, keys, balanced = top_level_fields(text)
+        if not balanced:
+            raise RpcError(PARSE_ERROR, "Parse error: not JSON (unbalanced brackets, nested too deeply to read)") \
+                from None
+        raise TooDeep(fields, keys, None) from None
+    except ValueError as error:
+        raise RpcError(PARSE_ERROR, "Parse error: %s" % error) from None
+    # Each level opens with a bracket in the text: a text with few of them needs no walk (most frames).
+    if text.count("{") + text.count("[") > MAX_NESTING and nested_past(message, MAX_NESTING):
+        raise TooDeep.of(message)
+    return message
 
-Call = namedtuple("Call", "server request_id meta modern progress_token cancelled")
+
+MAX_NESTING = 100            # levels of JSON in one message: well under the recursion limit of everything after
+TOO_DEEP = "nested more than %d levels deep (the message's own levels included), more than this server reads" % (
+    MAX_NESTING)
+
+
+class TooDeep(RpcError):
+    """A well-formed message nested past MAX_NESTING, known by its top-level scalars (`fields`) and keys: answered
+    as handle_message would answer it, with its own id (a tools/call gets an isError result naming the limit), so
+    its client does not wait for an answer that never comes."""
+
+    def __init__(self, fields, keys, modern):
+        super().__init__(INVALID_REQUEST, "Invalid request: " + TOO_DEEP)
+        self.fields, self.keys, self.modern = fields, keys, modern
+
+    @classmethod
+    def of(cls, message):
+        if not isinstance(message, dict):
+            return cls({}, None, None)       # a batch: its items are not answered one by one
+        params = message.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        version = meta.get(META_VERSION) if isinstance(meta, dict) else None
+        fields = {key: value for key, value in message.items() if not isinstance(value, (dict, list))}
+        return cls(fields, set(message), None if version is None else version in MODERN_VERSIONS)
+
+    def reply(self, server):
+        fields, keys = self.fields, self.keys
+        request_id = fields.get("id")
+        shown_id = request_id if is_valid_id(request_id) else None
+        if keys is None or fields.get("jsonrpc") != "2.0":
+            return error_response(shown_id, self)
+        if "method" not in keys:
+            if "id" in keys and ("result" in keys or "error" in keys):
+                return None                  # a response to a request of ours; we send none
+            return error_response(shown_id, self)
+        if "id" not in keys:
+            return None                      # a notification: never answered
+        if shown_id is None or fields.get("method") != "tools/call":
+            return error_response(shown_id, self)
+        result = error_result("Error: The arguments are %s. Pass them flatter (at most %d levels in all)."
+                              % (TOO_DEEP, MAX_NESTING))
+        modern = self.modern or (self.modern is None and server.version is None)
+        return response(request_id, modern_result("tools/call", result) if modern else result)
+
+
+def nested_past(value, limit):
+    """Whether `value` holds containers more than `limit` levels deep; level by level, without recursion."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            inner.extend(child for child in children if isinstance(child, (dict, list)))
+        level = inner
+    return False
+
+
+def top_level_fields(text):
+    """(top-level scalars, top-level keys or None when it is no object, whether its brackets balance) of a text too
+    deep for json.loads: read token by token, without recursion."""
+    import re
+    fields, keys, key, after_colon, depth, balanced = {}, set(), None, False, 0, True
+    tokens = re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}:,]|[^\s"\[\]{}:,]+', text)
+    for index, match in enumerate(tokens):
+        token = match.group()
+        if index == 0 and token != "{":
+            keys = None
+        if token in ("[", "{"):
+            after_colon = after_colon and depth != 1
+            depth += 1
+        elif token in ("]", "}"):
+            depth -= 1
+            balanced = balanced and (depth > 0 or match.end() == len(text.rstrip()))
+        elif depth != 1:
+            continue
+        elif token == ":":
+            after_colon = key is not None
+        elif token == ",":
+            key, after_colon = None, False
+        elif after_colon:
+            try:
+                fields.setdefault(key, json.loads(token))
+            except ValueError:
+                pass
+            key, after_colon = None, False
+        elif token.startswith('"') and keys is not None:
+            try:
+                key = json.loads(token)
+                keys.add(key)
+            except ValueError:
+                key = None
+    return fields, keys, balanced and depth == 0
+
+
+def not_json(constant):
+    raise ValueError("%s is not JSON" % constant)     # Python's json accepts NaN and Infinity; RFC 8259 does not
 
 
 def is_valid_id(value):
@@ -368,6 +485,8 @@ def error_response(request_id, error):
     return {"jsonrpc": "2.0", "id": request_id, "error": error.to_json()}
 
 
+# ── 4. Scheduler: the stdin thread, the main loop, cancellation ─────────────────────────────────────────────
+
 CANCEL_POLL_SECONDS = 0.05           # how soon the main loop sees that the request it waits on was cancelled
 REQUEST_THREADS = 16                 # requests run one at a time; cancelled ones may still be finishing
 _request_pool = []
@@ -379,6 +498,81 @@ def request_pool():
         from concurrent.futures import ThreadPoolExecutor
         _request_pool.append(ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="request"))
     return _request_pool[0]
+
+
+def quiet_exit(code=0):
+    """Leave at once: no traceback, no waiting on worker threads (the client is gone or asked us to stop)."""
+    try:
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def reader(stream, inbox, server):
+    """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
+    try:
+        for raw in read_lines(stream):
+            received = server.receive(raw)
+            if received is not None:
+                inbox.put(received)
+    finally:
+        inbox.put(EOF)                   # even if this thread fails: the main loop must not wait forever
+        # The client is gone: answers still queued get a moment to drain, a call waiting on the node does not.
+        threading.Timer(EOF_GRACE_SECONDS, exit_after_eof, (server,)).start()
+
+
+def exit_after_eof(server):
+    server.channel.lock.acquire(timeout=1.0)     # never cut a frame in half
+    quiet_exit(0)
+
+
+EOF = object()
+
+
+def serve(stdin, stdout):
+    """The main loop handles stdin's lines in order. A cancel of the request it is running starts the next loop
+    on a new thread, which goes on with the next line; the cancelled request finishes where it is, unanswered."""
+    channel = Channel(stdout)
+    server = Server(channel)
+    inbox = queue.Queue()
+    finished, failures = threading.Event(), []
+
+    def loop_thread(loop):
+        try:
+            if not main_loop(server, inbox, loop):
+                return                   # handed on in its turn
+        except BaseException as error:   # a bug of ours ends the process as it would on the main thread
+            failures.append(error)
+        finished.set()
+
+    def hand_over(loop):
+        threading.Thread(target=loop_thread, args=(loop,), name="loop-%d" % loop, daemon=True).start()
+    server.hand_over = hand_over
+    threading.Thread(target=reader, args=(stdin, inbox, server), name="stdin", daemon=True).start()
+    if not main_loop(server, inbox, 0):
+        finished.wait()                  # a later loop reads on; it ends at EOF
+        if failures:
+            raise failures[0]
+
+
+def main_loop(server, inbox, loop) -> bool:
+    """Handle the queue's lines until EOF (True) or until a cancel handed the loop on (False)."""
+    while True:
+        received = inbox.get()
+        if received is EOF:
+            try:
+                server.listens.end_all()
+            except OSError:              # the client closed our stdout too
+                pass
+            return True
+        server.handle_line(*received)
+        if server.loop != loop:
+            return False
+
+
+# ── 5. Session: eras, dispatch, the method handlers ─────────────────────────────────────────────────────────
+
+Call = namedtuple("Call", "server request_id meta modern progress_token cancelled")
 
 
 class Server:
@@ -708,138 +902,6 @@ class Listens:
                 "subscriptions/listen", {"_meta": {SUBSCRIPTION_ID: request_id}})))
 
 
-def node_error_text(error):
-    """A node failure for the agent: what failed (with the url), then what to do when node.py knows."""
-    text = str(error)
-    hint = getattr(error, "hint", None)
-    if hint and hint not in text:
-        text = "%s. %s" % (text.rstrip(". "), hint)
-    return text
-
-
-def parse_line(raw):
-    if raw is None:
-        raise RpcError(PARSE_ERROR, "Parse error: message longer than %d bytes" % MAX_LINE_BYTES)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RpcError(PARSE_ERROR, "Parse error: not UTF-8 (%s)" % error.reason) from None
-    try:
-        message = json.loads(text, parse_constant=not_json)
-    except RecursionError:                   # past ~990 levels: the frame's own fields are read without it
-        fields, keys, balanced = top_level_fields(text)
-        if not balanced:
-            raise RpcError(PARSE_ERROR, "Parse error: not JSON (unbalanced brackets, nested too deeply to read)") \
-                from None
-        raise TooDeep(fields, keys, None) from None
-    except ValueError as error:
-        raise RpcError(PARSE_ERROR, "Parse error: %s" % error) from None
-    # Each level opens with a bracket in the text: a text with few of them needs no walk (most frames).
-    if text.count("{") + text.count("[") > MAX_NESTING and nested_past(message, MAX_NESTING):
-        raise TooDeep.of(message)
-    return message
-
-
-MAX_NESTING = 100            # levels of JSON in one message: well under the recursion limit of everything after
-TOO_DEEP = "nested more than %d levels deep (the message's own levels included), more than this server reads" % (
-    MAX_NESTING)
-
-
-class TooDeep(RpcError):
-    """A well-formed message nested past MAX_NESTING, known by its top-level scalars (`fields`) and keys: answered
-    as handle_message would answer it, with its own id (a tools/call gets an isError result naming the limit), so
-    its client does not wait for an answer that never comes."""
-
-    def __init__(self, fields, keys, modern):
-        super().__init__(INVALID_REQUEST, "Invalid request: " + TOO_DEEP)
-        self.fields, self.keys, self.modern = fields, keys, modern
-
-    @classmethod
-    def of(cls, message):
-        if not isinstance(message, dict):
-            return cls({}, None, None)       # a batch: its items are not answered one by one
-        params = message.get("params")
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        version = meta.get(META_VERSION) if isinstance(meta, dict) else None
-        fields = {key: value for key, value in message.items() if not isinstance(value, (dict, list))}
-        return cls(fields, set(message), None if version is None else version in MODERN_VERSIONS)
-
-    def reply(self, server):
-        fields, keys = self.fields, self.keys
-        request_id = fields.get("id")
-        shown_id = request_id if is_valid_id(request_id) else None
-        if keys is None or fields.get("jsonrpc") != "2.0":
-            return error_response(shown_id, self)
-        if "method" not in keys:
-            if "id" in keys and ("result" in keys or "error" in keys):
-                return None                  # a response to a request of ours; we send none
-            return error_response(shown_id, self)
-        if "id" not in keys:
-            return None                      # a notification: never answered
-        if shown_id is None or fields.get("method") != "tools/call":
-            return error_response(shown_id, self)
-        result = error_result("Error: The arguments are %s. Pass them flatter (at most %d levels in all)."
-                              % (TOO_DEEP, MAX_NESTING))
-        modern = self.modern or (self.modern is None and server.version is None)
-        return response(request_id, modern_result("tools/call", result) if modern else result)
-
-
-def nested_past(value, limit):
-    """Whether `value` holds containers more than `limit` levels deep; level by level, without recursion."""
-    level, depth = [value], 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        inner = []
-        for item in level:
-            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-            inner.extend(child for child in children if isinstance(child, (dict, list)))
-        level = inner
-    return False
-
-
-def top_level_fields(text):
-    """(top-level scalars, top-level keys or None when it is no object, whether its brackets balance) of a text too
-    deep for json.loads: read token by token, without recursion."""
-    import re
-    fields, keys, key, after_colon, depth, balanced = {}, set(), None, False, 0, True
-    tokens = re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}:,]|[^\s"\[\]{}:,]+', text)
-    for index, match in enumerate(tokens):
-        token = match.group()
-        if index == 0 and token != "{":
-            keys = None
-        if token in ("[", "{"):
-            after_colon = after_colon and depth != 1
-            depth += 1
-        elif token in ("]", "}"):
-            depth -= 1
-            balanced = balanced and (depth > 0 or match.end() == len(text.rstrip()))
-        elif depth != 1:
-            continue
-        elif token == ":":
-            after_colon = key is not None
-        elif token == ",":
-            key, after_colon = None, False
-        elif after_colon:
-            try:
-                fields.setdefault(key, json.loads(token))
-            except ValueError:
-                pass
-            key, after_colon = None, False
-        elif token.startswith('"') and keys is not None:
-            try:
-                key = json.loads(token)
-                keys.add(key)
-            except ValueError:
-                key = None
-    return fields, keys, balanced and depth == 0
-
-
-def not_json(constant):
-    raise ValueError("%s is not JSON" % constant)     # Python's json accepts NaN and Infinity; RFC 8259 does not
-
-
 def modern_result(method, result):
     """2026-07-28 results carry resultType, serverInfo and, for lists and reads, cache hints."""
     result = dict(result)
@@ -855,8 +917,6 @@ def modern_result(method, result):
         result.setdefault("cacheScope", "private")
     return result
 
-
-# ---- method handlers ----
 
 def on_initialize(server, params, call):
     requested = params.get("protocolVersion")
@@ -954,7 +1014,7 @@ HANDSHAKE_METHODS = dict(COMMON_METHODS, initialize=on_initialize, ping=on_ping)
 MODERN_METHODS = dict(COMMON_METHODS, **{"subscriptions/listen": on_listen})   # no initialize, no ping
 
 
-# ── The tool table ────────────────────────────────────────────────────────────────────────────────
+# ── 6. Tool runtime: the tool record, settings, arguments, results ──────────────────────────────────────────
 
 Tool = namedtuple("Tool", "name title description input_schema output_schema annotations meta toolset handler")
 
@@ -971,6 +1031,56 @@ DESTRUCTIVE_IDEMPOTENT = dict(DESTRUCTIVE, idempotentHint=True)
 NAMES = "names"
 ID_ARGUMENTS = {}               # fixed tool name -> {argument: "namespace" | "group"}, filled by @tool
 
+
+def tool(name, description, properties=None, required=(), annotations=None, toolset="core"):
+    """Declare a fixed tool; the decorated function is its handler. Its title is its name in words (hosts show
+    titles in their tool pickers), as the generated tools' titles are."""
+    schema = NO_ARGS
+    if properties:
+        properties, named = unmarked(properties)
+        if named:
+            ID_ARGUMENTS[name] = named
+        schema = {"type": "object", "properties": properties}
+        if required:
+            schema["required"] = list(required)
+    title = name.replace("_", " ").capitalize()
+    annotations = annotations or WRITES
+
+    def register(handler):
+        FIXED_TOOLS.append(Tool(name, title, description, schema, None, annotations, None, toolset, handler))
+        return handler
+    return register
+
+
+FIXED_TOOLS = []                # filled by @tool, in declaration order
+
+
+def unmarked(properties):
+    """The properties as advertised (NAMES taken out), and {argument: kind} of those that carried it."""
+    named = {key: value[NAMES] for key, value in properties.items() if NAMES in value}
+    shown = {key: {k: v for k, v in value.items() if k != NAMES} if key in named else value
+             for key, value in properties.items()}
+    return shown, named
+
+
+def tool_definition(t, wrap):
+    """The tools/list entry for one tool."""
+    definition = {"name": t.name}
+    if t.title:
+        definition["title"] = t.title
+    definition["description"] = t.description
+    definition["inputSchema"] = t.input_schema
+    output = t.output_schema(wrap) if callable(t.output_schema) else t.output_schema
+    if output is not None:
+        definition["outputSchema"] = output
+    if t.annotations:
+        definition["annotations"] = t.annotations
+    if t.meta:
+        definition["_meta"] = t.meta
+    return definition
+
+
+# ---- settings: toolsets, read-only mode, the result bound ----
 
 def enabled_toolsets(env):
     """CALIMERO_MCP_TOOLSETS: comma-separated; unset or `all` means every toolset; core is always on."""
@@ -1005,8 +1115,6 @@ def toolsets_problem(env):
             "Name toolsets among %s (core is always on; all, or leaving it unset, gives every one)."
             % ", ".join(TOOLSETS))
 
-
-# ---- read-only mode: the only least-privilege switch there is (a node mints no narrower token than admin) ----
 
 READ_ONLY_VARIABLE = "CALIMERO_MCP_READ_ONLY"
 READ_ONLY_VALUES = ("1", "true", "yes", "on")
@@ -1108,53 +1216,121 @@ def refuse_unless_view(apps, method, app):
                                              READ_ONLY_UNSET))
 
 
-def tool(name, description, properties=None, required=(), annotations=None, toolset="core"):
-    """Declare a fixed tool; the decorated function is its handler. Its title is its name in words (hosts show
-    titles in their tool pickers), as the generated tools' titles are."""
-    schema = NO_ARGS
-    if properties:
-        properties, named = unmarked(properties)
-        if named:
-            ID_ARGUMENTS[name] = named
-        schema = {"type": "object", "properties": properties}
-        if required:
-            schema["required"] = list(required)
-    title = name.replace("_", " ").capitalize()
-    annotations = annotations or WRITES
+# ---- arguments: one reader for every fixed tool ----
 
-    def register(handler):
-        FIXED_TOOLS.append(Tool(name, title, description, schema, None, annotations, None, toolset, handler))
-        return handler
-    return register
+_fixed_validators = {}
+# Accepted without being advertised: a generated tool takes context as _context's synonym (tools.md), and `call`
+# takes _context, the name generated tools advertise, as a synonym of its context.
+GENERATED_SYNONYMS = ("context", "_context")
+CALL_SYNONYMS = ("_context",)
 
 
-FIXED_TOOLS = []                # filled by @tool, in declaration order
+def refuse_unknown_arguments(t, arguments):
+    """An argument the tool does not take is refused, naming it and what the tool takes: dropped silently, a
+    misspelt optional argument would leave the agent believing it was passed."""
+    takes = list(t.input_schema.get("properties") or {})
+    synonyms = GENERATED_SYNONYMS if t.toolset is None else CALL_SYNONYMS if t.name == "call" else ()
+    unknown = [name for name in arguments if name not in takes and name not in synonyms]
+    if unknown:
+        raise ToolError(unknown_arguments_text(unknown, t.name, takes))
+    if t.toolset is not None and t.name not in APP_CALLS:     # call_many refuses per item, as call does
+        for name, value in arguments.items():
+            refuse_unknown_keys(t.input_schema["properties"][name], value, name)
 
 
-def unmarked(properties):
-    """The properties as advertised (NAMES taken out), and {argument: kind} of those that carried it."""
-    named = {key: value[NAMES] for key, value in properties.items() if NAMES in value}
-    shown = {key: {k: v for k, v in value.items() if k != NAMES} if key in named else value
-             for key, value in properties.items()}
-    return shown, named
+def refuse_unknown_keys(schema, value, path, owner=None):
+    """A key a fixed tool's nested object does not declare is refused too, naming where (`members.0`). An object
+    declaring no properties (an invitation, an app's args) or any (`additionalProperties`) is opaque here."""
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            refuse_unknown_keys(schema["items"], item, "%s.%d" % (path, index), "Each %s item" % path)
+    properties = schema.get("properties")
+    if not isinstance(value, dict) or not properties or "additionalProperties" in schema:
+        return
+    unknown = [key for key in value if key not in properties]
+    if unknown:
+        raise ToolError(unknown_arguments_text(unknown, owner or path, list(properties), " in " + path))
+    for key, inner in value.items():
+        refuse_unknown_keys(properties[key], inner, "%s.%s" % (path, key))
 
 
-def tool_definition(t, wrap):
-    """The tools/list entry for one tool."""
-    definition = {"name": t.name}
-    if t.title:
-        definition["title"] = t.title
-    definition["description"] = t.description
-    definition["inputSchema"] = t.input_schema
-    output = t.output_schema(wrap) if callable(t.output_schema) else t.output_schema
-    if output is not None:
-        definition["outputSchema"] = output
-    if t.annotations:
-        definition["annotations"] = t.annotations
-    if t.meta:
-        definition["_meta"] = t.meta
-    return definition
+def refuse_unsendable(t, arguments):
+    """What no request to the node can carry is refused here, naming where, before anything is sent: JSON's \\ud800
+    escapes spelling half a character (no UTF-8 URL or body holds it), and a number past a 64-bit float (1e400
+    decodes as infinity, which JSON cannot say; the node's own parser refuses it)."""
+    stack = [("", arguments)]
+    while stack:                             # not recursive: arguments may nest as deep as the decoder allows
+        path, value = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            where = "%s.%s" % (path, key) if path else str(key)
+            for text, said in ((key, where + " (a key)"), (item, where)):
+                code = lone_surrogate(text)
+                if code is not None:
+                    raise ToolError("Invalid arguments for %s:\n- %s: holds a lone surrogate (\\u%04x), half of a "
+                                    "character, which no request to the node can carry; send the character itself"
+                                    % (t.name, said.encode("utf-8", "backslashreplace").decode("utf-8"), code))
+            if isinstance(item, float) and item - item != 0:
+                raise ToolError("Invalid arguments for %s:\n- %s: a number too large for a 64-bit float (at most "
+                                "about 1.8e308), which the node cannot read" % (t.name, where))
+            stack.append((where, item))
 
+
+def lone_surrogate(text):
+    """The code point of the first unpaired surrogate in a string (JSON decoding pairs the valid ones), else None."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return ord(text[error.start])
+    return None
+
+
+def unknown_arguments_text(unknown, owner, takes, where=""):
+    """`Unknown argument app. create_context takes: application, group, ...`"""
+    told = "takes: " + ", ".join(takes) if takes else "takes no arguments"
+    return "Unknown argument%s %s%s. %s %s." % ("s" if len(unknown) > 1 else "", ", ".join(unknown), where, owner,
+                                                 told)
+
+
+def resolved_ids(apps, t, arguments):
+    """A fixed tool's arguments with every namespace or group given by name replaced by its 64-hex id, so handlers
+    see ids only; one name that names nothing, or several, is refused before anything is done."""
+    named = ID_ARGUMENTS.get(t.name) if t.toolset is not None else None
+    if not named or not any(isinstance(arguments.get(argument), str) for argument in named):
+        return arguments
+    resolved = dict(arguments)
+    with apps.reading():                     # two arguments naming groups share one walk of the node's groups
+        for argument, kind in named.items():
+            if isinstance(arguments.get(argument), str):
+                resolved[argument] = apps.resolve_group(arguments[argument], argument, kind)
+    return resolved
+
+
+def without_null_optionals(t, arguments):
+    """A fixed tool's optional argument given as null is absent: hosts in strict function-calling mode send null
+    for every optional they omit (generated tools and `call` read null so already)."""
+    if t.toolset is None or t.name in APP_CALLS:
+        return arguments
+    required = t.input_schema.get("required") or ()
+    optional = [name for name in t.input_schema.get("properties") or {} if name not in required]
+    return {key: value for key, value in arguments.items() if value is not None or key not in optional}
+
+
+def check_fixed_arguments(t, arguments):
+    """Validate a fixed tool's arguments against its declared schema. Generated tools, `call` and `call_many`
+    validate themselves: after the handle check, and per item (reference §3.12, §3.13)."""
+    if t.toolset is None or t.name in APP_CALLS:
+        return []
+    validator = _fixed_validators.get(t.name)
+    if validator is None:
+        validator = _fixed_validators[t.name] = heavy("abi").compile_schema(t.input_schema)
+    # abi's words (`visibility: expected one of "open", "restricted", got "public"`): a value is shown short, so
+    # what was expected survives a long one, and as JSON (null, not None).
+    return heavy("abi").schema_problems(validator, arguments)
+
+
+# ---- results: failures, rendering, the bound ----
 
 def traceparent_of(meta):
     value = meta.get("traceparent")
@@ -1173,6 +1349,15 @@ def failure_text(error):
     return "Error: " + (error.text if isinstance(error, ToolError) else node_error_text(error))
 
 
+def node_error_text(error):
+    """A node failure for the agent: what failed (with the url), then what to do when node.py knows."""
+    text = str(error)
+    hint = getattr(error, "hint", None)
+    if hint and hint not in text:
+        text = "%s. %s" % (text.rstrip(". "), hint)
+    return text
+
+
 def render_result(value):
     """A handler's value as a CallToolResult: strings as text; objects as JSON text plus structuredContent."""
     if isinstance(value, dict) and "content" in value and isinstance(value.get("content"), list):
@@ -1189,9 +1374,26 @@ def json_text(value):
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
+def plain_text(value):
+    """An app's result as `call` shows it: a string raw, but "" as `""` (an empty text reads as no answer at all,
+    and a model retries); anything else as JSON."""
+    if value == "":
+        return '""'
+    return value if isinstance(value, str) else json_text(value)
+
+
+def refuse_oversized(method, text, bound):
+    """An app's result past the bound is an error carrying its size, what to do, and its first part: whole, it
+    is an answer Claude Code rejects (and a context it floods)."""
+    if bound is None or len(text) <= bound:
+        return
+    head = ("The result of %s is %d characters, more than one answer carries (%d, %s): call a narrower method or "
+            "pass arguments that select less. Its first part:\n" % (method, len(text), bound, RESULT_BOUND_VARIABLE))
+    raise ToolError(head + text[:max(bound - len(head) - 100, bound // 2)] + "\n... [cut]")
+
+
 # ---- bounded answers: the list tools answer in pages ----
 
-TEXT_BOUND = 60000          # characters of text in one answer: well under Claude Code's 25,000-token reject
 CURSOR = {"type": "string", "description": "nextCursor of the previous page."}
 LONG_TEXT = 500             # a row that alone passes the bound keeps this much of each longer string
 
@@ -1355,127 +1557,23 @@ def cursor_key(cursor):
     return (key, made_for) if well_formed else None
 
 
-_fixed_validators = {}
-# Accepted without being advertised: a generated tool takes context as _context's synonym (tools.md), and `call`
-# takes _context, the name generated tools advertise, as a synonym of its context.
-GENERATED_SYNONYMS = ("context", "_context")
-CALL_SYNONYMS = ("_context",)
+def b64url(data):
+    import base64
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
-def refuse_unknown_arguments(t, arguments):
-    """An argument the tool does not take is refused, naming it and what the tool takes: dropped silently, a
-    misspelt optional argument would leave the agent believing it was passed."""
-    takes = list(t.input_schema.get("properties") or {})
-    synonyms = GENERATED_SYNONYMS if t.toolset is None else CALL_SYNONYMS if t.name == "call" else ()
-    unknown = [name for name in arguments if name not in takes and name not in synonyms]
-    if unknown:
-        raise ToolError(unknown_arguments_text(unknown, t.name, takes))
-    if t.toolset is not None and t.name not in APP_CALLS:     # call_many refuses per item, as call does
-        for name, value in arguments.items():
-            refuse_unknown_keys(t.input_schema["properties"][name], value, name)
+def unb64url(text):
+    import base64
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def refuse_unknown_keys(schema, value, path, owner=None):
-    """A key a fixed tool's nested object does not declare is refused too, naming where (`members.0`). An object
-    declaring no properties (an invitation, an app's args) or any (`additionalProperties`) is opaque here."""
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for index, item in enumerate(value):
-            refuse_unknown_keys(schema["items"], item, "%s.%d" % (path, index), "Each %s item" % path)
-    properties = schema.get("properties")
-    if not isinstance(value, dict) or not properties or "additionalProperties" in schema:
-        return
-    unknown = [key for key in value if key not in properties]
-    if unknown:
-        raise ToolError(unknown_arguments_text(unknown, owner or path, list(properties), " in " + path))
-    for key, inner in value.items():
-        refuse_unknown_keys(properties[key], inner, "%s.%s" % (path, key))
-
-
-def refuse_unsendable(t, arguments):
-    """What no request to the node can carry is refused here, naming where, before anything is sent: JSON's \\ud800
-    escapes spelling half a character (no UTF-8 URL or body holds it), and a number past a 64-bit float (1e400
-    decodes as infinity, which JSON cannot say; the node's own parser refuses it)."""
-    stack = [("", arguments)]
-    while stack:                             # not recursive: arguments may nest as deep as the decoder allows
-        path, value = stack.pop()
-        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-        for key, item in items:
-            where = "%s.%s" % (path, key) if path else str(key)
-            for text, said in ((key, where + " (a key)"), (item, where)):
-                code = lone_surrogate(text)
-                if code is not None:
-                    raise ToolError("Invalid arguments for %s:\n- %s: holds a lone surrogate (\\u%04x), half of a "
-                                    "character, which no request to the node can carry; send the character itself"
-                                    % (t.name, said.encode("utf-8", "backslashreplace").decode("utf-8"), code))
-            if isinstance(item, float) and item - item != 0:
-                raise ToolError("Invalid arguments for %s:\n- %s: a number too large for a 64-bit float (at most "
-                                "about 1.8e308), which the node cannot read" % (t.name, where))
-            stack.append((where, item))
-
-
-def lone_surrogate(text):
-    """The code point of the first unpaired surrogate in a string (JSON decoding pairs the valid ones), else None."""
-    if isinstance(text, str):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as error:
-            return ord(text[error.start])
-    return None
-
-
-def unknown_arguments_text(unknown, owner, takes, where=""):
-    """`Unknown argument app. create_context takes: application, group, ...`"""
-    told = "takes: " + ", ".join(takes) if takes else "takes no arguments"
-    return "Unknown argument%s %s%s. %s %s." % ("s" if len(unknown) > 1 else "", ", ".join(unknown), where, owner,
-                                                 told)
-
-
-def resolved_ids(apps, t, arguments):
-    """A fixed tool's arguments with every namespace or group given by name replaced by its 64-hex id, so handlers
-    see ids only; one name that names nothing, or several, is refused before anything is done."""
-    named = ID_ARGUMENTS.get(t.name) if t.toolset is not None else None
-    if not named or not any(isinstance(arguments.get(argument), str) for argument in named):
-        return arguments
-    resolved = dict(arguments)
-    with apps.reading():                     # two arguments naming groups share one walk of the node's groups
-        for argument, kind in named.items():
-            if isinstance(arguments.get(argument), str):
-                resolved[argument] = apps.resolve_group(arguments[argument], argument, kind)
-    return resolved
-
-
-def without_null_optionals(t, arguments):
-    """A fixed tool's optional argument given as null is absent: hosts in strict function-calling mode send null
-    for every optional they omit (generated tools and `call` read null so already)."""
-    if t.toolset is None or t.name in APP_CALLS:
-        return arguments
-    required = t.input_schema.get("required") or ()
-    optional = [name for name in t.input_schema.get("properties") or {} if name not in required]
-    return {key: value for key, value in arguments.items() if value is not None or key not in optional}
-
-
-def check_fixed_arguments(t, arguments):
-    """Validate a fixed tool's arguments against its declared schema. Generated tools, `call` and `call_many`
-    validate themselves: after the handle check, and per item (reference §3.12, §3.13)."""
-    if t.toolset is None or t.name in APP_CALLS:
-        return []
-    validator = _fixed_validators.get(t.name)
-    if validator is None:
-        validator = _fixed_validators[t.name] = heavy("abi").compile_schema(t.input_schema)
-    # abi's words (`visibility: expected one of "open", "restricted", got "public"`): a value is shown short, so
-    # what was expected survives a long one, and as JSON (null, not None).
-    return heavy("abi").schema_problems(validator, arguments)
-
-
-# ── Fixed tools: core ─────────────────────────────────────────────────────────────────────────────
+# ── 7. The fixed tools, in tools.md order ───────────────────────────────────────────────────────────────────
 
 @tool("node_status", "Health and identity of the node in use, and whether this server runs read-only; reports an "
       "unreachable node instead of failing.", annotations=READ_ONLY)
 def node_status(args, call):
     return dict(call.server.node.status(), readOnly=call.server.config.read_only)
 
-
-# Shared by the fixed tools: argument schemas, context naming, answer shapes. The tools follow in tools.md order.
 
 DESCRIPTION_LIMIT = 200
 
@@ -1830,8 +1928,7 @@ def peer_count(node):
         return None
 
 
-# ── Fixed tools: blobs ────────────────────────────────────────────────────────────────────────────
-# Application bytecode is a blob, which is why install/uninstall live in this toolset (tools.md).
+# ---- blobs (application bytecode is a blob, so install and uninstall are here) ----
 
 @tool("install_application", "Install an application from the node's registry (coords) or a bundle file on the "
       "node's machine (path).",
@@ -1985,7 +2082,7 @@ def delete_blob(args, call):
     return call.server.node.delete_blob(args["blob"])
 
 
-# ── Fixed tools: governance ───────────────────────────────────────────────────────────────────────
+# ---- governance ----
 
 VISIBILITIES = ("open", "restricted")
 
@@ -2240,7 +2337,366 @@ def upgrade_group(args, call):
     return status
 
 
-# ── Apps: installed applications, the catalog, handles, admission ────────────────────────────────
+# ---- application tools: describe_app, select_app ----
+
+def app_summary(apps, app, service, contexts, handle_context):
+    context_services = sorted({c.get("serviceName") for c in contexts if c.get("serviceName")})
+    if service is None and len(context_services) == 1:
+        service = context_services[0]
+    summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": service,
+               "contextServices": context_services}
+    if service is None and not contexts and not apps.services_listed(app):   # nothing to read a service from
+        summary["serviceNote"] = SERVICE_NOTE
+    if apps.served_guide_uri(app):
+        summary["guide"] = app.guide_uri
+    summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context))
+    return summary
+
+
+def require_service(apps, app, service):
+    if service is not None:
+        if not app.services and apps.services_listed(app):     # before the node is asked for a service it lacks
+            raise ToolError('Application "%s" has no services, so no service "%s": omit service.'
+                            % (app.key, service))
+        if not isinstance(service, str) or (app.services and service not in app.services):
+            raise ToolError('Application "%s" has no service "%s". Services: %s'
+                            % (app.key, service, ", ".join(app.services) or "(none)"))
+        return service
+    if len(app.services) > 1:
+        raise ToolError("Application %s bundles several services; pass service with one of: %s"
+                        % (app.key, ", ".join(app.services)))
+    return app.sole_service
+
+
+def method_references(unit):
+    import abi
+    return [abi.method_reference(unit.manifest, m) for m in unit.manifest.methods]
+
+
+def with_guide(apps, app, summary, always, methods_from=None):
+    """The summary as JSON, then the guide (always, or the first time this session meets this version).
+    `methods_from(offset)` is the cursor of describe_app's next methods, when it pages them."""
+    uri = apps.served_guide_uri(app)
+    if not app.guide:
+        guide = [{"type": "text", "text": "This app ships no guide."}] if always else []
+    elif always or uri is None or uri not in apps.shown_guides:
+        guide = apps.guide_blocks(app)
+    else:
+        guide = [{"type": "text", "text": GUIDE_SHOWN_NOTE % uri}]
+    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide), methods_from)
+    return {"content": [{"type": "text", "text": json_text(summary)}] + guide, "structuredContent": summary}
+
+
+LEFT_OUT = "%d of the %d %s are left out: one answer carries at most %d characters. call reaches every method by name."
+NEXT_METHODS = ('%d of the %d methods are left out: one answer carries at most %d characters. For the next ones, '
+                'call describe_app again with the same arguments and cursor "%s"; call reaches every method by name.')
+
+
+def fitted_summary(summary, room, methods_from=None):
+    """A huge ABI's methods (or tool names) cut to what fits `room`, saying how many were left out (both notes
+    kept when both are cut); with `methods_from`, the methods go on at the cursor it makes."""
+    notes = []
+    first = summary.get("methodsFrom", 1) - 1           # the methods before this page
+    for key in ("methods", "tools"):
+        items = summary.get(key)
+        if not items or len(json_text(summary)) <= room:
+            continue
+        total = len(items) + (first if key == "methods" else 0)
+
+        def note(count, cursor_at=None):
+            if key == "methods" and methods_from is not None:
+                at = first + (count if cursor_at is None else cursor_at)
+                return NEXT_METHODS % (total - first - count, total, TEXT_BOUND, methods_from(at))
+            return LEFT_OUT % (len(items) - count, len(items), key, TEXT_BOUND)
+        # Measured with the longest note and cursor it can get (a later offset takes more digits), so the page
+        # that fits stays within the room once its own cursor is in.
+        cut = dict(summary, **{key: [], "omitted": " ".join(notes + [note(0, cursor_at=len(items))])})
+        if key == "methods" and methods_from is not None:
+            cut["nextCursor"] = methods_from(first + len(items))
+        count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
+        notes.append(note(count))
+        summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})
+        if key == "methods" and methods_from is not None:
+            summary["nextCursor"] = methods_from(first + count)
+    return summary
+
+
+@tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
+      {"app": STRING, "service": STRING, "cursor": CURSOR},
+      required=["app"], annotations=READ_ONLY, toolset="app")
+def describe_app(args, call):
+    apps = call.server.apps
+    app = apps.resolve(args["app"])
+    if args.get("service") is None and len(app.services) > 1:
+        if args.get("cursor") is not None:      # a cursor pages one service's methods: never dropped unread
+            raise ToolError("A cursor pages the methods of one service: pass service too (%s)."
+                            % ", ".join(app.services))
+        return describe_services(apps, app)
+    service = require_service(apps, app, args.get("service"))
+    unit = apps.unit_for(app, service)
+    apps.ensure_in_catalog(app)
+    summary = app_summary(apps, app, service, apps.contexts_of(app), None)
+    summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
+    summary["versions"] = installed_versions(apps.node, app)
+    methods = method_references(unit)
+    query = digest(["describe_app", app.id, app.version, service])
+    start = methods_offset(args.get("cursor"), query, len(methods))
+    summary["methods"] = methods[start:]
+    if start:
+        summary["methodsFrom"] = start + 1
+    return with_guide(apps, app, summary, always=not start,
+                      methods_from=lambda offset: b64url(json.dumps([offset, query]).encode("utf-8")))
+
+
+def methods_offset(cursor, query, count):
+    """Where describe_app's page of methods starts: 0 without a cursor, else the offset its cursor carries."""
+    if cursor is None:
+        return 0
+    try:
+        offset, made_for = json.loads(unb64url(cursor)) if len(cursor) <= CURSOR_LIMIT else (None, None)
+    except (ValueError, TypeError, RecursionError):
+        offset, made_for = None, None
+    if type(offset) is not int or not 0 <= offset <= count or made_for != query:
+        shown = cursor if len(cursor) <= CURSOR_SHOWN else cursor[:CURSOR_SHOWN] + "..."
+        raise ToolError('Invalid cursor "%s": it is no nextCursor of describe_app for this app and service. Omit '
+                        'cursor for the first page.' % shown)
+    return offset
+
+
+SERVICES_NOTE = "A handle names one service: pass service (%s) to describe_app or select_app for an app_handle."
+
+
+def describe_services(apps, app):
+    """A multi-service app asked about whole: every service with its methods, and no handle (one names a
+    service)."""
+    apps.ensure_in_catalog(app)
+    contexts = apps.contexts_of(app)
+    summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": None,
+               "contextServices": sorted({c.get("serviceName") for c in contexts if c.get("serviceName")})}
+    if apps.served_guide_uri(app):
+        summary["guide"] = app.guide_uri
+    summary["name"] = app.name
+    summary["versions"] = installed_versions(apps.node, app)
+    summary["services"] = [{"service": service, "methods": method_references(apps.unit_for(app, service))}
+                           for service in app.services]
+    summary["note"] = SERVICES_NOTE % ", ".join(app.services)
+    return with_guide(apps, app, summary, always=True)
+
+
+def installed_versions(node, app):
+    """The versions of the app this node retains (upgrade_group moves to the newest); None when the node will
+    not say, which never fails describe_app."""
+    try:
+        return [row["version"] for row in node.application_versions(app.id)]
+    except node_module().NodeError as error:
+        log.info("versions of %s unavailable: %s", app.key, error)
+        return None
+
+
+@tool("select_app", "Pick an application and the context to act in; returns the app_handle its tools and call "
+      "take.",
+      {"app": STRING,
+       "context": text_property("Default: the app's only one."),
+       "service": text_property("For a multi-service app, if no context."),
+       "verbose": flag_property("Also the methods and the guide.")},
+      required=["app"], annotations=READ_ONLY, toolset="app")
+def select_app(args, call):
+    apps, label = call.server.apps, args["app"]
+    app = apps.resolve(label)
+    contexts = apps.contexts_of(app)
+    context = choose_context(apps, app, label, args.get("context"), contexts)
+    service = context_service(context, app) if context else require_service(apps, app, args.get("service"))
+    if context and args.get("service") is not None and args["service"] != service:
+        raise ToolError('Context %s runs %s, not "%s". Services of "%s": %s. Omit service, or choose a context that '
+                        'runs it.' % (context["id"], "service " + service if service else "no named service",
+                                      args["service"], label, ", ".join(app.services) or "(none)"))
+    unit = apps.unit_for(app, service)
+    apps.ensure_in_catalog(app)
+    summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
+    if args.get("verbose"):
+        summary["methods"] = method_references(unit)
+    summary["tools"] = apps.tool_names_of(app, service)
+    summary["toolsNote"] = TOOLS_NOTE
+    summary["context"] = context["id"] if context else None
+    if context is None:
+        summary["note"] = no_context_note(label, contexts)
+    return with_guide(apps, app, summary, always=bool(args.get("verbose")))
+
+
+def choose_context(apps, app, label, value, contexts):
+    if value is not None:
+        return apps.resolve_context(value, app, label)
+    return contexts[0] if len(contexts) == 1 else None
+
+
+def no_context_note(label, contexts):
+    if contexts:
+        return 'Application "%s" has %d contexts; pass context with one of: %s' % (
+            label, len(contexts), some_contexts([c["id"] for c in contexts], label))
+    return ('Application "%s" has no contexts on this node. Create one in the Calimero desktop app, or use '
+            'create_context.' % label)
+
+
+LISTED_CONTEXTS = 20
+
+
+def some_contexts(ids, label):
+    """Context ids for a message: a node may hold thousands, so the first 20 and where the rest are."""
+    if len(ids) <= LISTED_CONTEXTS:
+        return ", ".join(ids)
+    return '%s and %d more (list_contexts with application "%s" lists them)' % (
+        ", ".join(ids[:LISTED_CONTEXTS]), len(ids) - LISTED_CONTEXTS, label)
+
+
+# ---- application tools: call, call_many ----
+
+CALL_PROPERTIES = {
+    "app_handle": text_property("From select_app; or pass app and context."),
+    "context": STRING,
+    "method": STRING,
+    "args": {"type": "object", "description": "By parameter name."},
+    "app": text_property("With context, instead of app_handle."),
+}
+# call and call_many run whatever method they are given: it may destroy, and running it twice may differ.
+APP_CALL = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False}
+# call_many's items take what call takes; its description says so, and the types say the rest.
+CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for key, value in CALL_PROPERTIES.items()},
+             "required": ["method"]}
+
+
+@tool("call", "Call any method of an installed app by name, even one with no tool listed.",
+      CALL_PROPERTIES, required=["method"], toolset="app", annotations=APP_CALL)
+def call_tool(args, call):
+    with call.server.apps.reading():
+        text = plain_text(run_call(call.server.apps, args))
+    refuse_oversized(args.get("method"), text, call.server.config.result_bound)
+    return text
+
+
+def run_call(apps, args, cancelled=None):
+    admitted = admit_call(apps, args)
+    apps.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
+    method = find_method(admitted.unit, args.get("method"))
+    method_args = args.get("args")
+    if method_args is not None and not isinstance(method_args, dict):
+        raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
+    if cancelled is not None and cancelled.is_set():
+        raise Cancelled()
+    return execute(apps, admitted, method, method_args or {})
+
+
+def admit_call(apps, args):
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    named = args.get("app") if isinstance(args.get("app"), str) else None
+    if handle is None:
+        if named is None:
+            raise Refusal(GENERIC_RETRY)
+        app = apps.resolve(named)
+        context_value = agreed_context(apps, app, [args.get("context"), args.get("_context")])
+        if not isinstance(context_value, str):
+            raise refusal_for(apps, app)
+        context_id, service = admit_by_context(apps, app, named, context_value)
+        return Admitted(apps.unit_for(app, service), context_id)
+    if named is not None:
+        try:
+            other = apps.resolve(named)
+        except ToolError:
+            other = None                    # a name that resolves to nothing is ignored (reference §3.12)
+        if other is not None and other.id != handle.app:
+            raise foreign_handle(apps, handle, other)
+    app = apps.app_by_id(handle.app)
+    if app is None:
+        raise Refusal(GENERIC_RETRY)
+    context_value = agreed_context(apps, app, [args.get("context"), args.get("_context")])
+    context_id = admit_handle(apps, handle, app, handle.service, context_value, named)
+    return Admitted(apps.unit_for(app, handle.service), context_id)
+
+
+@tool("call_many", "Run up to 32 calls at once, each like call and with its own result. They run concurrently: "
+      "writes in no set order.",
+      {"calls": {"type": "array", "minItems": 1, "maxItems": CALL_MANY_LIMIT,
+                 "description": "Each takes what call takes.", "items": CALL_ITEM}},
+      required=["calls"], toolset="app", annotations=APP_CALL)
+def call_many(args, call):
+    items = args.get("calls")
+    if not isinstance(items, list) or not 1 <= len(items) <= CALL_MANY_LIMIT:
+        raise ToolError("calls must be an array of 1 to %d calls, each taking what `call` takes; got %s."
+                        % (CALL_MANY_LIMIT, describe_count(items)))
+    results = [None] * len(items)
+    done = [0]
+    done_lock = threading.Lock()
+
+    def run(index):
+        if call.cancelled.is_set():
+            results[index] = {"ok": False, "error": "Cancelled before it started."}
+            return
+        results[index] = call_many_item(call.server, items[index], traceparent_of(call.meta), call.cancelled)
+        with done_lock:
+            done[0] += 1
+            if call.progress_token is not None and not call.cancelled.is_set():
+                call.server.notify("notifications/progress", {"progressToken": call.progress_token,
+                                                              "progress": done[0], "total": len(items)})
+    with call.server.apps.reading():          # one app list, app record and context read for the batch
+        list(call_pool().map(run, range(len(items))))
+    return json_text(with_errors_fitted(results))
+
+
+def with_errors_fitted(results):
+    """call_many's items with each error cut to its share of TEXT_BOUND when together they pass it: the server's
+    own words stay within the bound (the apps' results are their data, each bounded on its own)."""
+    if len(json_text(results)) <= TEXT_BOUND:
+        return results
+    share = max(200, TEXT_BOUND // len(results) - 100)
+    return [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
+
+
+def cut_text(text, limit):
+    if len(text) <= limit:
+        return text
+    marker = "... [cut: %d characters in all]" % len(text)
+    return text[:max(0, limit - len(marker))] + marker
+
+
+def describe_count(items):
+    if items is None:
+        return "no calls"
+    return "%d calls" % len(items) if isinstance(items, list) else "a %s" % type(items).__name__
+
+
+def call_many_item(server, item, traceparent, cancelled):
+    if not isinstance(item, dict):
+        return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
+                                      "or app with context."}
+    try:
+        refuse_unknown_arguments(server.fixed_tools["call"], item)
+        with server.node.traced(traceparent):
+            value = run_call(server.apps, item, cancelled)
+        refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
+        return {"ok": True, "result": value}
+    except Cancelled:
+        return {"ok": False, "error": "Cancelled before it ran."}
+    except ToolError as error:
+        return {"ok": False, "error": failure_text(error)}
+    except node_module().NodeError as error:
+        return {"ok": False, "error": failure_text(error)}
+    except Exception:
+        import traceback
+        log.error("call_many item failed:\n%s", traceback.format_exc())
+        return {"ok": False, "error": "Error: internal error (see the server's stderr)"}
+
+
+_call_pool = []
+
+
+def call_pool():
+    """The bounded pool call_many fans out on, made on first use."""
+    if not _call_pool:
+        from concurrent.futures import ThreadPoolExecutor
+        _call_pool.append(ThreadPoolExecutor(max_workers=CALL_MANY_LIMIT, thread_name_prefix="call"))
+    return _call_pool[0]
+
+
+# ── 8. App model: installed apps, the catalog, handles, admission, generated tools, guides ──────────────────
 
 def is_hex_id(value):
     """Core hex-encodes every 32-byte id (node-api.md §0): 64 lowercase hex characters."""
@@ -2261,11 +2717,6 @@ SERVICE_NOTE = ("Not discoverable: a node exposes no service list for an applica
                 "to read a service name from. Take it from the app's bundle or its docs when create_context asks "
                 "for one.")
 GUIDE_SHOWN_NOTE = "This app's guide was shown earlier this session; read %s if it is not in your context."
-POLL_SECONDS = 30.0
-FIRST_LOAD_WAIT = 5.0        # tools/list waits this long for the first catalog read, then answers anyway
-# Each app's catalog reads go out together with the others': latency a remote node hides; on loopback, where
-# requests' CPU under the GIL is the cost, more than 4 at once cost more than they save (measured).
-CATALOG_READERS = 4
 
 
 class AppRecord(namedtuple("AppRecord", "id package version signer_id name description guide metadata "
@@ -2357,17 +2808,30 @@ def resolve_among(apps, name):
     return found[0]
 
 
+# A namespace or a subgroup that carries a name: `namespace` is the namespace a subgroup sits in (None for one).
+Carrier = namedtuple("Carrier", "kind id name namespace")
+GROUP_KINDS = {"namespace": "namespace", "group": "namespace or group", "namespaces": "namespaces",
+               "groups": "namespaces and groups"}
+
+
+def is_hex_key(value):
+    """64 hex characters in any case: an id, used as given (the node judges it)."""
+    return len(value) == 64 and not value.lower().strip("0123456789abcdef")
+
+
+def named_as(carriers, name):
+    """The carriers of `name`: those spelling it exactly, else those spelling it in another case."""
+    exact = [c for c in carriers if c.name == name]
+    return exact or [c for c in carriers if isinstance(c.name, str) and c.name.lower() == name.lower()]
+
+
+def carriers_text(carriers):
+    """`namespace <id> ("team"), subgroup <id> ("team", in namespace <id>)`."""
+    return ", ".join('%s %s ("%s"%s)' % (c.kind, c.id, c.name, ", in namespace %s" % c.namespace if c.namespace
+                                          else "") for c in carriers)
+
+
 # ---- handles: HMAC-signed, so an agent cannot forge or edit one (reference §3.7) ----
-
-def b64url(data):
-    import base64
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def unb64url(text):
-    import base64
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
 
 def load_handle_key(state_dir):
     """32 random bytes kept in the state dir (0600) so handles survive a restart; per-process if that fails."""
@@ -2444,6 +2908,12 @@ def handle_for(app, service, context_id):
 
 # ---- the catalog: an immutable snapshot swapped in whole ----
 
+POLL_SECONDS = 30.0
+FIRST_LOAD_WAIT = 5.0        # tools/list waits this long for the first catalog read, then answers anyway
+# Each app's catalog reads go out together with the others': latency a remote node hides; on loopback, where
+# requests' CPU under the GIL is the cost, more than 4 at once cost more than they save (measured).
+CATALOG_READERS = 4
+
 Unit = namedtuple("Unit", "app service manifest")
 Binding = namedtuple("Binding", "unit method has_output wraps")   # wraps: handshake output rides as {result}
 # definitions: the tools/list entries of the generated tools, rendered once per era (wrap False, True).
@@ -2502,6 +2972,19 @@ def warn_uncallable_methods(snapshot):
         log.warning("no tool for %s %s %s: %s; use call", unit.app.key, unit.app.version, name, reason)
 
 
+_missing_told = set()
+
+
+def warn_catalog_failure(template, error):
+    """Log why a catalog read failed; a missing library only once per process (the poll retries every 30 s, and
+    a package does not install itself in between: every tool call still says it)."""
+    if isinstance(error, MissingLibrary):
+        if error.text in _missing_told:
+            return
+        _missing_told.add(error.text)
+    log.warning(template, error)
+
+
 def unit_key(unit):
     return "%s/%s" % (unit.app.id, unit.service or "")
 
@@ -2552,33 +3035,6 @@ class Reading:
 
     def __exit__(self, *exc_info):
         self.apps.reads = self.outer
-
-
-class Refusal(ToolError):
-    """A refused call: guide blocks, then the retry text, and nothing ran (reference §3.0)."""
-
-
-# A namespace or a subgroup that carries a name: `namespace` is the namespace a subgroup sits in (None for one).
-Carrier = namedtuple("Carrier", "kind id name namespace")
-GROUP_KINDS = {"namespace": "namespace", "group": "namespace or group", "namespaces": "namespaces",
-               "groups": "namespaces and groups"}
-
-
-def is_hex_key(value):
-    """64 hex characters in any case: an id, used as given (the node judges it)."""
-    return len(value) == 64 and not value.lower().strip("0123456789abcdef")
-
-
-def named_as(carriers, name):
-    """The carriers of `name`: those spelling it exactly, else those spelling it in another case."""
-    exact = [c for c in carriers if c.name == name]
-    return exact or [c for c in carriers if isinstance(c.name, str) and c.name.lower() == name.lower()]
-
-
-def carriers_text(carriers):
-    """`namespace <id> ("team"), subgroup <id> ("team", in namespace <id>)`."""
-    return ", ".join('%s %s ("%s"%s)' % (c.kind, c.id, c.name, ", in namespace %s" % c.namespace if c.namespace
-                                          else "") for c in carriers)
 
 
 class Apps:
@@ -2912,24 +3368,6 @@ class Apps:
         return [{"uri": uri, "mimeType": "text/markdown", "text": app.guide}] if app is not None else None
 
 
-GUIDE_BOUND = 40000
-
-
-def long_guide(guide, uri):
-    if uri:
-        return "The guide is %d characters, more than an answer carries; read it whole with resources/read %s" % (
-            len(guide), uri)
-    return guide[:GUIDE_BOUND] + "... [cut: the guide is %d characters; an answer carries %d of them]" % (
-        len(guide), GUIDE_BOUND)
-
-
-def guide_entries(snapshot):
-    """The resources/list entries of a catalog: one per guide uri."""
-    return [{"uri": uri, "name": "%s guide" % app.label, "mimeType": "text/markdown",
-             "description": "The author's guide of %s %s." % (app.key, app.version)}
-            for uri, app in snapshot.guides.items()]
-
-
 class AppBudget:
     """CALIMERO_MCP_APPS: which apps get generated tools, for hosts that cap the tool count."""
 
@@ -3043,387 +3481,6 @@ def execute(apps, admitted, method, args):
     return apps.node.execute(admitted.context_id, method.name, wire_args)
 
 
-def plain_text(value):
-    """An app's result as `call` shows it: a string raw, but "" as `""` (an empty text reads as no answer at all,
-    and a model retries); anything else as JSON."""
-    if value == "":
-        return '""'
-    return value if isinstance(value, str) else json_text(value)
-
-
-# ---- describe_app / select_app ----
-
-def app_summary(apps, app, service, contexts, handle_context):
-    context_services = sorted({c.get("serviceName") for c in contexts if c.get("serviceName")})
-    if service is None and len(context_services) == 1:
-        service = context_services[0]
-    summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": service,
-               "contextServices": context_services}
-    if service is None and not contexts and not apps.services_listed(app):   # nothing to read a service from
-        summary["serviceNote"] = SERVICE_NOTE
-    if apps.served_guide_uri(app):
-        summary["guide"] = app.guide_uri
-    summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context))
-    return summary
-
-
-def require_service(apps, app, service):
-    if service is not None:
-        if not app.services and apps.services_listed(app):     # before the node is asked for a service it lacks
-            raise ToolError('Application "%s" has no services, so no service "%s": omit service.'
-                            % (app.key, service))
-        if not isinstance(service, str) or (app.services and service not in app.services):
-            raise ToolError('Application "%s" has no service "%s". Services: %s'
-                            % (app.key, service, ", ".join(app.services) or "(none)"))
-        return service
-    if len(app.services) > 1:
-        raise ToolError("Application %s bundles several services; pass service with one of: %s"
-                        % (app.key, ", ".join(app.services)))
-    return app.sole_service
-
-
-def method_references(unit):
-    import abi
-    return [abi.method_reference(unit.manifest, m) for m in unit.manifest.methods]
-
-
-def with_guide(apps, app, summary, always, methods_from=None):
-    """The summary as JSON, then the guide (always, or the first time this session meets this version).
-    `methods_from(offset)` is the cursor of describe_app's next methods, when it pages them."""
-    uri = apps.served_guide_uri(app)
-    if not app.guide:
-        guide = [{"type": "text", "text": "This app ships no guide."}] if always else []
-    elif always or uri is None or uri not in apps.shown_guides:
-        guide = apps.guide_blocks(app)
-    else:
-        guide = [{"type": "text", "text": GUIDE_SHOWN_NOTE % uri}]
-    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide), methods_from)
-    return {"content": [{"type": "text", "text": json_text(summary)}] + guide, "structuredContent": summary}
-
-
-LEFT_OUT = "%d of the %d %s are left out: one answer carries at most %d characters. call reaches every method by name."
-NEXT_METHODS = ('%d of the %d methods are left out: one answer carries at most %d characters. For the next ones, '
-                'call describe_app again with the same arguments and cursor "%s"; call reaches every method by name.')
-
-
-def fitted_summary(summary, room, methods_from=None):
-    """A huge ABI's methods (or tool names) cut to what fits `room`, saying how many were left out (both notes
-    kept when both are cut); with `methods_from`, the methods go on at the cursor it makes."""
-    notes = []
-    first = summary.get("methodsFrom", 1) - 1           # the methods before this page
-    for key in ("methods", "tools"):
-        items = summary.get(key)
-        if not items or len(json_text(summary)) <= room:
-            continue
-        total = len(items) + (first if key == "methods" else 0)
-
-        def note(count, cursor_at=None):
-            if key == "methods" and methods_from is not None:
-                at = first + (count if cursor_at is None else cursor_at)
-                return NEXT_METHODS % (total - first - count, total, TEXT_BOUND, methods_from(at))
-            return LEFT_OUT % (len(items) - count, len(items), key, TEXT_BOUND)
-        # Measured with the longest note and cursor it can get (a later offset takes more digits), so the page
-        # that fits stays within the room once its own cursor is in.
-        cut = dict(summary, **{key: [], "omitted": " ".join(notes + [note(0, cursor_at=len(items))])})
-        if key == "methods" and methods_from is not None:
-            cut["nextCursor"] = methods_from(first + len(items))
-        count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
-        notes.append(note(count))
-        summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})
-        if key == "methods" and methods_from is not None:
-            summary["nextCursor"] = methods_from(first + count)
-    return summary
-
-
-@tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
-      {"app": STRING, "service": STRING, "cursor": CURSOR},
-      required=["app"], annotations=READ_ONLY, toolset="app")
-def describe_app(args, call):
-    apps = call.server.apps
-    app = apps.resolve(args["app"])
-    if args.get("service") is None and len(app.services) > 1:
-        if args.get("cursor") is not None:      # a cursor pages one service's methods: never dropped unread
-            raise ToolError("A cursor pages the methods of one service: pass service too (%s)."
-                            % ", ".join(app.services))
-        return describe_services(apps, app)
-    service = require_service(apps, app, args.get("service"))
-    unit = apps.unit_for(app, service)
-    apps.ensure_in_catalog(app)
-    summary = app_summary(apps, app, service, apps.contexts_of(app), None)
-    summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
-    summary["versions"] = installed_versions(apps.node, app)
-    methods = method_references(unit)
-    query = digest(["describe_app", app.id, app.version, service])
-    start = methods_offset(args.get("cursor"), query, len(methods))
-    summary["methods"] = methods[start:]
-    if start:
-        summary["methodsFrom"] = start + 1
-    return with_guide(apps, app, summary, always=not start,
-                      methods_from=lambda offset: b64url(json.dumps([offset, query]).encode("utf-8")))
-
-
-def methods_offset(cursor, query, count):
-    """Where describe_app's page of methods starts: 0 without a cursor, else the offset its cursor carries."""
-    if cursor is None:
-        return 0
-    try:
-        offset, made_for = json.loads(unb64url(cursor)) if len(cursor) <= CURSOR_LIMIT else (None, None)
-    except (ValueError, TypeError, RecursionError):
-        offset, made_for = None, None
-    if type(offset) is not int or not 0 <= offset <= count or made_for != query:
-        shown = cursor if len(cursor) <= CURSOR_SHOWN else cursor[:CURSOR_SHOWN] + "..."
-        raise ToolError('Invalid cursor "%s": it is no nextCursor of describe_app for this app and service. Omit '
-                        'cursor for the first page.' % shown)
-    return offset
-
-
-SERVICES_NOTE = "A handle names one service: pass service (%s) to describe_app or select_app for an app_handle."
-
-
-def describe_services(apps, app):
-    """A multi-service app asked about whole: every service with its methods, and no handle (one names a
-    service)."""
-    apps.ensure_in_catalog(app)
-    contexts = apps.contexts_of(app)
-    summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": None,
-               "contextServices": sorted({c.get("serviceName") for c in contexts if c.get("serviceName")})}
-    if apps.served_guide_uri(app):
-        summary["guide"] = app.guide_uri
-    summary["name"] = app.name
-    summary["versions"] = installed_versions(apps.node, app)
-    summary["services"] = [{"service": service, "methods": method_references(apps.unit_for(app, service))}
-                           for service in app.services]
-    summary["note"] = SERVICES_NOTE % ", ".join(app.services)
-    return with_guide(apps, app, summary, always=True)
-
-
-def installed_versions(node, app):
-    """The versions of the app this node retains (upgrade_group moves to the newest); None when the node will
-    not say, which never fails describe_app."""
-    try:
-        return [row["version"] for row in node.application_versions(app.id)]
-    except node_module().NodeError as error:
-        log.info("versions of %s unavailable: %s", app.key, error)
-        return None
-
-
-@tool("select_app", "Pick an application and the context to act in; returns the app_handle its tools and call "
-      "take.",
-      {"app": STRING,
-       "context": text_property("Default: the app's only one."),
-       "service": text_property("For a multi-service app, if no context."),
-       "verbose": flag_property("Also the methods and the guide.")},
-      required=["app"], annotations=READ_ONLY, toolset="app")
-def select_app(args, call):
-    apps, label = call.server.apps, args["app"]
-    app = apps.resolve(label)
-    contexts = apps.contexts_of(app)
-    context = choose_context(apps, app, label, args.get("context"), contexts)
-    service = context_service(context, app) if context else require_service(apps, app, args.get("service"))
-    if context and args.get("service") is not None and args["service"] != service:
-        raise ToolError('Context %s runs %s, not "%s". Services of "%s": %s. Omit service, or choose a context that '
-                        'runs it.' % (context["id"], "service " + service if service else "no named service",
-                                      args["service"], label, ", ".join(app.services) or "(none)"))
-    unit = apps.unit_for(app, service)
-    apps.ensure_in_catalog(app)
-    summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
-    if args.get("verbose"):
-        summary["methods"] = method_references(unit)
-    summary["tools"] = apps.tool_names_of(app, service)
-    summary["toolsNote"] = TOOLS_NOTE
-    summary["context"] = context["id"] if context else None
-    if context is None:
-        summary["note"] = no_context_note(label, contexts)
-    return with_guide(apps, app, summary, always=bool(args.get("verbose")))
-
-
-def choose_context(apps, app, label, value, contexts):
-    if value is not None:
-        return apps.resolve_context(value, app, label)
-    return contexts[0] if len(contexts) == 1 else None
-
-
-def no_context_note(label, contexts):
-    if contexts:
-        return 'Application "%s" has %d contexts; pass context with one of: %s' % (
-            label, len(contexts), some_contexts([c["id"] for c in contexts], label))
-    return ('Application "%s" has no contexts on this node. Create one in the Calimero desktop app, or use '
-            'create_context.' % label)
-
-
-LISTED_CONTEXTS = 20
-
-
-def some_contexts(ids, label):
-    """Context ids for a message: a node may hold thousands, so the first 20 and where the rest are."""
-    if len(ids) <= LISTED_CONTEXTS:
-        return ", ".join(ids)
-    return '%s and %d more (list_contexts with application "%s" lists them)' % (
-        ", ".join(ids[:LISTED_CONTEXTS]), len(ids) - LISTED_CONTEXTS, label)
-
-
-# ---- call / call_many ----
-
-CALL_PROPERTIES = {
-    "app_handle": text_property("From select_app; or pass app and context."),
-    "context": STRING,
-    "method": STRING,
-    "args": {"type": "object", "description": "By parameter name."},
-    "app": text_property("With context, instead of app_handle."),
-}
-# call and call_many run whatever method they are given: it may destroy, and running it twice may differ.
-APP_CALL = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False}
-# call_many's items take what call takes; its description says so, and the types say the rest.
-CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for key, value in CALL_PROPERTIES.items()},
-             "required": ["method"]}
-
-
-@tool("call", "Call any method of an installed app by name, even one with no tool listed.",
-      CALL_PROPERTIES, required=["method"], toolset="app", annotations=APP_CALL)
-def call_tool(args, call):
-    with call.server.apps.reading():
-        text = plain_text(run_call(call.server.apps, args))
-    refuse_oversized(args.get("method"), text, call.server.config.result_bound)
-    return text
-
-
-def refuse_oversized(method, text, bound):
-    """An app's result past the bound is an error carrying its size, what to do, and its first part: whole, it
-    is an answer Claude Code rejects (and a context it floods)."""
-    if bound is None or len(text) <= bound:
-        return
-    head = ("The result of %s is %d characters, more than one answer carries (%d, %s): call a narrower method or "
-            "pass arguments that select less. Its first part:\n" % (method, len(text), bound, RESULT_BOUND_VARIABLE))
-    raise ToolError(head + text[:max(bound - len(head) - 100, bound // 2)] + "\n... [cut]")
-
-
-class Cancelled(Exception):
-    """The client cancelled the request: what has not reached the node yet does not go."""
-
-
-def run_call(apps, args, cancelled=None):
-    admitted = admit_call(apps, args)
-    apps.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
-    method = find_method(admitted.unit, args.get("method"))
-    method_args = args.get("args")
-    if method_args is not None and not isinstance(method_args, dict):
-        raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
-    if cancelled is not None and cancelled.is_set():
-        raise Cancelled()
-    return execute(apps, admitted, method, method_args or {})
-
-
-def admit_call(apps, args):
-    handle = read_handle(apps.handle_key, args.get("app_handle"))
-    named = args.get("app") if isinstance(args.get("app"), str) else None
-    if handle is None:
-        if named is None:
-            raise Refusal(GENERIC_RETRY)
-        app = apps.resolve(named)
-        context_value = agreed_context(apps, app, [args.get("context"), args.get("_context")])
-        if not isinstance(context_value, str):
-            raise refusal_for(apps, app)
-        context_id, service = admit_by_context(apps, app, named, context_value)
-        return Admitted(apps.unit_for(app, service), context_id)
-    if named is not None:
-        try:
-            other = apps.resolve(named)
-        except ToolError:
-            other = None                    # a name that resolves to nothing is ignored (reference §3.12)
-        if other is not None and other.id != handle.app:
-            raise foreign_handle(apps, handle, other)
-    app = apps.app_by_id(handle.app)
-    if app is None:
-        raise Refusal(GENERIC_RETRY)
-    context_value = agreed_context(apps, app, [args.get("context"), args.get("_context")])
-    context_id = admit_handle(apps, handle, app, handle.service, context_value, named)
-    return Admitted(apps.unit_for(app, handle.service), context_id)
-
-
-@tool("call_many", "Run up to 32 calls at once, each like call and with its own result. They run concurrently: "
-      "writes in no set order.",
-      {"calls": {"type": "array", "minItems": 1, "maxItems": CALL_MANY_LIMIT,
-                 "description": "Each takes what call takes.", "items": CALL_ITEM}},
-      required=["calls"], toolset="app", annotations=APP_CALL)
-def call_many(args, call):
-    items = args.get("calls")
-    if not isinstance(items, list) or not 1 <= len(items) <= CALL_MANY_LIMIT:
-        raise ToolError("calls must be an array of 1 to %d calls, each taking what `call` takes; got %s."
-                        % (CALL_MANY_LIMIT, describe_count(items)))
-    results = [None] * len(items)
-    done = [0]
-    done_lock = threading.Lock()
-
-    def run(index):
-        if call.cancelled.is_set():
-            results[index] = {"ok": False, "error": "Cancelled before it started."}
-            return
-        results[index] = call_many_item(call.server, items[index], traceparent_of(call.meta), call.cancelled)
-        with done_lock:
-            done[0] += 1
-            if call.progress_token is not None and not call.cancelled.is_set():
-                call.server.notify("notifications/progress", {"progressToken": call.progress_token,
-                                                              "progress": done[0], "total": len(items)})
-    with call.server.apps.reading():          # one app list, app record and context read for the batch
-        list(call_pool().map(run, range(len(items))))
-    return json_text(with_errors_fitted(results))
-
-
-def with_errors_fitted(results):
-    """call_many's items with each error cut to its share of TEXT_BOUND when together they pass it: the server's
-    own words stay within the bound (the apps' results are their data, each bounded on its own)."""
-    if len(json_text(results)) <= TEXT_BOUND:
-        return results
-    share = max(200, TEXT_BOUND // len(results) - 100)
-    return [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
-
-
-def cut_text(text, limit):
-    if len(text) <= limit:
-        return text
-    marker = "... [cut: %d characters in all]" % len(text)
-    return text[:max(0, limit - len(marker))] + marker
-
-
-def describe_count(items):
-    if items is None:
-        return "no calls"
-    return "%d calls" % len(items) if isinstance(items, list) else "a %s" % type(items).__name__
-
-
-def call_many_item(server, item, traceparent, cancelled):
-    if not isinstance(item, dict):
-        return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
-                                      "or app with context."}
-    try:
-        refuse_unknown_arguments(server.fixed_tools["call"], item)
-        with server.node.traced(traceparent):
-            value = run_call(server.apps, item, cancelled)
-        refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
-        return {"ok": True, "result": value}
-    except Cancelled:
-        return {"ok": False, "error": "Cancelled before it ran."}
-    except ToolError as error:
-        return {"ok": False, "error": failure_text(error)}
-    except node_module().NodeError as error:
-        return {"ok": False, "error": failure_text(error)}
-    except Exception:
-        import traceback
-        log.error("call_many item failed:\n%s", traceback.format_exc())
-        return {"ok": False, "error": "Error: internal error (see the server's stderr)"}
-
-
-_call_pool = []
-
-
-def call_pool():
-    """The bounded pool call_many fans out on, made on first use."""
-    if not _call_pool:
-        from concurrent.futures import ThreadPoolExecutor
-        _call_pool.append(ThreadPoolExecutor(max_workers=CALL_MANY_LIMIT, thread_name_prefix="call"))
-    return _call_pool[0]
-
-
 # ---- generated method tools ----
 
 def invoke_generated(name, args, call):
@@ -3505,7 +3562,25 @@ def generated_result(binding, value, call):
     return result
 
 
-# ── Resources: app guides ─────────────────────────────────────────────────────────────────────────
+# ---- guides as resources ----
+
+GUIDE_BOUND = 40000
+
+
+def long_guide(guide, uri):
+    if uri:
+        return "The guide is %d characters, more than an answer carries; read it whole with resources/read %s" % (
+            len(guide), uri)
+    return guide[:GUIDE_BOUND] + "... [cut: the guide is %d characters; an answer carries %d of them]" % (
+        len(guide), GUIDE_BOUND)
+
+
+def guide_entries(snapshot):
+    """The resources/list entries of a catalog: one per guide uri."""
+    return [{"uri": uri, "name": "%s guide" % app.label, "mimeType": "text/markdown",
+             "description": "The author's guide of %s %s." % (app.key, app.version)}
+            for uri, app in snapshot.guides.items()]
+
 
 GUIDE_TEMPLATE = {"uriTemplate": "calimero://apps/{applicationId}/{version}/guide", "name": "app-guide",
                   "title": "Application guide",
@@ -3513,7 +3588,7 @@ GUIDE_TEMPLATE = {"uriTemplate": "calimero://apps/{applicationId}/{version}/guid
                   "mimeType": "text/markdown"}
 
 
-# ── main ──────────────────────────────────────────────────────────────────────────────────────────
+# ── 9. main ─────────────────────────────────────────────────────────────────────────────────────────────────
 
 # --check's tool budget (node.check prints it): how many tools tools/list advertises, how many of them are fixed, how
 # many fixed tools CALIMERO_MCP_TOOLSETS=core would leave, the ids of the installed apps CALIMERO_MCP_APPS leaves out,
@@ -3547,76 +3622,6 @@ Register it with your agent as the command `python3 /path/to/mero_mcp.py` (or `m
 
 Configuration is by environment variable; see README.md.
 """
-
-
-def quiet_exit(code=0):
-    """Leave at once: no traceback, no waiting on worker threads (the client is gone or asked us to stop)."""
-    try:
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
-
-
-def reader(stream, inbox, server):
-    """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
-    try:
-        for raw in read_lines(stream):
-            received = server.receive(raw)
-            if received is not None:
-                inbox.put(received)
-    finally:
-        inbox.put(EOF)                   # even if this thread fails: the main loop must not wait forever
-        # The client is gone: answers still queued get a moment to drain, a call waiting on the node does not.
-        threading.Timer(EOF_GRACE_SECONDS, exit_after_eof, (server,)).start()
-
-
-def exit_after_eof(server):
-    server.channel.lock.acquire(timeout=1.0)     # never cut a frame in half
-    quiet_exit(0)
-
-
-EOF = object()
-
-
-def serve(stdin, stdout):
-    """The main loop handles stdin's lines in order. A cancel of the request it is running starts the next loop
-    on a new thread, which goes on with the next line; the cancelled request finishes where it is, unanswered."""
-    channel = Channel(stdout)
-    server = Server(channel)
-    inbox = queue.Queue()
-    finished, failures = threading.Event(), []
-
-    def loop_thread(loop):
-        try:
-            if not main_loop(server, inbox, loop):
-                return                   # handed on in its turn
-        except BaseException as error:   # a bug of ours ends the process as it would on the main thread
-            failures.append(error)
-        finished.set()
-
-    def hand_over(loop):
-        threading.Thread(target=loop_thread, args=(loop,), name="loop-%d" % loop, daemon=True).start()
-    server.hand_over = hand_over
-    threading.Thread(target=reader, args=(stdin, inbox, server), name="stdin", daemon=True).start()
-    if not main_loop(server, inbox, 0):
-        finished.wait()                  # a later loop reads on; it ends at EOF
-        if failures:
-            raise failures[0]
-
-
-def main_loop(server, inbox, loop) -> bool:
-    """Handle the queue's lines until EOF (True) or until a cancel handed the loop on (False)."""
-    while True:
-        received = inbox.get()
-        if received is EOF:
-            try:
-                server.listens.end_all()
-            except OSError:              # the client closed our stdout too
-                pass
-            return True
-        server.handle_line(*received)
-        if server.loop != loop:
-            return False
 
 
 def run_check():
