@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """mero-mcp: a Model Context Protocol server (stdio) for a Calimero node and every app installed on it.
 
-Sections: constants · framing · protocol · tool table · fixed tools · apps · resources · main.
-The node is reached through node.py and ABIs are mapped by abi.py; both are imported lazily so that
-the `initialize` answer costs little more than starting the interpreter.
+Sections, in the order their declarations need: 1 constants and errors · 2 sibling modules · 3 wire · 4 scheduler ·
+5 session · 6 tool runtime · 7 the fixed tools · 8 app model · 9 main. The node is reached through node.py and ABIs
+are mapped by abi.py; both are imported lazily so that the `initialize` answer costs little more than starting the
+interpreter.
 """
 # Only what answering `initialize` needs is imported here; the rest (hashing, base64, regular expressions,
 # thread pools, tracebacks, and node.py's requests and abi.py's jsonschema) loads where it is first used,
@@ -487,13 +488,14 @@ def error_response(request_id, error):
 
 # ── 4. Scheduler: the stdin thread, the main loop, cancellation ─────────────────────────────────────────────
 
-CANCEL_POLL_SECONDS = 0.05           # how soon the main loop sees that the request it waits on was cancelled
-REQUEST_THREADS = 16                 # requests run one at a time; cancelled ones may still be finishing
+CANCEL_POLL_SECONDS = 0.05           # how soon the loop sees that a batch item it waits on was cancelled
+REQUEST_THREADS = 16                 # batch items run one at a time; cancelled ones may still be finishing
 _request_pool = []
+EOF = object()
 
 
 def request_pool():
-    """The threads requests run on (made once, on first use): the main loop hands each request over and waits."""
+    """The threads batch items run on (made once, on first use): the loop hands each over and waits."""
     if not _request_pool:
         from concurrent.futures import ThreadPoolExecutor
         _request_pool.append(ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="request"))
@@ -508,71 +510,264 @@ def quiet_exit(code=0):
         os._exit(code)
 
 
-def reader(stream, inbox, server):
-    """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
-    try:
-        for raw in read_lines(stream):
-            received = server.receive(raw)
-            if received is not None:
-                inbox.put(received)
-    finally:
-        inbox.put(EOF)                   # even if this thread fails: the main loop must not wait forever
-        # The client is gone: answers still queued get a moment to drain, a call waiting on the node does not.
-        threading.Timer(EOF_GRACE_SECONDS, exit_after_eof, (server,)).start()
+class Scheduler:
+    """Who runs what, when. The stdin thread reads lines, answers a ping and applies a cancel at once, and queues
+    the rest, each request with its ticket (its cancel flag, made as it arrives). One loop at a time takes the
+    queue in order and runs each request on its own thread; a cancel of that request hands the loop on to a new
+    thread, which goes on with the next line, while the cancelled request finishes where it is, unanswered."""
 
+    def __init__(self, server):
+        self.server = server
+        self.inbox = queue.Queue()
+        self.lock = threading.Lock()         # tickets, running and loop change together
+        self.tickets = {}                    # request id -> threading.Event, for requests not yet answered
+        self.running = None                  # the ticket of the request the loop runs on its own thread now
+        self.loop = 0                        # which loop takes the queue: a cancel of `running` starts the next
+        self.finished = threading.Event()
+        self.failures = []
+        server.scheduler = self
 
-def exit_after_eof(server):
-    server.channel.lock.acquire(timeout=1.0)     # never cut a frame in half
-    quiet_exit(0)
+    def serve(self, stdin):
+        threading.Thread(target=self.read, args=(stdin,), name="stdin", daemon=True).start()
+        if not self.main_loop(0):
+            self.finished.wait()             # a later loop reads on; it ends at EOF
+            if self.failures:
+                raise self.failures[0]
 
+    # ---- the stdin thread ----
+    def read(self, stream):
+        """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
+        try:
+            for raw in read_lines(stream):
+                received = self.receive(raw)
+                if received is not None:
+                    self.inbox.put(received)
+        finally:
+            self.inbox.put(EOF)              # even if this thread fails: the loop must not wait forever
+            # The client is gone: answers still queued get a moment to drain, a call waiting on the node does not.
+            threading.Timer(EOF_GRACE_SECONDS, self.exit_after_eof).start()
 
-EOF = object()
+    def exit_after_eof(self):
+        self.server.channel.lock.acquire(timeout=1.0)     # never cut a frame in half
+        quiet_exit(0)
+
+    def receive(self, raw):
+        """Parse one line; a cancellation or a ping is dealt with at once (never behind a slow call); anything
+        else is returned for the loop, each request with its ticket, made now so that a cancellation arriving
+        while it waits its turn still reaches it."""
+        try:
+            message = parse_line(raw)
+        except RpcError as error:
+            return error, None               # answered in order by the loop
+        if isinstance(message, list):
+            return message, [self.ticket(item) for item in message]
+        if self.handled_at_once(message):
+            return None
+        return message, self.ticket(message)
+
+    def ticket(self, message):
+        """A request's cancel flag, registered under its id (a later request reusing the id gets its own).
+        initialize gets none: it is never cancelled (cancellation.mdx), or the session would never open."""
+        if not is_request(message) or message.get("method") == "initialize":
+            return None
+        event = threading.Event()
+        with self.lock:
+            self.tickets[message["id"]] = event
+        return event
+
+    def release(self, message, ticket):
+        if ticket is not None:
+            with self.lock:
+                if self.tickets.get(message["id"]) is ticket:
+                    del self.tickets[message["id"]]
+
+    def handled_at_once(self, message):
+        method = message.get("method") if isinstance(message, dict) and message.get("jsonrpc") == "2.0" else None
+        if method == "notifications/cancelled" and "id" not in message:
+            self.server.handle_notification(message)
+            return True
+        if method == "ping" and "id" in message:
+            reply = self.server.handle_message(message)     # cheap and stateless, whatever its params say
+            if reply is not None:
+                self.server.channel.send(reply)
+            return True
+        return False
+
+    def cancel(self, request_id):
+        """Set the request's ticket; if the loop is running it, hand the loop on to a new thread."""
+        with self.lock:
+            event = self.tickets.get(request_id)
+            if event is None:
+                return
+            event.set()
+            if event is self.running:
+                self.running, self.loop = None, self.loop + 1
+                threading.Thread(target=self.loop_thread, args=(self.loop,), name="loop-%d" % self.loop,
+                                 daemon=True).start()
+
+    # ---- the loop ----
+    def loop_thread(self, loop):
+        try:
+            if not self.main_loop(loop):
+                return                       # handed on in its turn
+        except BaseException as error:       # a bug of ours ends the process as it would on the main thread
+            self.failures.append(error)
+        self.finished.set()
+
+    def main_loop(self, loop) -> bool:
+        """Handle the queue's lines until EOF (True) or until a cancel handed the loop on (False)."""
+        while True:
+            received = self.inbox.get()
+            if received is EOF:
+                try:
+                    self.server.listens.end_all()
+                except OSError:              # the client closed our stdout too
+                    pass
+                return True
+            self.handle_line(*received)
+            if self.loop != loop:
+                return False
+
+    def handle_line(self, message, tickets):
+        """Answer one received line (a message, a batch or a parse error); sends what is due."""
+        server = self.server
+        if isinstance(message, RpcError):
+            reply = message.reply(server) if isinstance(message, TooDeep) else error_response(None, message)
+            if reply is not None:
+                server.channel.send(reply)
+            return
+        if isinstance(message, list):
+            if self.refused_batch(message, tickets):
+                return
+            reply = [r for r in (self.until_cancelled(item, ticket) for item, ticket in zip(message, tickets))
+                     if r is not None]
+        else:
+            reply = self.on_this_thread(message, tickets)
+        if reply:                            # None, or a batch whose items all went unanswered
+            server.channel.send(reply)
+        server.apps.start()                  # after the first answer of either era: off the answer path
+
+    def refused_batch(self, batch, tickets):
+        """An empty batch, or one in a session that did not negotiate batches, answered with one error."""
+        if self.server.version == BATCH_VERSION and batch:
+            return False
+        for item, ticket in zip(batch, tickets):
+            self.release(item, ticket)
+        reason = "Empty batch" if not batch else (
+            "Batches are only served when protocol version %s was negotiated" % BATCH_VERSION)
+        self.server.channel.send(error_response(None, RpcError(INVALID_REQUEST, reason)))
+        return True
+
+    def answer(self, message, in_batch, ticket):
+        try:
+            return self.server.handle_message(message, in_batch, ticket)
+        finally:
+            self.release(message, ticket)
+
+    def on_this_thread(self, message, ticket):
+        """The request on the loop's own thread; a cancel of it hands the loop on instead (`cancel`), and this
+        thread's answer is then dropped: the request was cancelled."""
+        if ticket is None:
+            return self.answer(message, False, None)
+        with self.lock:
+            self.running = ticket
+        reply = None
+        try:
+            reply = self.answer(message, False, ticket)
+        finally:
+            with self.lock:
+                if self.running is ticket:
+                    self.running = None
+                else:                        # cancelled and handed over: another loop answers from now on
+                    reply = None
+        return reply
+
+    def until_cancelled(self, message, ticket):
+        """A batch item on a request thread while the loop waits for it, or for its cancellation: a cancelled
+        item lets the next one start at once. Its node call may finish in the background; its answer is dropped
+        there (handle_message answers nothing once the ticket is set)."""
+        if ticket is None:                   # a notification, a stray frame: nothing to cancel
+            return self.answer(message, True, None)
+        from concurrent.futures import TimeoutError as FutureTimeout
+        future = request_pool().submit(self.answer, message, True, ticket)
+        while True:
+            try:
+                return future.result(timeout=CANCEL_POLL_SECONDS)
+            except FutureTimeout:
+                if ticket.is_set():
+                    return None
 
 
 def serve(stdin, stdout):
-    """The main loop handles stdin's lines in order. A cancel of the request it is running starts the next loop
-    on a new thread, which goes on with the next line; the cancelled request finishes where it is, unanswered."""
-    channel = Channel(stdout)
-    server = Server(channel)
-    inbox = queue.Queue()
-    finished, failures = threading.Event(), []
-
-    def loop_thread(loop):
-        try:
-            if not main_loop(server, inbox, loop):
-                return                   # handed on in its turn
-        except BaseException as error:   # a bug of ours ends the process as it would on the main thread
-            failures.append(error)
-        finished.set()
-
-    def hand_over(loop):
-        threading.Thread(target=loop_thread, args=(loop,), name="loop-%d" % loop, daemon=True).start()
-    server.hand_over = hand_over
-    threading.Thread(target=reader, args=(stdin, inbox, server), name="stdin", daemon=True).start()
-    if not main_loop(server, inbox, 0):
-        finished.wait()                  # a later loop reads on; it ends at EOF
-        if failures:
-            raise failures[0]
-
-
-def main_loop(server, inbox, loop) -> bool:
-    """Handle the queue's lines until EOF (True) or until a cancel handed the loop on (False)."""
-    while True:
-        received = inbox.get()
-        if received is EOF:
-            try:
-                server.listens.end_all()
-            except OSError:              # the client closed our stdout too
-                pass
-            return True
-        server.handle_line(*received)
-        if server.loop != loop:
-            return False
+    Scheduler(Server(Channel(stdout))).serve(stdin)
 
 
 # ── 5. Session: eras, dispatch, the method handlers ─────────────────────────────────────────────────────────
 
-Call = namedtuple("Call", "server request_id meta modern progress_token cancelled")
+class Request:
+    """What one request owns and no other sees: its protocol version, its cancel ticket, its read memo. The thread
+    that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
+    or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
+
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads")
+
+    def __init__(self, server, request_id, meta, version, ticket):
+        self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
+        self.ticket = ticket                 # set once the client cancels the request
+        self.reads = None                    # a Reads while a scope of this call shares its node reads
+
+    @property
+    def modern(self):
+        return self.version in MODERN_VERSIONS
+
+    @property
+    def progress_token(self):
+        return self.meta.get("progressToken")
+
+    @property
+    def traceparent(self):
+        value = self.meta.get("traceparent")
+        return value if isinstance(value, str) else None
+
+    def reading(self):
+        """A scope within which each node read of this call is made once (a nested scope shares the outer one)."""
+        return Reading(self)
+
+
+class Reading:
+    def __init__(self, request):
+        self.request, self.outer = request, None
+
+    def __enter__(self):
+        self.outer = self.request.reads
+        if self.outer is None:
+            self.request.reads = Reads()
+        return self.request.reads
+
+    def __exit__(self, *exc_info):
+        self.request.reads = self.outer
+
+
+_bound = threading.local()
+
+
+def current_request():
+    """The request this thread runs now, or None (the catalog's threads, --check)."""
+    return getattr(_bound, "request", None)
+
+
+class bound:
+    """Bind a request to this thread for the `with` block (the previous binding comes back after)."""
+
+    def __init__(self, request):
+        self.request, self.previous = request, None
+
+    def __enter__(self):
+        self.previous, _bound.request = current_request(), self.request
+        return self.request
+
+    def __exit__(self, *exc_info):
+        _bound.request = self.previous
 
 
 class Server:
@@ -582,11 +777,7 @@ class Server:
         self.channel = channel
         self.env = os.environ if env is None else env
         self.version = None                  # negotiated handshake version, None until initialize
-        self.cancelled = {}                  # request id -> threading.Event, for in-flight requests
-        self.cancel_lock = threading.Lock()
-        self.running = None                  # the ticket of the request the loop runs on its own thread now
-        self.loop = 0                        # which loop reads stdin's queue (serve: a cancel starts the next)
-        self.hand_over = None                # serve's: start the next loop, freed from a cancelled request
+        self.scheduler = None                # serve's: whoever runs requests also applies cancels
         self.listens = Listens(channel)      # 2026-07-28 subscriptions/listen streams
         self.config = server_config(self.env)
         # A tool read-only mode leaves out is still found by name, to be refused saying why.
@@ -606,116 +797,6 @@ class Server:
             if self._node is None:
                 self._node = node_module().Node(self.env)
             return self._node
-
-    # ---- stdin: read on its own thread, handled in order on the main thread ----
-    def receive(self, raw):
-        """On the stdin thread: parse one line; a cancellation or a ping is dealt with at once (never behind a
-        slow call); anything else is returned for the main loop, each request with its ticket, made now so that
-        a cancellation arriving while it waits its turn still reaches it."""
-        try:
-            message = parse_line(raw)
-        except RpcError as error:
-            return error, None               # answered in order by the main loop
-        if isinstance(message, list):
-            return message, [self.ticket(item) for item in message]
-        if self.handled_at_once(message):
-            return None
-        return message, self.ticket(message)
-
-    def ticket(self, message):
-        """A request's cancel flag, registered under its id (a later request reusing the id gets its own).
-        initialize gets none: it is never cancelled (cancellation.mdx), or the session would never open."""
-        if not is_request(message) or message.get("method") == "initialize":
-            return None
-        event = threading.Event()
-        with self.cancel_lock:
-            self.cancelled[message["id"]] = event
-        return event
-
-    def release(self, request_id, ticket):
-        with self.cancel_lock:
-            if self.cancelled.get(request_id) is ticket:
-                del self.cancelled[request_id]
-
-    def handled_at_once(self, message):
-        method = message.get("method") if isinstance(message, dict) and message.get("jsonrpc") == "2.0" else None
-        if method == "notifications/cancelled" and "id" not in message:
-            self.handle_notification(message)
-            return True
-        if method == "ping" and "id" in message:
-            reply = self.handle_message(message)     # cheap and stateless, whatever its params say
-            if reply is not None:
-                self.channel.send(reply)
-            return True
-        return False
-
-    def handle_line(self, message, tickets):
-        """Answer one received line (a message, a batch or a parse error); sends what is due."""
-        if isinstance(message, TooDeep):
-            reply = message.reply(self)
-            if reply is not None:
-                self.channel.send(reply)
-            return
-        if isinstance(message, RpcError):
-            self.channel.send(error_response(None, message))
-            return
-        if isinstance(message, list):
-            self.handle_batch(message, tickets)
-            return
-        reply = self.on_this_thread(message, tickets)
-        if reply is not None:
-            self.channel.send(reply)
-        self.apps.start()                    # after the first answer of either era: off the answer path
-
-    def handle_batch(self, batch, tickets):
-        if self.version != BATCH_VERSION or not batch:
-            for item, ticket in zip(batch, tickets):
-                if ticket is not None:
-                    self.release(item["id"], ticket)
-            reason = "Empty batch" if not batch else (
-                "Batches are only served when protocol version %s was negotiated" % BATCH_VERSION)
-            self.channel.send(error_response(None, RpcError(INVALID_REQUEST, reason)))
-            return
-        replies = [self.until_cancelled(ticket, self.handle_message, item, True, ticket)
-                   for item, ticket in zip(batch, tickets)]
-        replies = [r for r in replies if r is not None]
-        if replies:
-            self.channel.send(replies)
-        self.apps.start()                    # after the first answer of either era: off the answer path
-
-    def on_this_thread(self, message, ticket):
-        """handle_message on the loop's own thread (handing every request to another thread cost ~0.15 ms a
-        call); a cancel of it hands the loop on instead (`cancel`: a new loop thread reads the next request at
-        once), and this thread's answer is then dropped: the request was cancelled."""
-        if ticket is None:
-            return self.handle_message(message, False, None)
-        with self.cancel_lock:
-            self.running = ticket
-        reply = None
-        try:
-            reply = self.handle_message(message, False, ticket)
-        finally:
-            with self.cancel_lock:
-                if self.running is ticket:
-                    self.running = None
-                else:                        # cancelled and handed over: another loop answers from now on
-                    reply = None
-        return reply
-
-    def until_cancelled(self, ticket, handle, *args):
-        """`handle(*args)` on a request thread while the main loop waits for it, or for its cancellation: a
-        cancelled request lets the next one start at once. Its node call may finish in the background; its
-        answer is dropped there (handle_message answers nothing once the ticket is set)."""
-        if ticket is None:                   # a notification, a stray frame, initialize: nothing to cancel
-            return handle(*args)
-        from concurrent.futures import TimeoutError as FutureTimeout
-        future = request_pool().submit(handle, *args)
-        while True:
-            try:
-                return future.result(timeout=CANCEL_POLL_SECONDS)
-            except FutureTimeout:
-                if ticket.is_set():
-                    return None
 
     def handle_message(self, message, in_batch=False, ticket=None):
         """The response for one message, or None (notifications, stray responses and cancelled requests get
@@ -751,8 +832,6 @@ class Server:
             import traceback
             log.error("internal error in %s:\n%s", message.get("method"), traceback.format_exc())
             return error_response(request_id, RpcError(INTERNAL_ERROR, "Internal error"))
-        finally:
-            self.release(request_id, ticket)
 
     def handle_notification(self, message):
         method, params = message.get("method"), message.get("params")
@@ -764,13 +843,8 @@ class Server:
     def cancel(self, request_id):
         if not is_valid_id(request_id):
             return
-        with self.cancel_lock:
-            event = self.cancelled.get(request_id)
-            if event is not None:
-                event.set()
-                if event is self.running and self.hand_over is not None:
-                    self.running, self.loop = None, self.loop + 1
-                    self.hand_over(self.loop)
+        if self.scheduler is not None:
+            self.scheduler.cancel(request_id)
         self.listens.close(request_id)       # a listen ends when its client cancels it, unanswered
 
     def dispatch(self, message, in_batch, ticket):
@@ -783,28 +857,28 @@ class Server:
             raise RpcError(INVALID_PARAMS, "params must be an object")
         meta = params.get("_meta")
         meta = meta if isinstance(meta, dict) else {}
-        modern = self.request_era(meta, method)
-        handler = (MODERN_METHODS if modern else HANDSHAKE_METHODS).get(method)
+        call = Request(self, message["id"], meta, self.request_version(meta, method), ticket)
+        handler = (MODERN_METHODS if call.modern else HANDSHAKE_METHODS).get(method)
         if handler is None:
             raise RpcError(METHOD_NOT_FOUND, "Method not found: %s" % method)
         if method == "initialize" and in_batch:
             raise RpcError(INVALID_REQUEST, "initialize must not be part of a batch")
-        call = Call(self, message["id"], meta, modern, meta.get("progressToken"), ticket)
         result = handler(self, params, call)
-        if modern and result is not LISTENING:
+        if call.modern and result is not LISTENING:
             result = modern_result(method, result)
         return result
 
-    def request_era(self, meta, method):
-        """True for a modern-era request; raises -32022 for a version we do not serve."""
+    def request_version(self, meta, method):
+        """The protocol version a request is answered in: the modern version its _meta names, else the session's
+        (None before initialize); raises -32022 for a version we do not serve."""
         version = meta.get(META_VERSION)
         if version is None:
-            return method == "server/discover"
+            return MODERN_VERSIONS[0] if method == "server/discover" else self.version
         if version in MODERN_VERSIONS:
             if META_CAPABILITIES not in meta:       # a rule of the version: checked once it is one we serve
                 raise RpcError(INVALID_PARAMS, "params._meta is missing %s, which every %s request carries"
                                % (META_CAPABILITIES, version))
-            return True
+            return version
         # Echo a string (or number) as sent; a nested value could be too deep to encode again.
         requested = version if isinstance(version, (str, int)) else None
         message = "Unsupported protocol version"
@@ -834,19 +908,18 @@ class Server:
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
-            with self.node.traced(traceparent_of(call.meta)):
-                arguments = resolved_ids(self.apps, t, arguments)
-                value = t.handler(arguments, call)
-        except ToolError as error:
-            return bounded(error_result(failure_text(error), error.blocks))
-        except ImportError as error:     # a tool's own `import abi`: one of our files is missing
-            if error.name not in PACKAGE_OF:
-                raise
-            return bounded(error_result(failure_text(MissingLibrary(import_failure(error.name, error)))))
-        except node_module().NodeError as error:
-            return bounded(error_result(failure_text(error)))
+            with bound(call), self.node.traced(call.traceparent):
+                arguments = resolved_ids(self.apps, t, arguments, call)
+                if KINDS[t.kind].whole_call_reads:
+                    with call.reading():
+                        value = t.handler(arguments, call)
+                else:
+                    value = t.handler(arguments, call)
+        except Exception as error:
+            error = as_failure(error)
+            return bounded(error_result(failure_text(error), error.blocks if isinstance(error, ToolError) else ()))
         # A method's output is the app's data, returned whole, as its generated tool returns it.
-        return render_result(value) if t.toolset is None or t.name in APP_CALLS else bounded(render_result(value))
+        return bounded(render_result(value)) if KINDS[t.kind].bounded else render_result(value)
 
     def announce_lists_changed(self, tools=True, resources=True):
         """The catalog changed: tell a handshake-era session, and every listen that asked for that list."""
@@ -978,7 +1051,7 @@ def on_resources_read(server, params, call):
 
 
 def on_listen(server, params, call):
-    server.listens.open(call.request_id, listen_filter(params), call.cancelled)
+    server.listens.open(call.request_id, listen_filter(params), call.ticket)
     return LISTENING
 
 
@@ -1016,7 +1089,22 @@ MODERN_METHODS = dict(COMMON_METHODS, **{"subscriptions/listen": on_listen})   #
 
 # ── 6. Tool runtime: the tool record, settings, arguments, results ──────────────────────────────────────────
 
-Tool = namedtuple("Tool", "name title description input_schema output_schema annotations meta toolset handler")
+# kind: what runs around the handler (KINDS); synonyms: argument names taken without being advertised;
+# id_arguments: {argument: "namespace" | "group"}, the names run_tool turns into ids before the handler runs.
+Tool = namedtuple("Tool", "name title description input_schema output_schema annotations meta toolset kind synonyms "
+                          "id_arguments handler")
+# What the tool runtime does around each kind of tool's handler, in one place:
+# - checked: its arguments are read here (null optionals dropped, nested keys and the schema checked, names
+#   resolved to ids); the others check theirs after admission, and per item (reference §3.12, §3.13).
+# - bounded: its answer is cut to TEXT_BOUND; an app's data comes back whole or refused (refuse_oversized).
+# - whole_call_reads: one memo of node reads spans the whole call (a fixed tool reads fresh after it writes).
+# - always_offered: offered in read-only mode whatever its annotations (it runs [view] methods only there).
+ToolKind = namedtuple("ToolKind", "checked bounded whole_call_reads always_offered")
+KINDS = {
+    "fixed": ToolKind(checked=True, bounded=True, whole_call_reads=False, always_offered=False),
+    "app-call": ToolKind(checked=False, bounded=False, whole_call_reads=True, always_offered=True),
+    "generated": ToolKind(checked=False, bounded=False, whole_call_reads=True, always_offered=False),
+}
 
 TOOLSETS = ("core", "blobs", "governance")
 NO_ARGS = {"type": "object", "additionalProperties": False}      # mcp-protocol.md's form for no arguments
@@ -1029,17 +1117,15 @@ DESTRUCTIVE_IDEMPOTENT = dict(DESTRUCTIVE, idempotentHint=True)
 # The key that marks a property taking a namespace or a group (NAMESPACE_ID, GROUP_ID): tool() takes it out of what
 # tools/list shows and records the argument, which run_tool resolves from a name to the id before the handler runs.
 NAMES = "names"
-ID_ARGUMENTS = {}               # fixed tool name -> {argument: "namespace" | "group"}, filled by @tool
 
 
-def tool(name, description, properties=None, required=(), annotations=None, toolset="core"):
+def tool(name, description, properties=None, required=(), annotations=None, toolset="core", kind="fixed",
+         synonyms=()):
     """Declare a fixed tool; the decorated function is its handler. Its title is its name in words (hosts show
     titles in their tool pickers), as the generated tools' titles are."""
-    schema = NO_ARGS
+    schema, named = NO_ARGS, {}
     if properties:
         properties, named = unmarked(properties)
-        if named:
-            ID_ARGUMENTS[name] = named
         schema = {"type": "object", "properties": properties}
         if required:
             schema["required"] = list(required)
@@ -1047,7 +1133,8 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
     annotations = annotations or WRITES
 
     def register(handler):
-        FIXED_TOOLS.append(Tool(name, title, description, schema, None, annotations, None, toolset, handler))
+        FIXED_TOOLS.append(Tool(name, title, description, schema, None, annotations, None, toolset, kind,
+                                tuple(synonyms), named, handler))
         return handler
     return register
 
@@ -1119,9 +1206,6 @@ def toolsets_problem(env):
 READ_ONLY_VARIABLE = "CALIMERO_MCP_READ_ONLY"
 READ_ONLY_VALUES = ("1", "true", "yes", "on")
 READ_ONLY_OFF = ("0", "false", "no", "off")        # the only values that leave it off: a typo must not give admin
-# The two tools that reach any method of any app: they validate per item, answer the app's own data (never cut),
-# and stay offered in read-only mode, where execute() refuses a method that is not [view] for them.
-APP_CALLS = frozenset({"call", "call_many"})
 READ_ONLY_UNSET = ("To allow changes, unset %s in this server's entry of the host configuration (its env) and "
                    "restart the server." % READ_ONLY_VARIABLE)
 READ_ONLY_INSTRUCTION = ("This server runs read-only (%s): it offers only tools that cannot change the node, and "
@@ -1185,7 +1269,7 @@ def read_only_mode(env):
 
 def in_toolsets(t, config):
     """The app tools and generated tools belong to no toolset CALIMERO_MCP_TOOLSETS can turn off."""
-    return t.toolset in (None, "app") or t.toolset in config.toolsets
+    return t.toolset == "app" or t.toolset in config.toolsets
 
 
 def advertised(t, config):
@@ -1194,12 +1278,12 @@ def advertised(t, config):
     names and any tool count go through it. (CALIMERO_MCP_APPS acts earlier: apps it leaves out have no tools.)"""
     if not in_toolsets(t, config):
         return False
-    return not config.read_only or t.annotations.get("readOnlyHint") is True or t.name in APP_CALLS
+    return not config.read_only or t.annotations.get("readOnlyHint") is True or KINDS[t.kind].always_offered
 
 
 def as_configured(t, config):
     """In read-only mode call and call_many cannot change the node either, and their annotations say so."""
-    return t._replace(annotations=READ_ONLY) if config.read_only and t.name in APP_CALLS else t
+    return t._replace(annotations=READ_ONLY) if config.read_only and KINDS[t.kind].always_offered else t
 
 
 def read_only_refusal(name):
@@ -1222,18 +1306,16 @@ _fixed_validators = {}
 # Accepted without being advertised: a generated tool takes context as _context's synonym (tools.md), and `call`
 # takes _context, the name generated tools advertise, as a synonym of its context.
 GENERATED_SYNONYMS = ("context", "_context")
-CALL_SYNONYMS = ("_context",)
 
 
 def refuse_unknown_arguments(t, arguments):
     """An argument the tool does not take is refused, naming it and what the tool takes: dropped silently, a
     misspelt optional argument would leave the agent believing it was passed."""
     takes = list(t.input_schema.get("properties") or {})
-    synonyms = GENERATED_SYNONYMS if t.toolset is None else CALL_SYNONYMS if t.name == "call" else ()
-    unknown = [name for name in arguments if name not in takes and name not in synonyms]
+    unknown = [name for name in arguments if name not in takes and name not in t.synonyms]
     if unknown:
         raise ToolError(unknown_arguments_text(unknown, t.name, takes))
-    if t.toolset is not None and t.name not in APP_CALLS:     # call_many refuses per item, as call does
+    if KINDS[t.kind].checked:                 # call_many refuses per item, as call does
         for name, value in arguments.items():
             refuse_unknown_keys(t.input_schema["properties"][name], value, name)
 
@@ -1293,14 +1375,14 @@ def unknown_arguments_text(unknown, owner, takes, where=""):
                                                  told)
 
 
-def resolved_ids(apps, t, arguments):
+def resolved_ids(apps, t, arguments, call):
     """A fixed tool's arguments with every namespace or group given by name replaced by its 64-hex id, so handlers
     see ids only; one name that names nothing, or several, is refused before anything is done."""
-    named = ID_ARGUMENTS.get(t.name) if t.toolset is not None else None
+    named = t.id_arguments
     if not named or not any(isinstance(arguments.get(argument), str) for argument in named):
         return arguments
     resolved = dict(arguments)
-    with apps.reading():                     # two arguments naming groups share one walk of the node's groups
+    with call.reading():                     # two arguments naming groups share one walk of the node's groups
         for argument, kind in named.items():
             if isinstance(arguments.get(argument), str):
                 resolved[argument] = apps.resolve_group(arguments[argument], argument, kind)
@@ -1310,7 +1392,7 @@ def resolved_ids(apps, t, arguments):
 def without_null_optionals(t, arguments):
     """A fixed tool's optional argument given as null is absent: hosts in strict function-calling mode send null
     for every optional they omit (generated tools and `call` read null so already)."""
-    if t.toolset is None or t.name in APP_CALLS:
+    if not KINDS[t.kind].checked:
         return arguments
     required = t.input_schema.get("required") or ()
     optional = [name for name in t.input_schema.get("properties") or {} if name not in required]
@@ -1320,7 +1402,7 @@ def without_null_optionals(t, arguments):
 def check_fixed_arguments(t, arguments):
     """Validate a fixed tool's arguments against its declared schema. Generated tools, `call` and `call_many`
     validate themselves: after the handle check, and per item (reference §3.12, §3.13)."""
-    if t.toolset is None or t.name in APP_CALLS:
+    if not KINDS[t.kind].checked:
         return []
     validator = _fixed_validators.get(t.name)
     if validator is None:
@@ -1331,11 +1413,6 @@ def check_fixed_arguments(t, arguments):
 
 
 # ---- results: failures, rendering, the bound ----
-
-def traceparent_of(meta):
-    value = meta.get("traceparent")
-    return value if isinstance(value, str) else None
-
 
 def error_result(text, blocks=()):
     return {"content": list(blocks) + [{"type": "text", "text": text}], "isError": True}
@@ -1356,6 +1433,16 @@ def node_error_text(error):
     if hint and hint not in text:
         text = "%s. %s" % (text.rstrip(". "), hint)
     return text
+
+
+def as_failure(error):
+    """The error a failed call reports (a ToolError or a NodeError), or the error itself re-raised when it is a bug
+    of ours: every kind of tool, and each call_many item, fails through here."""
+    if isinstance(error, ImportError) and error.name in PACKAGE_OF:    # a tool's own `import abi`: a file is gone
+        return MissingLibrary(import_failure(error.name, error))
+    if isinstance(error, ToolError) or isinstance(error, node_module().NodeError):
+        return error
+    raise error
 
 
 def render_result(value):
@@ -1568,6 +1655,13 @@ def unb64url(text):
 
 
 # ── 7. The fixed tools, in tools.md order ───────────────────────────────────────────────────────────────────
+# core: node_status list_nodes list_applications list_namespaces list_contexts create_context join_context
+#   delete_context create_alias lookup_alias delete_alias sync_context
+# blobs: install_application uninstall_application upload_blob list_blobs get_blob delete_blob
+# governance: create_namespace delete_namespace invite_to_namespace join_namespace leave_namespace list_group_members
+#   add_group_members remove_group_members set_member_role create_group describe_group delete_group
+#   set_group_visibility set_group_metadata join_open_group upgrade_group
+# application tools (always on): describe_app select_app call call_many
 
 @tool("node_status", "Health and identity of the node in use, and whether this server runs read-only; reports an "
       "unreachable node instead of failing.", annotations=READ_ONLY)
@@ -1687,7 +1781,7 @@ def after_key(row, key, new_key, value):
       annotations=READ_ONLY)
 def list_contexts(args, call):
     server = call.server
-    with server.apps.reading():              # the app list is read once, for the filter and the rows
+    with call.reading():                     # the app list is read once, for the filter and the rows
         if args.get("application") is not None:
             contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
         else:
@@ -2565,10 +2659,10 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
 
 
 @tool("call", "Call any method of an installed app by name, even one with no tool listed.",
-      CALL_PROPERTIES, required=["method"], toolset="app", annotations=APP_CALL)
+      CALL_PROPERTIES, required=["method"], toolset="app", kind="app-call", synonyms=["_context"],
+      annotations=APP_CALL)
 def call_tool(args, call):
-    with call.server.apps.reading():
-        text = plain_text(run_call(call.server.apps, args))
+    text = plain_text(run_call(call.server.apps, args))
     refuse_oversized(args.get("method"), text, call.server.config.result_bound)
     return text
 
@@ -2616,7 +2710,7 @@ def admit_call(apps, args):
       "writes in no set order.",
       {"calls": {"type": "array", "minItems": 1, "maxItems": CALL_MANY_LIMIT,
                  "description": "Each takes what call takes.", "items": CALL_ITEM}},
-      required=["calls"], toolset="app", annotations=APP_CALL)
+      required=["calls"], toolset="app", kind="app-call", annotations=APP_CALL)
 def call_many(args, call):
     items = args.get("calls")
     if not isinstance(items, list) or not 1 <= len(items) <= CALL_MANY_LIMIT:
@@ -2627,17 +2721,17 @@ def call_many(args, call):
     done_lock = threading.Lock()
 
     def run(index):
-        if call.cancelled.is_set():
+        if call.ticket.is_set():
             results[index] = {"ok": False, "error": "Cancelled before it started."}
             return
-        results[index] = call_many_item(call.server, items[index], traceparent_of(call.meta), call.cancelled)
+        with bound(call):                     # the batch's request, its one memo of reads included
+            results[index] = call_many_item(call, items[index])
         with done_lock:
             done[0] += 1
-            if call.progress_token is not None and not call.cancelled.is_set():
+            if call.progress_token is not None and not call.ticket.is_set():
                 call.server.notify("notifications/progress", {"progressToken": call.progress_token,
                                                               "progress": done[0], "total": len(items)})
-    with call.server.apps.reading():          # one app list, app record and context read for the batch
-        list(call_pool().map(run, range(len(items))))
+    list(call_pool().map(run, range(len(items))))
     return json_text(with_errors_fitted(results))
 
 
@@ -2663,26 +2757,26 @@ def describe_count(items):
     return "%d calls" % len(items) if isinstance(items, list) else "a %s" % type(items).__name__
 
 
-def call_many_item(server, item, traceparent, cancelled):
+def call_many_item(call, item):
     if not isinstance(item, dict):
         return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
                                       "or app with context."}
     try:
+        server = call.server
         refuse_unknown_arguments(server.fixed_tools["call"], item)
-        with server.node.traced(traceparent):
-            value = run_call(server.apps, item, cancelled)
+        with server.node.traced(call.traceparent):
+            value = run_call(server.apps, item, call.ticket)
         refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
         return {"ok": True, "result": value}
     except Cancelled:
         return {"ok": False, "error": "Cancelled before it ran."}
-    except ToolError as error:
-        return {"ok": False, "error": failure_text(error)}
-    except node_module().NodeError as error:
-        return {"ok": False, "error": failure_text(error)}
-    except Exception:
-        import traceback
-        log.error("call_many item failed:\n%s", traceback.format_exc())
-        return {"ok": False, "error": "Error: internal error (see the server's stderr)"}
+    except Exception as error:
+        try:
+            return {"ok": False, "error": failure_text(as_failure(error))}
+        except Exception:
+            import traceback
+            log.error("call_many item failed:\n%s", traceback.format_exc())
+            return {"ok": False, "error": "Error: internal error (see the server's stderr)"}
 
 
 _call_pool = []
@@ -2996,7 +3090,8 @@ def generated_tool(name, unit, method, input_schema):
     outputs = {False: plain, True: abi.handshake_output(plain)}     # one schema for both eras (memory)
     return Tool(name, abi.tool_title(method.name, app.label), abi.tool_description(manifest, method),
                 input_schema, outputs.get, abi.tool_annotations(method),
-                abi.tool_meta(app.key, app.version, app.signer_id, method), None, partial(invoke_generated, name))
+                abi.tool_meta(app.key, app.version, app.signer_id, method), "app", "generated", GENERATED_SYNONYMS,
+                {}, partial(invoke_generated, name))
 
 
 class Reads:
@@ -3021,22 +3116,6 @@ class Reads:
         return future.result()
 
 
-class Reading:
-    """The scope of one Reads: entered by a call or a batch; a nested scope shares the outer one."""
-
-    def __init__(self, apps):
-        self.apps, self.outer = apps, None
-
-    def __enter__(self):
-        self.outer = self.apps.reads
-        if self.outer is None:
-            self.apps.reads = Reads()
-        return self.apps.reads
-
-    def __exit__(self, *exc_info):
-        self.apps.reads = self.outer
-
-
 class Apps:
     """The installed applications as this server sees them: live resolution, the catalog, admission."""
 
@@ -3052,7 +3131,6 @@ class Apps:
         self.manifests = {}                       # (blob id, service) -> abi.Manifest
         self.validators = {}                      # (blob id, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
-        self.reads = None                         # a Reads while a call runs: each node read made once
         self.shown_guides = set()                 # guide uris this session has already shown in full
         self._handle_key = None
         self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
@@ -3072,12 +3150,10 @@ class Apps:
 
     # ---- the live application list ----
     def memo(self, key, fetch):
-        reads = self.reads
+        """A node read, made once within the reading scope of the request this thread runs (Request.reading)."""
+        request = current_request()
+        reads = request.reads if request is not None else None
         return fetch() if reads is None else reads.get(key, fetch)
-
-    def reading(self):
-        """Within a call (or a whole call_many batch) the same node read is made once."""
-        return Reading(self)
 
     def installed(self):
         return self.memo(("installed",), self.read_installed)
@@ -3488,10 +3564,9 @@ def invoke_generated(name, args, call):
     binding = apps.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
-    with apps.reading():
-        binding = current_binding(apps, binding)
-        admitted = admit_generated(apps, binding.unit, binding.method, args)
-        value = execute(apps, admitted, binding.method, strip_injected(binding.method, args))
+    binding = current_binding(apps, binding)
+    admitted = admit_generated(apps, binding.unit, binding.method, args)
+    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args))
     return generated_result(binding, value, call)
 
 
@@ -3605,7 +3680,7 @@ def count_tools(env, node):
     unmatched = apps.budget.unmatched(installed)
     apps.budget.warned.update(unmatched)          # --check reports them itself, not as a log line too
     apps.first_read_here()
-    tools = server.tool_definitions(Call(server, None, {}, False, None, None))
+    tools = server.tool_definitions(Request(server, None, {}, None, None))
     fewest = Server(None, dict(env, CALIMERO_MCP_TOOLSETS="core")).fixed_definitions
     return ToolCount(len(tools), sum(1 for t in tools if "_meta" not in t), len(fewest),
                      [app.id for app in installed if not apps.budget.admits(app)], unmatched)

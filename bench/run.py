@@ -426,8 +426,9 @@ REQUESTS_ENTRIES = ((requests.Session, "request", 1), (requests.Request, "prepar
 
 
 def in_process_answer(server, channel, request_id, method, params=None):
-    received = server.receive(request_line(request_id, method, params))    # as the stdin thread does
-    server.handle_line(*received)
+    scheduler = server.scheduler or __import__("mero_mcp").Scheduler(server)
+    received = scheduler.receive(request_line(request_id, method, params))    # as the stdin thread does
+    scheduler.handle_line(*received)
     answer = channel.last
     if not isinstance(answer, dict) or answer.get("id") != request_id or "result" not in answer:
         raise RuntimeError("%s answered %r" % (method, answer))
