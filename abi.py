@@ -35,7 +35,7 @@ ID_TAIL_LENGTH = 6          # a clashing name adds `_` + 6 alphanumerics of the 
 INJECTED_NAMES = ("app_handle", "context", "_context")
 ROUTING_DESCRIPTIONS = {"app_handle": "From select_app.", "_context": "Context id or alias.",
                         "context": "Context id or alias."}
-# One schema object per routing argument, shared by every tool's input schema (1,000 tools: ~0.5 MB less).
+# One schema object per routing argument, shared by every tool's input schema (memory, with a thousand tools).
 ROUTING_PROPERTIES = {name: {"type": "string", "description": text} for name, text in ROUTING_DESCRIPTIONS.items()}
 MISSING_PARAMETER = "missing required parameter"
 MISSING_FIELD = "missing required field"

@@ -145,8 +145,7 @@ def heavy(name):
     """node.py (with requests) or abi.py (with jsonschema), imported on first use, by one thread at a time.
 
     Answering `initialize` must pay for neither. And two threads importing those intertwined packages at the
-    same moment can trip importlib's deadlock detection (seen: an internal error on a first tool call while the
-    catalog thread was importing requests), so the imports take turns."""
+    same moment can trip importlib's deadlock detection, so the imports take turns."""
     module = _loaded.get(name)
     if module is None:
         with _loading:
@@ -277,8 +276,8 @@ def encode_message(message):
         return json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
 
 
-# A list longer than this near an answer's root (tools/list's tools) is encoded an item at a time: one json.dumps of a
-# 1,000-tool list holds ~4 MB of pieces for its 0.9 MB line (a session's peak RSS), item by item ~2 MB. Same bytes.
+# A list longer than this near an answer's root (tools/list's tools) is encoded an item at a time, which holds about
+# half the memory one json.dumps of the whole list does (a session's peak RSS). Same bytes.
 LONG_LIST = 100
 LONG_LIST_DEPTH = 2             # the levels of objects looked into: the message, its result
 
@@ -3005,7 +3004,7 @@ def handle_for(app, service, context_id):
 POLL_SECONDS = 30.0
 FIRST_LOAD_WAIT = 5.0        # tools/list waits this long for the first catalog read, then answers anyway
 # Each app's catalog reads go out together with the others': latency a remote node hides; on loopback, where
-# requests' CPU under the GIL is the cost, more than 4 at once cost more than they save (measured).
+# requests' CPU under the GIL is the cost, more than 4 at once cost more than they save.
 CATALOG_READERS = 4
 
 Unit = namedtuple("Unit", "app service manifest")
