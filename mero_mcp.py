@@ -1656,7 +1656,7 @@ def unb64url(text):
 # ── 7. The fixed tools, in tools.md order ───────────────────────────────────────────────────────────────────
 # core: node_status list_nodes list_applications list_namespaces list_contexts create_context join_context
 #   delete_context create_alias lookup_alias delete_alias sync_context
-# blobs: install_application uninstall_application upload_blob list_blobs get_blob delete_blob
+# blobs: install_application list_registry uninstall_application upload_blob list_blobs get_blob delete_blob
 # governance: create_namespace delete_namespace invite_to_namespace join_namespace leave_namespace list_group_members
 #   add_group_members remove_group_members set_member_role create_group describe_group delete_group
 #   set_group_visibility set_group_metadata join_open_group upgrade_group
@@ -2034,11 +2034,67 @@ def install_application(args, call):
         raise ToolError("Pass coords (package@version, from the node's registry) or path (a bundle file on the "
                         "node's machine), %s." % ("not both" if coords is not None else "one of them"))
     if coords is not None:
-        answer = server.node.install_application(*package_and_version(coords))
+        answer = install_from_registry(server, *package_and_version(coords))
     else:
         answer = server.node.install_dev_application(bundle_path(server.node, path))
     server.apps.refresh()                   # logs, never raises: the install itself succeeded
     return installed_summary(server.apps, answer["applicationId"], coords)
+
+
+def install_from_registry(server, package, version):
+    """A registry miss names what the registry has instead: the package's versions, or the closest packages."""
+    try:
+        return server.node.install_application(package, version)
+    except node_module().NodeError as error:
+        if error.status != 502 or "no application published" not in str(error):
+            raise
+        raise ToolError("%s %s" % (node_error_text(error), registry_instead(server.node, package)))
+
+
+def registry_instead(node, package):
+    import difflib
+    try:
+        versions = [row.get("appVersion") for row in node.registry_bundles(package)]
+        if versions:
+            return "The registry has %s in versions %s." % (package, ", ".join(map(str, versions)))
+        names = sorted({row["package"] for row in node.registry_bundles()})
+    except node_module().NodeError as error:
+        return "(list_registry cannot say what it has: %s)" % str(error).rstrip(".")
+    close = difflib.get_close_matches(package, names, 3, 0.4) or [n for n in names if package.split(".")[-1] in n]
+    return "The registry has no package %s%s; list_registry lists them." % (
+        package, "; closest: " + ", ".join(close[:3]) if close else "")
+
+
+@tool("list_registry", "What the node's registry publishes: each package's latest version, or with package its "
+      "versions. For install_application's coords.",
+      {"package": STRING, "cursor": CURSOR}, annotations=READ_ONLY, toolset="blobs")
+def list_registry(args, call):
+    server, package = call.server, args.get("package")
+    node = server.node
+    place = node.registry()
+    if place.url is None:
+        raise ToolError(place.problem)
+    installed = {app.package: app.version for app in server.apps.installed()}
+    rows = node.registry_bundles(package)
+    if package:
+        if not rows:
+            raise ToolError("The registry at %s has no package %s. %s" % (place.url, package,
+                                                                          registry_instead(node, package)))
+        meta = rows[-1].get("metadata") or {}
+        return {"registry": place.url, "package": package, "name": meta.get("name"),
+                "description": meta.get("description"), "installed": installed.get(package),
+                "versions": [dict({"version": r.get("appVersion")}, **({"yanked": True} if r.get("yanked") else {}))
+                             for r in rows]}
+    listed = [registry_row(row, installed) for row in rows]
+    return paged("list_registry", args, {"registry": place.url, "packages": listed}, "packages", "package")
+
+
+def registry_row(row, installed):
+    meta = row.get("metadata") or {}
+    description = meta.get("description")
+    return {"package": row["package"], "version": row.get("appVersion"), "name": meta.get("name"),
+            "description": description[:DESCRIPTION_LIMIT] if isinstance(description, str) else description,
+            "installed": installed.get(row["package"])}
 
 
 INSTALLED_NOTE = ("A host that does not reload its tool list (Claude Code does not) shows no tools for it until "

@@ -1068,6 +1068,43 @@ def auth_advice(mode: Optional[str]) -> str:
                 "(or CALIMERO_AUTH_TOKEN), or use Connect AI agent in the Calimero desktop app.")
 
 
+# ── The registry: where the node installs package@version from (§0.7) ──────────────────────────
+
+REGISTRY_VARIABLE = "CALIMERO_REGISTRY_URL"
+
+
+class RegistryPlace(NamedTuple):
+    url: Optional[str]                   # the registry's base URL, None when there is none to reach
+    source: str                          # CALIMERO_REGISTRY_URL, or the config.toml it was read from
+    problem: Optional[str]               # why there is none: a sentence saying what to set
+
+
+def registry_place(env: Mapping[str, str], node_name: Optional[str]) -> RegistryPlace:
+    """The registry to browse: CALIMERO_REGISTRY_URL, else `[registry]` of the node's config.toml (`mode`
+    "http" by default, `base_url` with no default; a dht node has no registry address to read)."""
+    explicit = setting(env, REGISTRY_VARIABLE)
+    if explicit:
+        return RegistryPlace(explicit.strip().rstrip("/"), REGISTRY_VARIABLE, None)
+    set_it = "set %s to the registry's base URL (the base_url the node fetches from)" % REGISTRY_VARIABLE
+    if not node_name:
+        return RegistryPlace(None, REGISTRY_VARIABLE, "No registry address is known: this server found no node "
+                             "directory with a config.toml for the node in use, so %s." % set_it)
+    path = os.path.join(node_home(env), node_name, "config.toml")
+    try:
+        entries = dict(toml_entries(read_local(path).decode("utf-8-sig", "replace")))
+    except (OSError, Unreadable, TomlError, RecursionError) as error:
+        return RegistryPlace(None, path, "%s cannot be read for its [registry] (%s): %s." % (path, error, set_it))
+    mode, base = entries.get(("registry", "mode"), "http"), entries.get(("registry", "base_url"))
+    if mode == "dht":
+        return RegistryPlace(None, path, '%s sets [registry] mode = "dht": this node resolves no package@version '
+                             'and names no registry address, so install from a bundle path, or %s.' % (path, set_it))
+    if not isinstance(base, str) or not base.strip():
+        return RegistryPlace(None, path, "%s has no [registry] base_url, so the node cannot install by "
+                             'package@version either: add base_url = "https://..." under [registry] (and restart '
+                             "the node), or %s." % (path, set_it))
+    return RegistryPlace(base.strip().rstrip("/"), path, None)
+
+
 # ── HTTP: the lazy import, the one session, traceparent ──────────────────────────────────────────
 
 _session_instance = None
@@ -2072,6 +2109,49 @@ class Node:
     def uninstall_application(self, app_id: str) -> Dict[str, Any]:
         """`{applicationId}`; the node succeeds for an id it does not know."""
         return self._call("DELETE", "/admin-api/applications/" + quoted(app_id), lambda a: a.object("applicationId"))
+
+    # the registry (§0.7): its own API, not the node's; no token goes to it
+    def registry(self) -> RegistryPlace:
+        try:
+            self.connect()               # the node's name picks its config.toml
+        except NodeError:
+            pass
+        return registry_place(self._env, self.name)
+
+    def registry_bundles(self, package: Optional[str] = None) -> List[Dict[str, Any]]:
+        """GET {base_url}/api/v2/bundles: the latest manifest of every package, or with `package` its every
+        version (`yanked` marked): a bare array of `{package, appVersion, metadata{name, description}, ...}`."""
+        place = self.registry()
+        if place.url is None:
+            raise NodeError(place.problem, fix=place.problem)
+        url = place.url + "/api/v2/bundles"
+        params = {"package": package, "all_versions": "true"} if package else None
+        requests, session = _requests(), _session()
+        shown = "the registry at %s (%s)" % (display_url(place.url), place.source)
+        try:
+            prepared = _prepared(requests, session, "GET", url, params, None, _headers(None, None))
+            response = fetch(session, prepared, self._timeout, self.max_response_bytes)
+        except (requests.RequestException, Late, TooLarge) as error:
+            reason = ("timed out after %g s" % self._timeout if isinstance(error, (Late, requests.Timeout))
+                      else "its answer is larger than %d bytes" % error.cap if isinstance(error, TooLarge)
+                      else next((said for marker, said in _NETWORK_REASONS if marker in repr(error)), "network error"))
+            raise NodeError("Cannot reach %s: %s" % (shown, reason), hint="Check that the registry is up, or "
+                            "point %s at one that is." % REGISTRY_VARIABLE) from None
+        if package and response.status_code == 404:
+            return []
+        if not 200 <= response.status_code < 300:
+            raise NodeError("%s answered HTTP %d: %s" % (shown[0].upper() + shown[1:], response.status_code,
+                                                           response.content[:BODY_EXCERPT].decode("utf-8", "replace")),
+                            status=response.status_code, hint="Check %s: it should be the registry's base URL "
+                            "(the node fetches {base_url}/artifacts/...)." % place.source)
+        try:
+            rows = json.loads(response.content.decode("utf-8"))
+        except ValueError:
+            rows = None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and _is_text(r.get("package")) for r in rows):
+            raise NodeError("%s answered with no list of bundles (is %s the registry's base URL?)"
+                            % (shown[0].upper() + shown[1:], place.url))
+        return rows
 
     # contexts (§3.3)
     def contexts(self) -> List[Dict[str, Any]]:

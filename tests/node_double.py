@@ -40,6 +40,7 @@ HEX_STRING = re.compile(r"^(?:[0-9a-fA-F]{2})*$")
 ALIAS = re.compile(r"^[A-Za-z0-9._-]{1,50}$")  # §3.4
 ZERO_HASH = "0" * 64
 REGISTRY_URL = "https://registry.calimero.network"
+REGISTRY_PATH = "/registry"          # where the double serves a registry's own API: its base_url is url + this
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; charset=utf-8"
 
@@ -1038,6 +1039,8 @@ ROUTES = [
           closed=METADATA_FIELDS),
     Route("POST", "/admin-api/groups/:group_id/join-via-inheritance", "join_via_inheritance"),
     Route("POST", "/admin-api/groups/:group_id/leave", "leave_group"),
+    # the registry's own API (§0.7), served beside the node at REGISTRY_PATH: a registry double, not a node route
+    Route("GET", "/registry/api/v2/bundles", "registry_bundles", access="public"),
     # JSON-RPC (§4)
     Route("POST", "/jsonrpc", "jsonrpc", body="axum", permission="context:execute"),
     # embedded auth (§2)
@@ -1348,6 +1351,11 @@ class NodeDouble:
         self.stop()
 
     # -- inspection -----------------------------------------------------------------------------------------
+
+    @property
+    def registry_url(self) -> str:
+        """The base_url of the registry this double serves (a node's config.toml [registry] base_url)."""
+        return self.url + REGISTRY_PATH
 
     def requests_to(self, method: Optional[str] = None, path_prefix: Optional[str] = None) -> List[Dict[str, Any]]:
         with self._lock:
@@ -1901,6 +1909,34 @@ class NodeDouble:
         if spec is None:
             raise text_reply(500, "failed to read bundle at {}: No such file or directory (os error 2)".format(path))
         return {"data": {"applicationId": self.add_app(spec)}}
+
+    def _h_registry_bundles(self, request):
+        """The registry's `GET /api/v2/bundles` over `registry`'s package@version entries (§0.7): the latest of
+        every package sorted by package; `?package=P` its latest, with `all_versions=true` every version."""
+        package, every = request.query.get("package"), request.query.get("all_versions") == "true"
+        if every and not package:
+            raise json_reply(400, {"error": "invalid_params", "message": "all_versions requires package"})
+        with self._lock:
+            bundles = [self._registry_manifest(coords, spec) for coords, spec in self.registry.items()
+                       if "@" in coords and not coords.startswith("/")]
+        bundles.sort(key=lambda b: (b["package"], [int(p) if p.isdigit() else 0 for p in b["appVersion"].split(".")]))
+        if package:
+            bundles = [b for b in bundles if b["package"] == package]
+            if not bundles:
+                raise json_reply(404, {"error": "not_found"})
+        if not every:
+            latest = {b["package"]: b for b in bundles}
+            bundles = [latest[name] for name in sorted(latest)]
+        return json_reply(200, bundles)
+
+    @staticmethod
+    def _registry_manifest(coords: str, spec: Dict[str, Any]) -> Dict[str, Any]:
+        package, _, version = coords.partition("@")
+        meta = spec.get("metadata") or {}
+        return {"package": package, "appVersion": version,
+                "metadata": {"name": meta.get("name", package), "description": meta.get("description", "")},
+                "wasm": {"path": "app.wasm", "hash": hex_id("wasm:" + coords), "size": 4096},
+                "minRuntimeVersion": "0.1.0", "verified": True, "downloads": 0, "yanked": bool(spec.get("yanked"))}
 
     def _h_list_packages(self, request):
         with self._lock:

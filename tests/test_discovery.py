@@ -356,7 +356,7 @@ def test_a_toolset_list_written_another_way_says_how_to_write_it(tmp_path, doubl
 def test_toolset_lists_with_spaces_empty_items_or_repeats_are_read_as_meant(tmp_path, double, value):
     done = run_check(home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TOOLSETS=value))
     assert done.returncode == 0 and "Problems:" not in done.stdout, done.stdout
-    fixed = "38 fixed" if value == "," else "22 fixed"                # core + blobs; "," is unset: every toolset
+    fixed = "39 fixed" if value == "," else "23 fixed"                # core + blobs; "," is unset: every toolset
     assert fixed in done.stdout, done.stdout
 
 

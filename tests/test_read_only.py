@@ -28,7 +28,7 @@ BLOB = hashlib.sha256(b"hello calimero").hexdigest()
 
 # What read-only mode keeps on the sample node (python3 tests/node_double.py --sample), in tools/list order.
 KEPT_FIXED = ["node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "lookup_alias",
-              "list_blobs", "get_blob", "list_group_members", "describe_group", "describe_app", "select_app", "call",
+              "list_registry", "list_blobs", "get_blob", "list_group_members", "describe_group", "describe_app", "select_app", "call",
               "call_many"]
 KEPT_GENERATED = ["kv_store_entries", "kv_store_get", "kv_store_get_result", "kv_store_len", "counter_value"]
 DROPPED = {"create_context", "join_context", "delete_context", "create_alias", "delete_alias", "install_application",
@@ -152,7 +152,7 @@ def valid_arguments(double):
     return {
         "node_status": {}, "list_nodes": {}, "list_applications": {"verbose": True}, "list_namespaces": {},
         "list_contexts": {"application": "kv-store", "verbose": True}, "lookup_alias": {"name": "demo"},
-        "list_blobs": {}, "list_group_members": {"group": namespace}, "describe_app": {"app": "kv-store"},
+        "list_registry": {}, "list_blobs": {}, "list_group_members": {"group": namespace}, "describe_app": {"app": "kv-store"},
         "get_blob": {"blob": BLOB}, "describe_group": {"group": namespace},
         "select_app": {"app": "kv-store", "verbose": True},
         "call": dict(on_kv, method="get", args={"key": "k"}),
@@ -166,8 +166,8 @@ def valid_arguments(double):
 
 @pytest.mark.parametrize("modern", [False, True], ids=["handshake", "2026-07-28"])
 def test_every_tool_offered_changes_nothing_on_the_node(serve, modern):
-    double = sample_with_counter_context()
-    server = serve(double, **ON)
+    double = sample_with_counter_context().start()
+    server = serve(double, CALIMERO_REGISTRY_URL=double.registry_url, **ON)
     arguments = valid_arguments(double)
     assert sorted(tools_of(server, modern)) == sorted(arguments)     # a new tool needs its arguments here
     before = node_state(double)
