@@ -1316,7 +1316,8 @@ def refuse_unknown_arguments(t, arguments):
         raise ToolError(unknown_arguments_text(unknown, t.name, takes))
     if KINDS[t.kind].checked:                 # call_many refuses per item, as call does
         for name, value in arguments.items():
-            refuse_unknown_keys(t.input_schema["properties"][name], value, name)
+            if name not in t.synonyms:
+                refuse_unknown_keys(t.input_schema["properties"][name], value, name)
 
 
 def refuse_unknown_keys(schema, value, path, owner=None):
@@ -1789,8 +1790,41 @@ def list_contexts(args, call):
     aliases = {}
     for alias, context_id in sorted(server.node.context_aliases().items()) if contexts else ():
         aliases.setdefault(context_id, []).append(alias)
-    rows = [context_row(c, args.get("verbose"), keys, aliases) for c in contexts]
+    versions = NamespaceVersions(server.node) if contexts else None
+    rows = [with_version_story(context_row(c, args.get("verbose"), keys, aliases), versions) for c in contexts]
     return paged("list_contexts", args, {"contexts": rows}, "contexts", "id")
+
+
+class NamespaceVersions:
+    """The app version each namespace runs (its appVersion), found for a context's group: a namespace directly, a
+    subgroup through its group info's namespaceId; read once a call."""
+
+    def __init__(self, node):
+        self.node, self.of_group = node, None
+
+    def __call__(self, group_id):
+        if self.of_group is None:
+            self.of_group = {row["namespaceId"]: row.get("appVersion") for row in self.node.namespaces()}
+        if group_id and group_id not in self.of_group:
+            try:
+                namespace = self.node.group(group_id).get("namespaceId")
+            except node_module().NodeError:
+                namespace = None
+            self.of_group[group_id] = self.of_group.get(namespace)
+        return self.of_group.get(group_id)
+
+
+def version_key(version):
+    return [int(part) if part.isdigit() else 0 for part in str(version).split("-")[0].split(".")]
+
+
+def with_version_story(row, versions):
+    """A context row saying the version it runs and whether that is behind its namespace's: after upgrade_group
+    a context moves to the new version only when next called (node-api §0.7)."""
+    running, namespace = row.get("applicationVersion"), versions(row.get("groupId"))
+    row["namespaceVersion"] = namespace
+    row["behind"] = (version_key(running) < version_key(namespace)) if running and namespace else None
+    return row
 
 
 def context_row(context, verbose, keys, aliases):
@@ -1961,13 +1995,24 @@ def delete_context(args, call):
     return dict(answer, aliasesDeleted=naming)
 
 
-@tool("create_alias", "Create a human-friendly alias for a context id.",
+@tool("create_alias", "Create an alias for a context.",
       {"alias": text_property("1-50 of A-Z a-z 0-9 . _ -"),
-       "contextId": STRING},
-      required=("alias", "contextId"))
+       "context": STRING},
+      required=("alias",), synonyms=("contextId",))
 def create_alias(args, call):
-    call.server.node.create_alias(args["alias"], args["contextId"])
-    return 'Alias "%s" now resolves to context %s.' % (args["alias"], args["contextId"])
+    given = args.get("context") if args.get("context") is not None else args.get("contextId")
+    if not isinstance(given, str):
+        raise ToolError("create_alias needs context: the id or an alias of the context to name.")
+    server, alias = call.server, args["alias"]
+    context_id = context_id_of(server, given)
+    taken = server.node.lookup_alias(alias)
+    if taken == context_id:
+        return 'Alias "%s" already names context %s; nothing changed.' % (alias, context_id)
+    if taken is not None:
+        raise ToolError('Alias "%s" already names context %s. The node cannot repoint an alias: delete_alias "%s", '
+                        "then create_alias again." % (alias, taken, alias))
+    server.node.create_alias(alias, context_id)
+    return 'Alias "%s" now resolves to context %s.' % (alias, context_id)
 
 
 @tool("lookup_alias", "Resolve a context alias to its context id.",
@@ -2033,12 +2078,53 @@ def install_application(args, call):
     if (coords is None) == (path is None):
         raise ToolError("Pass coords (package@version, from the node's registry) or path (a bundle file on the "
                         "node's machine), %s." % ("not both" if coords is not None else "one of them"))
+    try:
+        before = {app.id: app for app in server.apps.installed()}
+    except node_module().NodeError:
+        before = None                       # the install goes ahead; what it changed is then not said
     if coords is not None:
         answer = install_from_registry(server, *package_and_version(coords))
     else:
         answer = server.node.install_dev_application(bundle_path(server.node, path))
     server.apps.refresh()                   # logs, never raises: the install itself succeeded
-    return installed_summary(server.apps, answer["applicationId"], coords)
+    summary = installed_summary(server.apps, answer["applicationId"], coords)
+    if before is not None:
+        summary = what_changed(server.apps, before.get(answer["applicationId"]), summary)
+    return dict(summary, note=summary.pop("note"))
+
+
+def what_changed(apps, old, summary):
+    """Whether the install brought a new app, a new version of one installed, or the same bundle again, and
+    which methods came and went (the old ones as this session read them, when it did)."""
+    new = apps.app_by_id(summary["applicationId"])
+    if old is None:
+        return dict(summary, change="new application")
+    if new is not None and new.blob == old.blob:
+        return dict(summary, change="same bundle again: nothing changed")
+    change = ("new version (was %s)" % old.version if old.version != summary["version"]
+              else "rebuilt bundle of the same version %s" % old.version)
+    before, after = method_names(apps, old, cached_only=True), method_names(apps, new) if new else None
+    summary = dict(summary, change=change)
+    if before is not None and after is not None:
+        summary.update(methodsAdded=sorted(after - before), methodsRemoved=sorted(before - after))
+    return summary
+
+
+def method_names(apps, app, cached_only=False):
+    """The app's method names over its services; None when not known (cached_only: an old bundle's ABI the node
+    no longer serves, known only if this session read it)."""
+    names = set()
+    for service in app.services or [app.sole_service]:
+        manifest = apps.manifests.get((app.blob or app.id, service))
+        if manifest is None and not cached_only:
+            try:
+                manifest = apps.manifest(app, service)
+            except (node_module().NodeError, ToolError):
+                manifest = None
+        if manifest is None:
+            return None
+        names.update(m.name for m in manifest.methods)
+    return names
 
 
 def install_from_registry(server, package, version):
@@ -2048,11 +2134,13 @@ def install_from_registry(server, package, version):
     except node_module().NodeError as error:
         if error.status != 502 or "no application published" not in str(error):
             raise
-        raise ToolError("%s %s" % (node_error_text(error), registry_instead(server.node, package)))
+        raise ToolError(("%s %s" % (node_error_text(error), registry_instead(server.node, package))).strip())
 
 
 def registry_instead(node, package):
     import difflib
+    if node.registry().url is None:
+        return ""                           # the node's advice already points to list_registry
     try:
         versions = [row.get("appVersion") for row in node.registry_bundles(package)]
         if versions:
@@ -2145,7 +2233,7 @@ def uninstall_application(args, call):
     app = call.server.apps.resolve(args["application"])
     answer = call.server.node.uninstall_application(app.id)
     call.server.apps.refresh()
-    return answer
+    return dict(answer, package=app.package, version=app.version, uninstalled=True)
 
 
 @tool("upload_blob", "Upload a blob (a file's bytes) to this node. At most %d bytes fit in one request."
@@ -2254,7 +2342,22 @@ def delete_namespace(args, call):
 @tool("invite_to_namespace", "Create an invitation to a namespace, for join_namespace on another node.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
-    return call.server.node.invite_to_namespace(args["namespace"])
+    server, namespace = call.server, args["namespace"]
+    invitation = server.node.invite_to_namespace(namespace)
+    try:
+        target = server.node.group(namespace)["targetApplicationId"]
+        app = next((a for a in server.apps.installed() if a.id == target), None)
+    except node_module().NodeError:
+        app = None                          # the invitation exists: the note names the app in general words
+    runs = ("install_application %s@%s if it lacks it" % (app.package, app.version) if app
+            else "install the namespace's app if it lacks it")
+    note = ("Hand over this invitation object unchanged and namespace id %s. The other node then runs: %s; "
+            "join_namespace with both; join_context for each context (list_contexts there shows them)."
+            % (namespace, runs))
+    # Compact: the signed object's byte arrays take a line per byte when indented.
+    return {"content": [{"type": "text", "text": note},
+                        {"type": "text", "text": json.dumps(invitation, separators=(",", ":"), ensure_ascii=False)}],
+            "structuredContent": invitation}
 
 
 @tool("join_namespace", "Join a namespace with an invitation from invite_to_namespace (signed: reshaping "
@@ -2377,13 +2480,66 @@ def describe_group(args, call):
     own_row = namespaces.get(group) or (parent or {}).pop("child", None) or {}
     target = info["targetApplicationId"]
     app = next((a for a in server.apps.installed() if a.id == target), None)
-    return {"groupId": group, "name": metadata.get("name") or own_row.get("name"),
-            "kind": "namespace" if group in namespaces else "subgroup",
-            "namespace": namespace, "parent": parent["groupId"] if parent else None,
-            "application": {"id": target, "package": app.package if app else None},
-            "visibility": info.get("subgroupVisibility"), "memberCount": info.get("memberCount"),
-            "contextCount": info.get("contextCount"), "subgroups": node.subgroups(group),
-            "metadata": metadata.get("data"), "upgrade": node.upgrade_status(group) or info.get("activeUpgrade")}
+    described = {"groupId": group, "name": metadata.get("name") or own_row.get("name"),
+                 "kind": "namespace" if group in namespaces else "subgroup",
+                 "namespace": namespace, "parent": parent["groupId"] if parent else None,
+                 "application": {"id": target, "package": app.package if app else None,
+                                 "version": group_app_version(node, info, namespaces.get(namespace))},
+                 "visibility": info.get("subgroupVisibility"), "memberCount": info.get("memberCount"),
+                 "contextCount": info.get("contextCount")}
+    described.update(known_subgroups(node, group, namespaces.get(group)))
+    described["metadata"] = metadata.get("data")
+    described["upgrade"] = counts_said(node.upgrade_status(group) or info.get("activeUpgrade"))
+    return described
+
+
+def listed_name(node, group):
+    """The name a group is listed by when its metadata record holds none (a creation name, kept locally)."""
+    namespace = node.group(group).get("namespaceId") or group
+    rows = [row for row in node.namespaces() if row["namespaceId"] == group] or [
+        row for row in node.groups_in(namespace) if row["groupId"] == group]
+    return rows[0].get("name") if rows else None
+
+
+def group_app_version(node, info, namespace_row):
+    """The version of the bytecode the group runs (its appKey): the namespace's appVersion when they share it,
+    else the installed version whose blob it is."""
+    if namespace_row and namespace_row.get("appKey") == info.get("appKey") and namespace_row.get("appVersion"):
+        return namespace_row["appVersion"]
+    try:
+        rows = node.application_versions(info["targetApplicationId"])
+    except node_module().NodeError:
+        return None
+    return next((row["version"] for row in rows if row.get("blobId") == info.get("appKey")), None)
+
+
+def known_subgroups(node, group, namespace_row):
+    """Every subgroup under a namespace this node can list (its groups list, then each level's subgroups route),
+    or a subgroup's direct children; a count the node gives beyond what it shows is said."""
+    if namespace_row is None:
+        return {"subgroups": node.subgroups(group)}
+    rows = node.groups_in(group)
+    shown = {"subgroups": [{key: row[key] for key in ("groupId", "name", "parentId") if key in row} for row in rows]}
+    direct = sum(1 for row in rows if row["parentId"] == group)
+    counted = namespace_row.get("subgroupCount")
+    if isinstance(counted, int) and counted > direct:
+        shown["subgroupsNote"] = ("The namespace counts %d subgroups directly in it; this node can see %d (the rest "
+                                  "are restricted groups it is not a member of)." % (counted, direct))
+    return shown
+
+
+NOT_REPORTED = ("The node did not report how many contexts moved (null counts): it marks an upgrade completed "
+                "before any context migrates, and each context moves when next called; list_contexts shows which "
+                "are behind.")
+
+
+def counts_said(record):
+    """An upgrade record with the counts the node left out said as not reported (node-api §0.7)."""
+    if not isinstance(record, dict):
+        return record
+    missing = [key for key in ("localContextsTotal", "localContextsSwapped", "localContextsFailed")
+               if key in record and record[key] is None]
+    return dict(record, countsNote=NOT_REPORTED) if missing else record
 
 
 def group_place(node, group, namespace, namespaces):
@@ -2440,27 +2596,32 @@ def group_exists(node, group):
        "visibility": {"type": "string", "enum": list(VISIBILITIES)}},
       required=("group", "visibility"), toolset="governance")
 def set_group_visibility(args, call):
-    call.server.node.set_group_visibility(args["group"], args["visibility"])
-    return "Group %s is now %s." % (args["group"], args["visibility"])
+    node, group, visibility = call.server.node, args["group"], args["visibility"]
+    before = node.group(group).get("subgroupVisibility")
+    node.set_group_visibility(group, visibility)
+    said = "namespace members can join it (join_open_group)" if visibility == "open" else "members must be added"
+    if before == visibility:
+        return "Group %s was already %s: %s." % (group, visibility, said)
+    return "Group %s is now %s (was %s): %s." % (group, visibility, before or "unknown", said)
 
 
-@tool("set_group_metadata", "Set a group's name and metadata.",
+@tool("set_group_metadata", "Rename a group or set its metadata; what is omitted is kept.",
       {"group": GROUP_ID,
-       "name": text_property("Omitted: kept."),
-       "data": {"type": "object", "additionalProperties": {"type": "string"},
-                "description": "Replaces the whole record; omitted: empty."}},
+       "name": STRING,
+       "data": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Replaces the data."}},
       required=("group",), toolset="governance")
 def set_group_metadata(args, call):
     node, group = call.server.node, args["group"]
-    # The node replaces the whole record, name included, so an omitted name is read back first.
-    name = args["name"] if args.get("name") is not None else current_group_name(node, group)
-    node.set_group_metadata(group, name, args.get("data") or {})
-    return "Metadata of group %s replaced." % group
-
-
-def current_group_name(node, group):
-    record = node.group_metadata(group)
-    return record.get("name") if record else None
+    # The node replaces the whole record (node-api §0.7): what is omitted is read back and sent as it was.
+    record = node.group_metadata(group) or {}
+    previous = record.get("name") or listed_name(node, group)
+    name = args["name"] if args.get("name") is not None else previous
+    data = args["data"] if args.get("data") is not None else (record.get("data") or {})
+    node.set_group_metadata(group, name, data)
+    answer = {"groupId": group, "name": name, "data": data}
+    if previous != name:
+        answer["renamedFrom"] = previous
+    return answer
 
 
 @tool("join_open_group", "Join an open group via its parent namespace or group; then join_context for its "

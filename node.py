@@ -1514,8 +1514,7 @@ _ADVICE = (
                                               "application's .mpk bundle on the node's machine and pass its "
                                               "absolute path to install_application as path."),
     (502, INSTALL_ROUTE, "no application published", "Check the package and version: the node's registry has no "
-                                                     "such release, and install_application takes them exactly as "
-                                                     "published."),
+                                                     "such release (list_registry lists what it publishes)."),
 )
 
 

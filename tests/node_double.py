@@ -1965,8 +1965,9 @@ class NodeDouble:
         view["contextStateHash"] = self._state_hash(context)
         if context["heads"]:   # omitted when empty (checklist 14)
             view["dagHeads"] = [id_bytes(head) for head in context["heads"]]
-        if app and app["version"]:
-            view["applicationVersion"] = app["version"]
+        version = context.get("version") or (app["version"] if app else None)
+        if version:   # a context runs the version it last ran until next used after an upgrade (§0.7)
+            view["applicationVersion"] = version
         if context["name"]:
             view["name"] = context["name"]
         if with_group and context["groupId"]:
@@ -2572,6 +2573,8 @@ class NodeDouble:
             from_version = next((e["version"] for e in old["history"] if e["blobId"] == group["bytecode"]), None)
             for member in moved:
                 member.update(bytecode=bytecode, applicationId=target, upgrade=None)
+            for context in contexts:          # each flips when next used (§0.7)
+                context["version"] = context.get("version") or from_version
             group["upgrade"] = {
                 "fromVersion": from_version, "toVersion": app["version"], "initiatedAt": int(time.time() * 1000), "initiatedBy": NODE_ACCOUNT,
                 "status": "in_progress", "localContextsTotal": len(contexts), "localContextsSwapped": 0,
@@ -2637,6 +2640,7 @@ class NodeDouble:
             self._require_admin(group)
             group["metadata"] = {
                 "name": name, "data": dict(data), "updatedAt": int(time.time() * 1000), "updatedBy": NODE_PUBLIC_KEY}
+            group["name"] = name              # one record holds the name every listing reads (§0.7)
         return {}
 
     def _h_join_via_inheritance(self, request):
@@ -2762,6 +2766,7 @@ class NodeDouble:
         method = find_method(manifest, method_name)
         if method is None:
             return rpc_error("FunctionCallError", 'method "{}" not found'.format(method_name))
+        context["version"] = None             # execute upgrades the context lazily before it runs (§0.7)
         store = dict(context["kv"])
         try:
             output = run_guest(record["behaviour"], manifest, method, args, store)

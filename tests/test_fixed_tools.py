@@ -442,8 +442,8 @@ def test_create_and_look_up_an_alias(server, double):
     assert text_of(created) == 'Alias "prod" now resolves to context %s.' % context_id
     assert bodies(double, "POST", "/admin-api/alias/create/context") == [{"alias": "prod", "contextId": context_id}]
     assert server.tool_json("lookup_alias", {"name": "prod"}) == {"alias": "prod", "contextId": context_id}
-    duplicate = error_text(server.call_tool("create_alias", {"alias": "prod", "contextId": context_id}))
-    assert duplicate == "Error: alias already exists"
+    duplicate = text_of(server.call_tool("create_alias", {"alias": "prod", "contextId": context_id}))
+    assert duplicate == 'Alias "prod" already names context %s; nothing changed.' % context_id
 
 
 @pytest.mark.parametrize("name", ["nobody", "not an alias!"])
@@ -469,7 +469,7 @@ def test_install_by_coordinates_then_reads_the_list_again(serve):
     before = len(double.requests_to("GET", "/admin-api/applications"))
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "tools": 2, "change": "new application", "note": INSTALLED_NOTE}
     assert bodies(double, "POST", "/admin-api/install-application") == [
         {"package": "com.example.counter", "version": "0.1.0"}]
     assert len(double.requests_to("GET", "/admin-api/applications")) > before
@@ -491,7 +491,8 @@ def test_install_succeeds_when_only_the_refresh_fails(serve):
 
 def test_uninstall_resolves_the_name_before_removing(server, double):
     kv_id = double._app_key(KV)
-    assert server.tool_json("uninstall_application", {"application": "KV Store"}) == {"applicationId": kv_id}
+    assert server.tool_json("uninstall_application", {"application": "KV Store"}) == {
+        "applicationId": kv_id, "package": "com.calimero.kv-store", "version": "1.0.0", "uninstalled": True}
     assert [e["path"] for e in double.requests_to("DELETE")] == ["/admin-api/applications/" + kv_id]
     assert KV not in [r["package"] for r in double._apps.values()]
     missing = error_text(server.call_tool("uninstall_application", {"application": KV}))
@@ -702,7 +703,7 @@ def test_create_nested_group_names_the_group_when_visibility_fails(serve):
 def test_set_group_visibility(server, double):
     group = double.add_group(namespace=namespace_of(double))
     assert text_of(server.call_tool("set_group_visibility", {"group": group, "visibility": "open"})) == (
-        "Group %s is now open." % group)
+        "Group %s is now open (was restricted): namespace members can join it (join_open_group)." % group)
     assert double._groups[group]["visibility"] == "open"
     refused = server.call_tool("set_group_visibility", {"group": group, "visibility": "public"})
     assert text_of(refused) == ('Error: Invalid arguments for set_group_visibility:\n- visibility: expected one of '
@@ -714,10 +715,10 @@ def test_set_group_metadata_replaces_data_and_keeps_the_name(server, double):
     group = double.add_group(namespace=namespace_of(double),
                              metadata={"name": "Ops", "data": {"old": "1"}, "updatedAt": 1, "updatedBy": "x"})
     result = server.call_tool("set_group_metadata", {"group": group, "data": {"team": "blue"}})
-    assert text_of(result) == "Metadata of group %s replaced." % group
+    assert result["structuredContent"] == {"groupId": group, "name": "Ops", "data": {"team": "blue"}}
     server.call_tool("set_group_metadata", {"group": group, "name": "Ops 2"})
     assert bodies(double, "PUT", "/admin-api/groups/%s/metadata" % group) == [
-        {"name": "Ops", "data": {"team": "blue"}}, {"name": "Ops 2", "data": {}}]
+        {"name": "Ops", "data": {"team": "blue"}}, {"name": "Ops 2", "data": {"team": "blue"}}]
     assert double._groups[group]["metadata"]["name"] == "Ops 2"
 
 

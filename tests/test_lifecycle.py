@@ -190,7 +190,8 @@ def test_describe_group_assembles_what_the_node_keeps_in_several_places(serve, l
     kv_id = double._app_key(KV)
     described = server.tool_json("describe_group", {"group": squad})
     assert described == {"groupId": squad, "name": "squad", "kind": "subgroup", "namespace": namespace,
-                         "parent": team, "application": {"id": kv_id, "package": KV}, "visibility": "restricted",
+                         "parent": team, "application": {"id": kv_id, "package": KV, "version": "1.0.0"},
+                         "visibility": "restricted",
                          "memberCount": 1, "contextCount": 0, "subgroups": [], "metadata": None, "upgrade": None}
     middle = server.tool_json("describe_group", {"group": team})
     assert (middle["name"], middle["parent"], middle["visibility"], middle["metadata"], middle["subgroups"]) == (
@@ -348,7 +349,7 @@ def test_install_from_a_path_sends_it_and_says_what_came_in(serve):
     server.tool_names()
     installed = server.tool_json("install_application", {"path": "/srv/bundles/counter.mpk"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "tools": 2, "change": "new application", "note": INSTALLED_NOTE}
     assert [e["json"] for e in double.requests_to("POST", "/admin-api/install-dev-application")] == [
         {"path": "/srv/bundles/counter.mpk"}]
     assert "counter_increment" in server.tool_names() and double.refusals == []

@@ -254,7 +254,7 @@ def test_a_blob_whose_bytes_miss_the_expected_hash_is_refused(serve):
 @pytest.mark.parametrize("mode, text", [
     ("http", "Error: HTTP 502 Bad Gateway from {url}/admin-api/install-application - the node said: the configured "
              "Http source has no application published at com.x@9.9.9. Check the package and version: the node's "
-             "registry has no such release, and install_application takes them exactly as published."),
+             "registry has no such release (list_registry lists what it publishes)."),
     ("dht", "Error: HTTP 502 Bad Gateway from {url}/admin-api/install-application - the node said: this node is in "
             "dht registry mode, which cannot install by package@version; install from a local .mpk bundle or via "
             "governance instead. This node cannot install by package@version: put the application's .mpk bundle on "

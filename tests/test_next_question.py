@@ -99,3 +99,119 @@ def test_registry_miss_names_the_versions_or_the_closest_packages(serve):
     assert "The registry has com.calimero.issues in versions 1.0.0, 1.1.0." in wrong_version
     wrong_name = error_text(server.call_tool("install_application", {"coords": "com.calimero.issue@1.0.0"}))
     assert "The registry has no package com.calimero.issue; closest: com.calimero.issues" in wrong_name
+
+
+# ── 3. renames that hold ─────────────────────────────────────────────────────────────────────────
+
+def test_a_rename_keeps_the_data_resolves_at_once_and_the_old_name_no_longer_does(serve):
+    double = sample_double()
+    namespace = next(g["id"] for g in double._groups.values() if g["name"] == "demo-team")
+    group = double.add_group(namespace=namespace, name="ops", visibility="open")
+    server = serve(double)
+    first = server.call_tool("set_group_metadata", {"group": "ops", "data": {"team": "blue"}})
+    assert first["structuredContent"] == {"groupId": group, "name": "ops", "data": {"team": "blue"}}
+    renamed = server.call_tool("set_group_metadata", {"group": "ops", "name": "platform"})
+    assert renamed["structuredContent"] == {"groupId": group, "name": "platform", "data": {"team": "blue"},
+                                            "renamedFrom": "ops"}
+    assert double._groups[group]["metadata"]["data"] == {"team": "blue"}, "a rename sends the current data"
+    described = server.call_tool("describe_group", {"group": "platform"})["structuredContent"]
+    assert described["groupId"] == group and described["name"] == "platform"
+    gone = error_text(server.call_tool("describe_group", {"group": "ops"}))
+    assert 'no namespace or group on this node is named "ops"' in gone
+    listed = server.call_tool("describe_group", {"group": namespace})["structuredContent"]["subgroups"]
+    assert {"groupId": group, "name": "platform", "parentId": namespace} in listed
+
+
+# ── 4. subgroups found ───────────────────────────────────────────────────────────────────────────
+
+def test_describe_group_of_a_namespace_lists_every_subgroup_it_knows(serve):
+    double = sample_double()
+    namespace = next(g["id"] for g in double._groups.values() if g["name"] == "demo-team")
+    ops = double.add_group(namespace=namespace, name="ops", visibility="open")
+    nested = double.add_group(parent=ops, name="oncall")
+    server = serve(double)
+    shown = server.call_tool("describe_group", {"group": "demo-team"})["structuredContent"]
+    assert [(row["groupId"], row["name"], row["parentId"]) for row in shown["subgroups"]] == [
+        (ops, "ops", namespace), (nested, "oncall", ops)]
+    assert "subgroupsNote" not in shown
+
+
+# ── 5. the hand-over ─────────────────────────────────────────────────────────────────────────────
+
+def test_an_invitation_says_what_to_hand_over_and_what_the_other_node_runs(server, double):
+    namespace = next(g["id"] for g in double._groups.values() if g["name"] == "demo-team")
+    invited = server.call_tool("invite_to_namespace", {"namespace": "demo-team"})
+    assert not invited.get("isError"), invited
+    note = invited["content"][0]["text"]
+    assert note == ("Hand over this invitation object unchanged and namespace id %s. The other node then runs: "
+                    "install_application com.calimero.kv-store@1.0.0 if it lacks it; join_namespace with both; "
+                    "join_context for each context (list_contexts there shows them)." % namespace)
+    assert json.loads(invited["content"][-1]["text"]) == invited["structuredContent"]
+    assert "\n" not in invited["content"][-1]["text"], "the byte arrays are not a line per byte"
+
+
+# ── 6. one version story ─────────────────────────────────────────────────────────────────────────
+
+def test_contexts_say_the_version_they_run_and_whether_they_are_behind(serve):
+    double = sample_double()
+    kv = double._app_key("com.calimero.kv-store")
+    server = serve(double)
+    double.upgrade_app(kv, "1.1.0")
+    upgraded = server.call_tool("upgrade_group", {"group": "demo-team"})
+    assert not upgraded.get("isError"), upgraded
+    row = server.call_tool("list_contexts", {})["structuredContent"]["contexts"][0]
+    assert (row["applicationVersion"], row["namespaceVersion"], row["behind"]) == ("1.0.0", "1.1.0", True)
+    server.call_tool("describe_group", {"group": "demo-team"})       # the double's upgrade completes once read
+    group = server.call_tool("describe_group", {"group": "demo-team"})["structuredContent"]
+    assert group["application"]["version"] == "1.1.0"
+    assert group["upgrade"]["status"] == "completed" and group["upgrade"]["localContextsTotal"] is None
+    assert "did not report how many contexts moved" in group["upgrade"]["countsNote"]
+    server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "len"})
+    row = server.call_tool("list_contexts", {})["structuredContent"]["contexts"][0]
+    assert (row["applicationVersion"], row["behind"]) == ("1.1.0", False), "a call moves the context on"
+
+
+# ── 7. writes name what they did ─────────────────────────────────────────────────────────────────
+
+def test_uninstall_names_what_went(server):
+    answer = server.call_tool("uninstall_application", {"application": "counter"})["structuredContent"]
+    assert {k: answer[k] for k in ("package", "version", "uninstalled")} == {
+        "package": "com.example.counter", "version": "0.1.0", "uninstalled": True}
+
+
+def test_install_says_new_new_version_or_the_same_bundle_and_what_changed(serve):
+    double = registry_double()
+    newer = issue_tracker("1.1.0")
+    newer["abi"] = json.loads(json.dumps(newer["abi"]))
+    newer["abi"]["methods"].append({"name": "reset", "params": [], "returns": None})
+    double.registry["com.calimero.issues@1.1.0"] = newer
+    server = serve(double, CALIMERO_REGISTRY_URL=double.start().registry_url)
+    first = server.call_tool("install_application", {"coords": "com.calimero.issues@1.0.0"})["structuredContent"]
+    assert first["change"] == "new application"
+    again = server.call_tool("install_application", {"coords": "com.calimero.issues@1.0.0"})["structuredContent"]
+    assert again["change"] == "same bundle again: nothing changed"
+    server.call_tool("describe_app", {"app": "com.calimero.issues"})        # this session reads its methods
+    moved = server.call_tool("install_application", {"coords": "com.calimero.issues@1.1.0"})["structuredContent"]
+    assert moved["change"] == "new version (was 1.0.0)"
+    assert (moved["methodsAdded"], moved["methodsRemoved"]) == (["reset"], [])
+
+
+def test_visibility_says_what_it_was_and_what_it_means(serve):
+    double = sample_double()
+    namespace = next(g["id"] for g in double._groups.values() if g["name"] == "demo-team")
+    group = double.add_group(namespace=namespace, name="ops", visibility="restricted")
+    server = serve(double)
+    said = text_of(server.call_tool("set_group_visibility", {"group": "ops", "visibility": "open"}))
+    assert said == ("Group %s is now open (was restricted): namespace members can join it (join_open_group)."
+                    % group)
+
+
+def test_create_alias_takes_an_alias_and_says_where_a_taken_name_points(server, double):
+    demo = next(c["id"] for c in double._contexts.values() if c["name"] == "demo")
+    made = text_of(server.call_tool("create_alias", {"alias": "main", "context": "demo"}))
+    assert made == 'Alias "main" now resolves to context %s.' % demo
+    assert server.tool_json("lookup_alias", {"name": "main"})["contextId"] == demo
+    other = double.add_context(double._app_key("com.calimero.kv-store"), name="other")
+    taken = error_text(server.call_tool("create_alias", {"alias": "main", "contextId": other}))
+    assert taken == ('Error: Alias "main" already names context %s. The node cannot repoint an alias: delete_alias '
+                     '"main", then create_alias again.' % demo)
