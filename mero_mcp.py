@@ -50,7 +50,7 @@ SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 # characters, so the critical part comes first. One line per topic; a mode adds its own line at the end (Server).
 INSTRUCTION_LINES = (
     "Calimero apps describe themselves. Do not read app source. To use an app: list_applications, then "
-    "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call.",
+    "describe_app to plan or select_app to act, then pass the returned app_handle to app tools.",
     "call runs any method of any installed app by name (args keyed by parameter name), and call_many runs up to "
     "32 calls at once: they reach every method even when no tool for it is listed, as for an app installed during "
     "this session or a host that caps or defers tools. describe_app lists an app's methods.",
@@ -708,12 +708,13 @@ class Request:
     that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
     or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
 
-    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads")
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "ran")
 
     def __init__(self, server, request_id, meta, version, ticket):
         self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
         self.ticket = ticket                 # set once the client cancels the request
         self.reads = None                    # a Reads while a scope of this call shares its node reads
+        self.ran = None                      # (context id, method) of the app method this call ran last
 
     @property
     def modern(self):
@@ -1208,7 +1209,7 @@ READ_ONLY_OFF = ("0", "false", "no", "off")        # the only values that leave 
 READ_ONLY_UNSET = ("To allow changes, unset %s in this server's entry of the host configuration (its env) and "
                    "restart the server." % READ_ONLY_VARIABLE)
 READ_ONLY_INSTRUCTION = ("This server runs read-only (%s): it offers only tools that cannot change the node, and "
-                         "call and call_many run [view] methods only." % READ_ONLY_VARIABLE)
+                         "call and call_many run [view] methods only. %s" % (READ_ONLY_VARIABLE, READ_ONLY_UNSET))
 
 Config = namedtuple("Config", "toolsets read_only result_bound")
 ReadOnlyMode = namedtuple("ReadOnlyMode", "read_only line problem fix")   # what --check prints
@@ -1663,8 +1664,8 @@ def unb64url(text):
 #   set_group_visibility set_group_metadata join_open_group upgrade_group
 # application tools (always on): describe_app select_app call call_many
 
-@tool("node_status", "Health and identity of the node in use, and whether this server runs read-only; reports an "
-      "unreachable node instead of failing.", annotations=READ_ONLY)
+@tool("node_status", "Health and identity of the node in use, its count of network peers (connections, not "
+      "namespace members), and whether this server is read-only.", annotations=READ_ONLY)
 def node_status(args, call):
     return dict(call.server.node.status(), readOnly=call.server.config.read_only)
 
@@ -1844,7 +1845,7 @@ def context_row(context, verbose, keys, aliases):
 
 @tool("create_context", "Create a context (a running instance of an app) in a namespace or subgroup.",
       {"application": STRING,
-       "group": dict(GROUP_ID, description="Required: a namespace or subgroup, by id or name (list_namespaces)."),
+       "group": dict(GROUP_ID, description="Namespace or subgroup. Default: the app's only namespace."),
        "namespace": dict(GROUP_ID, description="Older name for group."),
        "name": text_property("A label list_contexts shows; not an alias."),
        "alias": STRING,
@@ -1857,6 +1858,7 @@ def create_context(args, call):
     if args.get("alias") is not None:
         refuse_unusable_alias(server, args["alias"])
     app = server.apps.resolve(args["application"])
+    group = group or only_namespace(server.node, app, args["application"])
     refuse_other_apps_group(server, group, app, args["application"])
     service = require_service(server.apps, app, args.get("service"))
     init = init_parameters(server, app, service, args.get("args"), args["application"])
@@ -1894,10 +1896,20 @@ def target_group(args):
     group, namespace = args.get("group"), args.get("namespace")
     if group is not None and namespace is not None and group != namespace:
         raise ToolError('Pass group or namespace, not both: they differ ("%s" and "%s").' % (group, namespace))
-    chosen = group if group is not None else namespace
-    if not chosen:
-        raise ToolError("create_context needs group: the id of the namespace or subgroup to create the context in.")
-    return chosen
+    return group if group is not None else namespace
+
+
+def only_namespace(node, app, label):
+    """The namespace a context goes in when none is named: the app's only one."""
+    rows = [row for row in node.namespaces() if row.get("targetApplicationId") == app.id]
+    if len(rows) == 1:
+        return rows[0]["namespaceId"]
+    if not rows:
+        raise ToolError('Application "%s" has no namespace on this node: create_namespace first, then create_context '
+                        "in it." % label)
+    raise ToolError('Application "%s" has %d namespaces; pass group with one of: %s. Nothing was created.'
+                    % (label, len(rows), ", ".join("%s (%s)" % (r["namespaceId"], r.get("name") or "unnamed")
+                                                   for r in rows)))
 
 
 def refuse_other_apps_group(server, group, app, label):
@@ -2878,9 +2890,21 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
       CALL_PROPERTIES, required=["method"], toolset="app", kind="app-call", synonyms=["_context"],
       annotations=APP_CALL)
 def call_tool(args, call):
-    text = plain_text(run_call(call.server.apps, args))
+    value = run_call(call.server.apps, args)
+    text = plain_text(value)
     refuse_oversized(args.get("method"), text, call.server.config.result_bound)
+    if value is None:
+        return {"content": [{"type": "text", "text": "null"}, what_ran(call, args)]}
     return text
+
+
+def what_ran(call, args):
+    """A method that returns nothing answers null; this block says that it ran, and where."""
+    context_id, method = call.ran or (None, args.get("method"))
+    named = [args.get(key) for key in ("_context", "context") if isinstance(args.get(key), str)]
+    alias = next((value for value in named if value != context_id), None)
+    return {"type": "text", "text": "%s ran in context %s%s; it returns nothing." % (
+        method, context_id, ' (alias "%s")' % alias if alias else "")}
 
 
 def run_call(apps, args, cancelled=None):
@@ -2941,7 +2965,7 @@ def call_many(args, call):
             results[index] = {"ok": False, "error": "Cancelled before it started."}
             return
         with bound(call):                     # the batch's request, its one memo of reads included
-            results[index] = call_many_item(call, items[index])
+            results[index] = dict(item_names(index, items[index]), **call_many_item(call, items[index]))
         with done_lock:
             done[0] += 1
             if call.progress_token is not None and not call.ticket.is_set():
@@ -2951,13 +2975,32 @@ def call_many(args, call):
     return json_text(with_errors_fitted(results))
 
 
+def item_names(index, item):
+    """What a call_many result says it answers: its place, and the item's app, context and method as given."""
+    named = {"index": index}
+    if isinstance(item, dict):
+        for key in ("app", "context", "method"):
+            if isinstance(item.get(key), str):
+                named[key] = item[key]
+    return named
+
+
 def with_errors_fitted(results):
-    """call_many's items with each error cut to its share of TEXT_BOUND when together they pass it: the server's
-    own words stay within the bound (the apps' results are their data, each bounded on its own)."""
+    """call_many's answer within TEXT_BOUND: each error cut to its share when together they pass it, then the
+    largest results, from the last, replaced by a line saying the item ran and which single call shows it."""
     if len(json_text(results)) <= TEXT_BOUND:
         return results
     share = max(200, TEXT_BOUND // len(results) - 100)
-    return [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
+    results = [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
+    for index in sorted(range(len(results)), key=lambda i: -len(json_text(results[i].get("result")))):
+        if len(json_text(results)) <= TEXT_BOUND:
+            break
+        item = results[index]
+        if item["ok"]:
+            results[index] = {key: value for key, value in item.items() if key != "result"}
+            results[index]["note"] = ("It ran, but its result is too large to show beside the others: call this "
+                                      "item alone (call with the same app, context, method and args) to read it.")
+    return results
 
 
 def cut_text(text, limit):
@@ -3770,6 +3813,9 @@ def execute(apps, admitted, method, args):
     wire_args, problems = validator.check(args if isinstance(args, dict) else {})
     if problems:
         raise ToolError("Invalid arguments for %s:\n%s" % (method.name, abi.render_problems(problems)))
+    request = current_request()
+    if request is not None:
+        request.ran = (admitted.context_id, method.name)
     return apps.node.execute(admitted.context_id, method.name, wire_args)
 
 
@@ -3847,6 +3893,8 @@ def generated_result(binding, value, call):
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     refuse_oversized(binding.method.name, text, call.server.config.result_bound)
     result = {"content": [{"type": "text", "text": text}]}
+    if value is None and binding.method.returns is None:
+        result["content"].append(what_ran(call, {"method": binding.method.name}))
     if binding.has_output:
         wrapped = binding.wraps and call.server.wraps_output(call)
         result["structuredContent"] = {"result": value} if wrapped else value

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from node_double import NodeDouble, counter_spec, kv_store_spec, sample_double
+from node_double import counter_spec, kv_store_spec, sample_double
 
 
 def text_of(result):
@@ -215,3 +215,61 @@ def test_create_alias_takes_an_alias_and_says_where_a_taken_name_points(server, 
     taken = error_text(server.call_tool("create_alias", {"alias": "main", "contextId": other}))
     assert taken == ('Error: Alias "main" already names context %s. The node cannot repoint an alias: delete_alias '
                      '"main", then create_alias again.' % demo)
+
+
+# ── 2. what ran, where; 8. call_many items named ─────────────────────────────────────────────────
+
+def test_a_unit_method_answers_null_and_says_what_ran_where(server, double):
+    demo = next(c["id"] for c in double._contexts.values() if c["name"] == "demo")
+    result = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "set",
+                                       "args": {"key": "k", "value": "v"}})
+    assert [block["text"] for block in result["content"]] == [
+        "null", 'set ran in context %s (alias "demo"); it returns nothing.' % demo]
+
+
+def test_call_many_items_name_their_call(server):
+    answer = server.tool_json("call_many", {"calls": [
+        {"app": "kv-store", "context": "demo", "method": "len"}, {"app": "kv-store", "context": "nowhere",
+                                                                   "method": "len"}]})
+    assert [{k: item[k] for k in ("index", "app", "context", "method", "ok")} for item in answer] == [
+        {"index": 0, "app": "kv-store", "context": "demo", "method": "len", "ok": True},
+        {"index": 1, "app": "kv-store", "context": "nowhere", "method": "len", "ok": False}]
+
+
+def test_call_many_keeps_its_whole_answer_within_the_bound(server):
+    big = "x" * 20000
+    calls = [{"app": "kv-store", "context": "demo", "method": "set", "args": {"key": "k%d" % i, "value": big}}
+             for i in range(4)]
+    server.tool_json("call_many", {"calls": calls})
+    gets = [{"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "k%d" % i}} for i in range(4)]
+    result = server.call_tool("call_many", {"calls": gets})
+    assert len(result["content"][-1]["text"]) <= 60000
+    items = json.loads(result["content"][-1]["text"])
+    assert all(item["ok"] for item in items)
+    assert sum(1 for item in items if "result" in item) >= 2
+    cut = [item for item in items if "result" not in item]
+    assert cut and "It ran, but its result is too large to show" in cut[0]["note"]
+
+
+# ── 9. instructions; 10. create_context finds its namespace ──────────────────────────────────────
+
+def test_read_only_instructions_say_how_writes_come_back(start_server, server_env):
+    server = start_server(dict(server_env, CALIMERO_MCP_READ_ONLY="1"), initialize=None)
+    instructions = server.result("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                "clientInfo": {"name": "t", "version": "1"}})["instructions"]
+    assert "unset CALIMERO_MCP_READ_ONLY" in instructions and "restart the server" in instructions
+    assert "on every app tool call" not in instructions
+
+
+def test_create_context_uses_the_apps_only_namespace_or_says_what_comes_first(server, double):
+    namespace = next(g["id"] for g in double._groups.values() if g["name"] == "demo-team")
+    created = server.call_tool("create_context", {"application": "kv-store"})
+    assert not created.get("isError"), created
+    new = created["structuredContent"]["contextId"]
+    assert double._contexts[new]["groupId"] == namespace
+    none = error_text(server.call_tool("create_context", {"application": "counter"}))
+    assert none == ('Error: Application "counter" has no namespace on this node: create_namespace first, then '
+                    "create_context in it.")
+    double.add_namespace(double._app_key("com.calimero.kv-store"), name="second")
+    several = error_text(server.call_tool("create_context", {"application": "kv-store"}))
+    assert "has 2 namespaces; pass group with one of:" in several and "demo-team" in several
