@@ -2990,7 +2990,9 @@ def with_errors_fitted(results):
     largest results, from the last, replaced by a line saying the item ran and which single call shows it."""
     if len(json_text(results)) <= TEXT_BOUND:
         return results
-    share = max(200, TEXT_BOUND // len(results) - 100)
+    # Each error's share is what the items' other fields (their names included) leave.
+    frame = len(json_text([dict(item, error="") if not item["ok"] else item for item in results]))
+    share = max(200, (TEXT_BOUND - min(frame, TEXT_BOUND // 2)) // len(results) - 20)
     results = [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
     for index in sorted(range(len(results)), key=lambda i: -len(json_text(results[i].get("result")))):
         if len(json_text(results)) <= TEXT_BOUND:
