@@ -659,10 +659,21 @@ def test_a_key_a_member_item_does_not_take_is_refused_naming_where(server, doubl
     assert hex_id("alice") not in double._groups[namespace]["members"]
 
 
+def made_by(double, call):
+    """The one group the double holds after `call()` that it did not before, and what `call()` returned."""
+    before = set(double._groups)
+    answer = call()
+    made = set(double._groups) - before
+    assert len(made) == 1, made
+    return made.pop(), answer
+
+
 def test_create_group_in_a_namespace_defaults_to_open(server, double):
     namespace = namespace_of(double)
-    group_id = server.tool_json("create_group", {"namespace": namespace, "name": "ops"})["groupId"]
-    assert double._groups[group_id]["visibility"] == "open"
+    made, answer = made_by(double, lambda: server.tool_json("create_group", {"namespace": namespace, "name": "ops"}))
+    assert answer == {"groupId": made, "parentId": namespace, "namespaceId": namespace, "visibility": "open"}
+    assert double._groups[made]["parent"] == namespace and double._groups[made]["name"] == "ops"
+    assert double._groups[made]["visibility"] == "open"
     server.tool_json("create_group", {"namespace": namespace, "visibility": "restricted"})
     assert bodies(double, "POST", "/admin-api/namespaces/%s/groups" % namespace) == [
         {"groupName": "ops", "visibility": "open"}, {"visibility": "restricted"}]
@@ -671,8 +682,9 @@ def test_create_group_in_a_namespace_defaults_to_open(server, double):
 def test_create_nested_group_takes_the_parents_application(server, double):
     namespace = namespace_of(double)
     parent = double.add_group(namespace=namespace, name="parent")
-    group_id = server.tool_json("create_group", {"namespace": namespace, "parent": parent, "name": "kid",
-                                                 "visibility": "open"})["groupId"]
+    group_id, answer = made_by(double, lambda: server.tool_json("create_group", {
+        "namespace": namespace, "parent": parent, "name": "kid", "visibility": "open"}))
+    assert answer == {"groupId": group_id, "parentId": parent, "namespaceId": namespace, "visibility": "open"}
     assert double.requests_to("GET", "/admin-api/groups/" + parent)
     assert bodies(double, "POST", "/admin-api/groups") == [
         {"applicationId": double._app_key(KV), "name": "kid", "parentGroupId": parent}]
