@@ -276,7 +276,7 @@ def test_exits_promptly_when_stdin_closes(offline_env):
     server.initialize()
     started = time.monotonic()
     assert server.close(timeout=5) == 0
-    assert time.monotonic() - started < 1.5   # generous: the rule is "within a second"
+    assert time.monotonic() - started < 1.5   # a deadline: "within a second", 0.5 s margin
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -285,7 +285,7 @@ def test_signals_exit_quietly(offline_env, sig):
     server.initialize()
     server.proc.send_signal(sig)
     server.proc.wait(5)
-    time.sleep(0.1)
+    server.wait_output()                  # stderr read to its end: a traceback would be in it now
     assert "Traceback" not in server.stderr
     assert server.proc.returncode == 0
 
