@@ -575,6 +575,27 @@ def test_a_number_json_has_not_is_an_unreadable_answer_not_a_null(session, doubl
     assert_all_work(server, handle)
 
 
+def strict_json(line):
+    """A stdout line parsed as JSON is written: NaN and Infinity refused (Python's json reads them)."""
+    def refuse(constant):
+        raise AssertionError("%s on stdout: %r" % (constant, line))
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_a_number_past_a_float_is_written_as_null_on_the_wire(session, double):
+    """1e400 is a JSON number the decoder turns into inf (no NaN or Infinity to refuse): the frame that carries it
+    still is JSON, the number written null (mero_mcp.finite)."""
+    server, handle = session
+    double.faults.update({"paths": ["/jsonrpc"], "raw": '{"jsonrpc":"2.0","id":1,"result":{"output":[1,1e400]}}'})
+    seen = len(server.raw_lines)
+    result = server.call_tool("kv_store_len", {"app_handle": handle})
+    assert result["structuredContent"] == {"result": [1, None]}, result
+    frames = [strict_json(line) for line in server.raw_lines[seen:]]
+    assert [frame["result"]["structuredContent"] for frame in frames] == [{"result": [1, None]}]
+    double.faults.clear()
+    assert_all_work(server, handle)
+
+
 # ── a failed catalog re-read keeps the catalog ────────────────────────────────────────────────────
 
 def app_tools(server):
