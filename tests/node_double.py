@@ -1608,6 +1608,7 @@ class NodeDouble:
                 handler.send(self._answer(request))
         except OSError:   # the client went away, or stop() shut the connection down
             handler.close_connection = True
+            entry["cut"] = True        # the answer was not all written: the client stopped reading
         with self._lock:
             entry["answered"] = True   # written out: a test waiting on a late answer waits for this
 
