@@ -1984,9 +1984,6 @@ class Node:
     def post(self, path, body=None, params=None, timeout=None):
         return self._request("POST", path, body=body, params=params, timeout=timeout)
 
-    def put(self, path, body=None, params=None, timeout=None):
-        return self._request("PUT", path, body=body, params=params, timeout=timeout)
-
     def delete(self, path, body=None, params=None, timeout=None):
         return self._request("DELETE", path, body=body, params=params, timeout=timeout)
 
