@@ -17,18 +17,57 @@ from mcp_client import ROOT, McpServer, minimal_env, tuned_server
 OFFLINE_SIGNS = ("NewConnectionError", "No matching distribution", "Could not find a version", "Temporary failure")
 
 
+PROJECT_URL = "https://github.com/calimero-network/mero-mcp"
+BUILD_LEFTOVERS = ("build", "*.egg-info", "dist")
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """A fresh venv with this checkout installed (without requests/jsonschema: --no-deps)."""
+def built(tmp_path_factory):
+    """(the `mero-mcp` command, the checkout it was installed from): a fresh venv with a copy of this checkout
+    installed (without requests/jsonschema: --no-deps)."""
     home = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(with_pip=True).create(home)
+    copy = checkout_copy(tmp_path_factory)
     pip = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
-                          "--disable-pip-version-check", str(ROOT)],
+                          "--disable-pip-version-check", str(copy)],
                          capture_output=True, text=True, timeout=300)
     if pip.returncode != 0 and any(sign in pip.stdout + pip.stderr for sign in OFFLINE_SIGNS):
         pytest.skip("the package index is out of reach, so the build backend cannot be fetched")
     assert pip.returncode == 0, pip.stdout + pip.stderr
-    return home / "bin" / "mero-mcp"
+    return home / "bin" / "mero-mcp", copy
+
+
+@pytest.fixture(scope="module")
+def installed(built):
+    return built[0]
+
+
+def checkout_copy(tmp_path_factory):
+    """The checkout's files as a clone has them, without what an earlier build left in this one."""
+    import shutil
+    copy = tmp_path_factory.mktemp("checkout") / "mero-mcp"
+    shutil.copytree(str(ROOT), str(copy), ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".venv-oldest", "node_modules", "__pycache__", ".pytest_cache", *BUILD_LEFTOVERS))
+    return copy
+
+
+def test_pip_install_leaves_nothing_in_the_checkout(built):
+    """setup.py builds in a scratch folder it removes: the checkout gets no build/ or *.egg-info."""
+    copy = built[1]
+    assert (copy / "setup.cfg").is_file(), copy
+    left = sorted(str(path.relative_to(copy)) for pattern in BUILD_LEFTOVERS for path in copy.glob(pattern))
+    assert left == [], left
+
+
+def test_the_package_names_its_project_and_help_says_it(installed):
+    python = installed.parent / "python"
+    out = subprocess.run([str(python), "-c", "from importlib.metadata import metadata; m = metadata('mero-mcp'); "
+                          "print(m['Home-page']); print('\\n'.join(m.get_all('Project-URL')))"],
+                         capture_output=True, text=True, timeout=30, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [PROJECT_URL, "Source, " + PROJECT_URL, "Issues, %s/issues" % PROJECT_URL]
+    usage = subprocess.run([str(installed), "--help"], capture_output=True, text=True, timeout=30).stdout
+    assert "Project (README.md, bug reports): %s\n" % PROJECT_URL in usage, usage
 
 
 def test_the_command_exists_and_reports_its_version(installed):
