@@ -97,8 +97,8 @@ def test_the_modules_are_installed_flat(installed):
 
 # ── a checkout run by a Python that lacks the runtime packages (issue: tools answered -32603, --check a traceback)
 
-APT = "apt install python3-requests python3-jsonschema"
-PIP = "pip install requests jsonschema"
+APT = ("sudo apt install python3-requests python3-jsonschema (Debian, Ubuntu), or sudo dnf install python3-requests "
+       "python3-jsonschema (Fedora, RHEL), or sudo pacman -S python-requests python-jsonschema (Arch)")
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_without_the_packages_tools_say_what_to_install(bare_python, double, tmp
             assert result.get("isError") is True, result
             assert text.startswith("Error: mero-mcp needs the Python packages requests and jsonschema, which %s "
                                    "cannot import (No module named " % bare_python), text
-            assert APT in text and PIP in text, text
+            assert text.endswith(". Install them: %s -m pip install requests jsonschema." % bare_python), text
     finally:
         server.close()
     assert "Traceback" not in server.stderr and "Internal error" not in b"".join(server.raw_lines).decode()
@@ -168,11 +168,30 @@ def test_a_missing_package_is_logged_once_however_often_the_catalog_retries(bare
 
 
 def test_without_the_packages_check_says_what_to_install(bare_python, double, tmp_path):
+    """One problem naming both packages, its fix this Python's: a venv installs with its own pip."""
     out = run_check(bare_python, bare_env(tmp_path, double))
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 1 and out.stderr == "", out.stderr
     assert "Python:    %s (requests missing, jsonschema missing)" % bare_python in out.stdout
-    assert "Problems:" in out.stdout and APT in out.stdout and PIP in out.stdout
-    assert "mero-mcp needs the Python packages requests and jsonschema" in out.stdout
+    problems = out.stdout[out.stdout.index("Problems:\n"):].splitlines()[1:-1]
+    assert problems == ["  - mero-mcp needs the Python packages requests and jsonschema, which %s cannot import (No "
+                        "module named 'requests')" % bare_python,
+                        "    Fix: %s -m pip install requests jsonschema" % bare_python], out.stdout
+
+
+@pytest.mark.parametrize("prefix, executable, advice", [
+    ("base", "/usr/bin/python3", APT),
+    ("base", "/usr/local/bin/python3.12", "/usr/local/bin/python3.12 -m pip install requests jsonschema"),
+    ("venv", "/usr/bin/python3", "/usr/bin/python3 -m pip install requests jsonschema"),
+])
+def test_the_install_advice_fits_the_python_it_runs_on(monkeypatch, prefix, executable, advice):
+    """The distribution's own Python (in /usr/bin, no venv): its packages, since its pip may be refused
+    (externally-managed-environment); a venv, or a Python of one's own: its pip."""
+    import node
+    monkeypatch.setattr(sys, "executable", executable)
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix if prefix == "base" else sys.base_prefix + "-venv")
+    assert node.install_advice(["requests", "jsonschema"]) == advice
+    assert node.install_advice(["jsonschema"]).count("jsonschema") == (3 if prefix == "base" and
+                                                                       executable.startswith("/usr/bin/") else 1)
 
 
 def test_with_requests_but_not_jsonschema_the_tools_name_jsonschema(bare_python, requests_only, double, tmp_path):
@@ -183,7 +202,8 @@ def test_with_requests_but_not_jsonschema_the_tools_name_jsonschema(bare_python,
         text = server.call_tool("list_namespaces")["content"][-1]["text"]
     finally:
         server.close()
-    assert text.startswith("Error: mero-mcp needs the Python package jsonschema, which ") and APT in text, text
+    assert text.startswith("Error: mero-mcp needs the Python package jsonschema, which ") and \
+        text.endswith(". Install it: %s -m pip install jsonschema." % bare_python), text
     check = run_check(bare_python, env)
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
     assert "jsonschema missing" in check.stdout and "Health:    alive" in check.stdout, check.stdout
@@ -264,6 +284,11 @@ def test_without_abi_py_check_fails_and_every_tool_names_it(double, tmp_path):
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
     assert "  - %s\n    Fix: %s" % (missing, TOGETHER) in check.stdout, check.stdout
     assert "Health:    alive" in check.stdout and "Result:    the server cannot work" in check.stdout
+    # said once: no second problem for the same file, and nothing of the tool count's catalog on stderr
+    problems = check.stdout[check.stdout.index("Problems:\n"):].splitlines()[1:-1]
+    assert problems == ["  - " + missing, "    Fix: " + TOGETHER], check.stdout
+    assert "  - com.calimero.kv-store 1.0.0: tools unknown\n" in check.stdout, check.stdout     # as the server has it
+    assert check.stderr == "", check.stderr
     server = McpServer(env, command=[sys.executable, str(script)])
     try:
         server.initialize()
