@@ -2965,15 +2965,27 @@ TOOL_LIMITS = (("Cursor", 40), ("VS Code", 128))
 def _count_tools(report, count_tools, env, node):
     if count_tools is None:
         return None
-    # The catalog count_tools builds logs what it skips (an app without a readable ABI, a missing abi.py) on stderr:
-    # this report says each of those itself, so none of it goes to stderr in between.
+    # What the server count_tools builds logs on stderr would land amid this report: its catalog's lines (an app
+    # skipped for its ABI, a missing abi.py) are said by the report itself, per app and as module problems, and the
+    # rest (a setting it read, e.g. CALIMERO_MCP_MAX_RESULT_CHARS) become non-fatal problems.
     import io
+    logged = io.StringIO()
     try:
-        with contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stderr(logged):
             return count_tools(env, node)
     except Exception as error:           # abi.py or a package missing, a node that fails mid-read
         report.line("Tools", "unknown: %s" % error)
         return None
+    finally:
+        for line in logged.getvalue().splitlines():
+            text = line[len(LOG_PREFIX):] if line.startswith(LOG_PREFIX) else line
+            if text and not text.startswith(CATALOG_LINES):
+                report.problem(text, SETTING_FIX, fatal=False)
+
+
+LOG_PREFIX = "[mero-mcp] "
+CATALOG_LINES = ("skipping ", "app list ")     # mero_mcp.py's catalog: an app left without tools, a failed read
+SETTING_FIX = "Correct or unset the setting it names (README.md, Configuration)."
 
 
 def _report_tool_budget(report, counted, apps):

@@ -114,9 +114,13 @@ def requests_only(tmp_path_factory):
     """PYTHONPATH for the bare venv that brings requests (and what it needs) but not jsonschema."""
     import importlib
     lib = tmp_path_factory.mktemp("requests-only")
-    for name in ("requests", "urllib3", "idna", "certifi", "charset_normalizer"):
-        module = importlib.import_module(name)
-        source = Path(module.__file__).parent
+    for name in ("requests", "urllib3", "idna", "certifi", "charset_normalizer", "chardet", "six"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:               # chardet or charset_normalizer, six only for Debian's urllib3 1.26
+            continue
+        source = Path(module.__file__)
+        source = source.parent if source.name == "__init__.py" else source
         (lib / source.name).symlink_to(source)
     return lib
 
@@ -348,3 +352,18 @@ def test_an_older_python_gets_one_line_naming_it(version, args, tmp_path):
     assert out.returncode == 1 and out.stdout == "", out
     assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(line), out.stderr
     assert "absolute path as the command" in out.stderr
+
+
+def test_python_2_gets_a_two_line_syntax_error(tmp_path):
+    """README: Python 2.7 reads the whole file before running any of it, so no guard of ours runs there."""
+    python = old_python("2.7")
+    if python is None:
+        pytest.skip("no Python 2.7 here (python2.7 on PATH or under pyenv)")
+    out = subprocess.run([python, str(ROOT / "mero_mcp.py"), "--check"], input="", capture_output=True, text=True,
+                         timeout=30, env=minimal_env(tmp_path / "home"))
+    lines = out.stderr.splitlines()
+    assert out.returncode == 1 and out.stdout == "" and len(lines) == 2, out
+    assert lines[0].startswith("  File ") and lines[1].startswith("SyntaxError: Non-ASCII character '\\xc2' in file "
+                                                                   ), lines
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "Python 2.7 reads the whole file before it runs any of it, so it prints a two-line `SyntaxError`" in readme
