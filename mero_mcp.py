@@ -907,7 +907,7 @@ class Server:
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
-            with bound(call), self.node.traced(call.traceparent):
+            with bound(call), self.node.scope(call.traceparent, call.ticket):
                 arguments = resolved_ids(self.apps, t, arguments, call)
                 if KINDS[t.kind].whole_call_reads:
                     with call.reading():
@@ -2763,7 +2763,7 @@ def call_many_item(call, item):
     try:
         server = call.server
         refuse_unknown_arguments(server.fixed_tools["call"], item)
-        with server.node.traced(call.traceparent):
+        with server.node.scope(call.traceparent, call.ticket):
             value = run_call(server.apps, item, call.ticket)
         refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
         return {"ok": True, "result": value}

@@ -1259,6 +1259,9 @@ class NodeDouble:
                          X-Blob-Source, rc.25's fresh-identity text; their older body keys are known
       fresh_identity  True: GET /identity is the 404 of a node that never took part in a namespace
       peer_count      what GET /peers counts;  dev_install_root: a path prefix, the node's MEROD_DEV_INSTALL_ROOT
+    slow          {path prefix: seconds}: requests under that prefix wait that long first (longest prefix wins;
+                  a slow route beside any fault, e.g. one context's reads while another's stay quick)
+    after_delete  faults that take effect once a DELETE has been carried out (a read failing after a delete)
     syncs lists every sync and resync asked ({context, force}; context None for "all").
       expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
       auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
@@ -1289,6 +1292,8 @@ class NodeDouble:
         self.peer_count = 0
         self.dev_install_root: Optional[str] = None
         self.syncs: List[Dict[str, Any]] = []
+        self.slow: Dict[str, float] = {}
+        self.after_delete: Optional[Dict[str, Any]] = None
         self.registry_mode = "http"
         self._invitations: Dict[str, Dict[str, Any]] = {}   # secret salt (hex) -> {"spent": bool}
         self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
@@ -1600,10 +1605,25 @@ class NodeDouble:
             self.log.append({"method": request.method, "path": request.path, "query": dict(request.query),
                              "headers": dict(request.headers), "json": parsed if ok else None, "body": body})
         try:
+            self._wait_if_slow(request.path)
             if not self._apply_fault(handler, request):
-                handler.send(self._answer(request))
+                reply = self._answer(request)
+                self._arm_after(request, reply)
+                handler.send(reply)
         except OSError:   # the client went away, or stop() shut the connection down
             handler.close_connection = True
+
+    def _wait_if_slow(self, path: str) -> None:
+        with self._lock:
+            prefixes = [p for p in self.slow if path.startswith(p)]
+            seconds = self.slow[max(prefixes, key=len)] if prefixes else 0
+        if seconds:
+            time.sleep(float(seconds))
+
+    def _arm_after(self, request: Request, reply: Reply) -> None:
+        with self._lock:
+            if request.method == "DELETE" and 200 <= reply.status < 300 and self.after_delete is not None:
+                self.faults, self.after_delete = dict(self.after_delete), None
 
     def _answer(self, request: Request) -> Reply:
         if request.method == "OPTIONS":   # CORS preflight is never guarded (§1.3)
