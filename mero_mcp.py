@@ -336,6 +336,19 @@ def read_lines(stream):
         yield line
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def without_leading_bom(lines):
+    """The lines with a UTF-8 byte-order mark before the first message dropped (some hosts write one first)."""
+    first = True
+    for line in lines:
+        if first and line is not None and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM):]
+        first = first and line is not None and not line.strip()
+        yield line
+
+
 def parse_line(raw):
     if raw is None:
         raise RpcError(PARSE_ERROR, "Parse error: message longer than %d bytes" % MAX_LINE_BYTES)
@@ -537,7 +550,7 @@ class Scheduler:
     def read(self, stream):
         """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
         try:
-            for raw in read_lines(stream):
+            for raw in without_leading_bom(read_lines(stream)):
                 received = self.receive(raw)
                 if received is not None:
                     self.inbox.put(received)
@@ -554,6 +567,8 @@ class Scheduler:
         """Parse one line; a cancellation or a ping is dealt with at once (never behind a slow call); anything
         else is returned for the loop, each request with its ticket, made now so that a cancellation arriving
         while it waits its turn still reaches it."""
+        if raw is not None and not raw.strip():
+            return None                      # an empty line carries no message: nothing to answer
         try:
             message = parse_line(raw)
         except RpcError as error:
@@ -2133,8 +2148,8 @@ def list_blobs(args, call):
       required=("blob",), annotations=READ_ONLY, toolset="blobs")
 def get_blob(args, call):
     context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
+    offset = byte_offset(args)
     data, headers = call.server.node.download_blob(args["blob"], context)
-    offset = args.get("offset") or 0
     if offset > len(data) or (offset == len(data) and data):
         raise ToolError("offset %d is past the end of blob %s, which is %d bytes." % (offset, args["blob"], len(data)))
     page = {"blobId": args["blob"], "size": len(data), "mimeType": headers["mimeType"], "encoding": None,
@@ -2142,6 +2157,17 @@ def get_blob(args, call):
     room = TEXT_BOUND - len(json_text(page)) - 40      # what the rest of the answer leaves (40: both fields' values)
     encoding, content, end = blob_page(data, offset, room)
     return dict(page, encoding=encoding, content=content, nextOffset=end if end < len(data) else None)
+
+
+def byte_offset(args):
+    """get_blob's offset as a count of bytes: JSON Schema counts 1.0 as an integer, a byte offset it is not."""
+    offset = args.get("offset")
+    if offset is None:
+        return 0
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ToolError("offset must be a whole number of bytes, 0 or more (a page's nextOffset), not %s. Nothing "
+                        "was read." % json_text(offset))
+    return offset
 
 
 def blob_page(data, offset, room):

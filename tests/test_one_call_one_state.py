@@ -235,3 +235,34 @@ def test_a_late_deadline_never_cuts_a_connection_another_request_took(tmp_path, 
         assert kept[0].done and not kept[0].fired
     finally:
         kv.stop()
+
+
+# ---- 6. bad input is a tool error ----
+
+@pytest.mark.parametrize("offset", [1.0, "1", -1, 2 ** 64, True])
+def test_get_blob_refuses_an_offset_that_is_no_byte_count(serve, kv, offset):
+    server = serve(kv)
+    blob = server.tool_json("upload_blob", {"text": "hello, blob"})["blobId"]
+    result = server.call_tool("get_blob", {"blob": blob, "offset": offset})
+    assert result.get("isError") is True, result
+    assert "offset" in text_of(result)
+    assert server.tool_json("get_blob", {"blob": blob, "offset": 1})["content"] == "ello, blob"
+
+
+# ---- 8. the wire ----
+
+def test_a_byte_order_mark_and_empty_lines_are_ignored(serve, kv):
+    server = serve(kv, initialize=None)
+    server.send_raw(b"\xef\xbb\xbf" + json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}).encode())
+    assert server.wait_for(1)["result"]["protocolVersion"] == "2025-11-25"
+    server.send_raw(b"\n")
+    server.send_raw(b"\r\n")
+    server.send_raw(b"   \n")
+    server.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+    assert server.wait_for(2)["result"] == {}
+    time.sleep(0.2)
+    assert [json.loads(line).get("id") for line in server.raw_lines] == [1, 2]
+    # A mark after the first message is no JSON: it gets the parse error any other stray byte would.
+    server.send_raw(b"\xef\xbb\xbf" + json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}).encode())
+    assert server.read()["error"]["code"] == -32700
