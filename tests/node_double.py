@@ -2447,7 +2447,10 @@ class NodeDouble:
     def _h_subgroups(self, request):
         with self._lock:
             self._group_or_404(request.params["group_id"])
-            return {"subgroups": self._child_groups(request.params["group_id"])}
+            # Restricted children are hidden unless this node's account is a member of them (§3.7 subgroups).
+            return {"subgroups": [row for row in self._child_groups(request.params["group_id"])
+                                  if self._groups[row["groupId"]]["visibility"] != "restricted"
+                                  or NODE_ACCOUNT in self._groups[row["groupId"]]["members"]]}
 
     def _require_member(self, group: Dict[str, Any]) -> None:
         if NODE_ACCOUNT not in group["members"]:

@@ -266,3 +266,113 @@ def test_a_byte_order_mark_and_empty_lines_are_ignored(serve, kv):
     # A mark after the first message is no JSON: it gets the parse error any other stray byte would.
     server.send_raw(b"\xef\xbb\xbf" + json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}).encode())
     assert server.read()["error"]["code"] == -32700
+
+
+# ---- 3. names as given ----
+
+def governance(serve, double):
+    return serve(double, CALIMERO_MCP_TOOLSETS="core,governance")
+
+
+def test_a_name_is_compared_as_given(serve, kv):
+    team = kv.add_namespace(kv.kv_id, name="team")
+    server = governance(serve, kv)
+    spaced = server.call_tool("delete_namespace", {"namespace": " team"})
+    assert spaced.get("isError") and 'named " team"' in text_of(spaced), spaced
+    blank = server.call_tool("delete_namespace", {"namespace": "  "})
+    assert blank.get("isError") and "namespace must name a namespace" in text_of(blank)
+    assert team in kv._groups and [e for e in kv.log if e["method"] == "DELETE"] == []
+
+
+@pytest.mark.parametrize("tool, extra", [("delete_namespace", {}), ("leave_namespace", {})])
+def test_destructive_namespace_tools_refuse_a_case_only_match(serve, kv, tool, extra):
+    prod = kv.add_namespace(kv.kv_id, name="Prod")
+    server = governance(serve, kv)
+    refused = server.call_tool(tool, dict(extra, namespace="prod"))
+    assert refused.get("isError") and 'no namespace is named exactly "prod"' in text_of(refused), refused
+    assert '%s ("Prod")' % prod in text_of(refused)
+    assert [e for e in kv.log if e["method"] in ("DELETE", "POST")] == []
+    # Spelled as it is, the same name acts, and the answer names what it acted on.
+    if tool == "delete_namespace":
+        done = server.tool_json(tool, {"namespace": "Prod"})
+        assert done == {"isDeleted": True, "namespaceId": prod, "name": "Prod"}
+    else:
+        done = server.call_tool(tool, {"namespace": prod})
+        assert text_of(done) == 'Left namespace %s ("Prod").' % prod
+
+
+def test_group_tools_refuse_a_case_only_match_and_name_what_they_removed(serve, kv):
+    namespace = kv._contexts[kv.demo]["groupId"]
+    ops = kv.add_group(namespace=namespace, name="Ops")
+    account = "AB" * 32
+    kv.set_role(ops, "Member", account.lower())
+    server = governance(serve, kv)
+    for tool, args in (("delete_group", {"group": "ops"}), ("remove_group_members", {"group": "ops",
+                                                                                   "members": [account]})):
+        refused = server.call_tool(tool, args)
+        assert refused.get("isError") and 'named exactly "ops"' in text_of(refused), (tool, refused)
+    assert ops in kv._groups and account.lower() in kv._groups[ops]["members"]
+    done = server.call_tool("remove_group_members", {"group": "Ops", "members": [account, account.lower()]})
+    assert text_of(done) == ('Removed %s from subgroup %s ("Ops", in namespace %s). Given more than once, removed '
+                             "once: %s." % (account.lower(), ops, namespace, account.lower())), done
+    sent = [e["json"] for e in kv.log if e["path"].endswith("/members/remove")]
+    assert sent == [{"members": [account.lower()]}]
+    assert account.lower() not in kv._groups[ops]["members"]
+
+
+def test_creating_a_namesake_says_so_and_an_id_shaped_name_is_refused(serve, kv):
+    server = governance(serve, kv)
+    first = server.tool_json("create_namespace", {"application": KV, "name": "alpha"})
+    assert "note" not in first
+    second = server.tool_json("create_namespace", {"application": KV, "name": "alpha"})
+    assert second["namespaceId"] != first["namespaceId"]
+    assert 'The name "alpha" is also carried by namespace %s ("alpha")' % first["namespaceId"] in second["note"]
+    group = server.tool_json("create_group", {"namespace": first["namespaceId"], "name": "alpha"})
+    assert first["namespaceId"] in group["note"] and second["namespaceId"] in group["note"]
+    for tool, args in (("create_namespace", {"application": KV}), ("create_group", {"namespace": "demo-team"})):
+        refused = server.call_tool(tool, dict(args, name="ab" * 32))
+        assert refused.get("isError") and "reads as a 64-hex id" in text_of(refused), refused
+    assert len([g for g in kv._groups.values() if g["name"] == "ab" * 32]) == 0
+
+
+# ---- 4. delete_group answers from what happened ----
+
+def test_delete_group_lists_what_went_even_in_groups_this_node_cannot_list(serve, kv):
+    namespace = kv._contexts[kv.demo]["groupId"]
+    team = kv.add_group(namespace=namespace, name="team", visibility="open")
+    hidden = kv.add_group(parent=team, name="hidden", visibility="restricted", member=False)
+    seen_one = kv.add_context(kv.kv_id, group_id=team, name="seen")
+    hidden_one = kv.add_context(kv.kv_id, group_id=hidden, name="unseen")
+    server = governance(serve, kv)
+    answer = server.tool_json("delete_group", {"group": "team"})
+    assert answer["groupId"] == team and answer["name"] == "team" and answer["isDeleted"] is True
+    assert sorted(answer["deletedContexts"]) == sorted([seen_one, hidden_one])
+    assert answer["deletedSubgroups"] == []                  # the hidden one was never listed
+    assert answer["unlistedGroups"] == [hidden] and "cannot list" in answer["note"]
+    assert kv.demo in kv._contexts
+
+
+def test_delete_group_whose_read_back_fails_says_it_was_deleted(serve, kv):
+    namespace = kv._contexts[kv.demo]["groupId"]
+    team = kv.add_group(namespace=namespace, name="team", visibility="open")
+    kv.add_context(kv.kv_id, group_id=team, name="seen")
+    server = governance(serve, kv)
+    kv.after_delete = {"status": 503, "paths": ["/admin-api/contexts"]}
+    answer = server.tool_json("delete_group", {"group": team})
+    assert team not in kv._groups
+    assert answer["isDeleted"] is True and answer["groupId"] == team
+    assert answer["note"].startswith('subgroup %s ("team", in namespace %s) was deleted' % (team, namespace))
+    assert "could not be confirmed" in answer["note"] and "retry" not in json.dumps(answer).lower()
+
+
+# ---- 5. guards that belong to the tools ----
+
+def test_upgrade_group_refuses_another_package_and_both_risky_tools_say_they_destroy(serve, kv):
+    namespace = kv._contexts[kv.demo]["groupId"]
+    server = governance(serve, kv)
+    refused = server.call_tool("upgrade_group", {"group": namespace, "application": "com.example.counter"})
+    assert refused.get("isError") and "com.example.counter is another package" in text_of(refused), refused
+    assert [e for e in kv.log if e["path"].endswith("/upgrade")] == []
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
+    assert tools["upgrade_group"]["annotations"]["destructiveHint"] is True
+    assert tools["sync_context"]["annotations"]["destructiveHint"] is True
