@@ -804,6 +804,7 @@ class Server:
         self._node = None
         self._node_lock = threading.Lock()
         self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
+        self.blob_pages = BlobPages()        # the one blob being read page by page (get_blob)
 
     # ---- the node, created lazily (node.py imports requests) ----
     @property
@@ -2154,7 +2155,8 @@ def list_blobs(args, call):
 def get_blob(args, call):
     context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
     offset = byte_offset(args)
-    data, headers = call.server.node.download_blob(args["blob"], context)
+    data, headers = call.server.blob_pages.read((args["blob"], context), offset,
+                                                lambda: call.server.node.download_blob(args["blob"], context))
     if offset > len(data) or (offset == len(data) and data):
         raise ToolError("offset %d is past the end of blob %s, which is %d bytes." % (offset, args["blob"], len(data)))
     page = {"blobId": args["blob"], "size": len(data), "mimeType": headers["mimeType"], "encoding": None,
@@ -2162,6 +2164,36 @@ def get_blob(args, call):
     room = TEXT_BOUND - len(json_text(page)) - 40      # what the rest of the answer leaves (40: both fields' values)
     encoding, content, end = blob_page(data, offset, room)
     return dict(page, encoding=encoding, content=content, nextOffset=end if end < len(data) else None)
+
+
+BLOB_COPY_SECONDS = 60          # how long the blob read page by page is kept after its first page
+
+
+class BlobPages:
+    """One bounded, short-lived copy of the blob last read from its first page, serving its later pages: the node
+    ignores HTTP Range (node-api §0.7), so each page would otherwise move the whole blob again. At most one blob
+    (itself within the answer-size cap) is held, for BLOB_COPY_SECONDS; a read from offset 0 always downloads,
+    and delete_blob drops the copy."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.copy = None                # (key, data, headers, until)
+
+    def read(self, key, offset, download):
+        with self.lock:
+            copy = self.copy
+        if offset and copy is not None and copy[0] == key and time.monotonic() < copy[3]:
+            return copy[1], copy[2]
+        data, headers = download()
+        with self.lock:
+            self.copy = (key, data, headers, time.monotonic() + BLOB_COPY_SECONDS) if len(data) > TEXT_BOUND // 2 \
+                else None
+        return data, headers
+
+    def forget(self, blob):
+        with self.lock:
+            if self.copy is not None and self.copy[0][0] == blob:
+                self.copy = None
 
 
 def byte_offset(args):
@@ -2203,6 +2235,7 @@ def blob_page(data, offset, room):
 @tool("delete_blob", "Delete a blob from this node (not one an installed app uses).",
       {"blob": STRING}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
 def delete_blob(args, call):
+    call.server.blob_pages.forget(args["blob"])
     return call.server.node.delete_blob(args["blob"])
 
 

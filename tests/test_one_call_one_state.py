@@ -376,3 +376,26 @@ def test_upgrade_group_refuses_another_package_and_both_risky_tools_say_they_des
     tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
     assert tools["upgrade_group"]["annotations"]["destructiveHint"] is True
     assert tools["sync_context"]["annotations"]["destructiveHint"] is True
+
+
+# ---- 7. a blob read page by page moves once ----
+
+def test_a_blob_read_page_by_page_is_downloaded_once(serve, kv):
+    server = serve(kv)
+    text = "".join("line %05d of the blob\n" % i for i in range(9000))         # ~200 kB: several pages
+    blob = server.tool_json("upload_blob", {"text": text})["blobId"]
+    path = "/admin-api/blobs/" + blob
+    pages, offset = [], 0
+    while offset is not None:
+        page = server.tool_json("get_blob", {"blob": blob, "offset": offset})
+        pages.append(page["content"])
+        offset = page["nextOffset"]
+    assert len(pages) >= 3 and "".join(pages) == text
+    assert len(seen(kv, "GET", path)) == 1
+    # Reading it again from its start reads the node again; a deleted blob is never served from the copy.
+    server.tool_json("get_blob", {"blob": blob})
+    assert len(seen(kv, "GET", path)) == 2
+    assert not server.call_tool("delete_blob", {"blob": blob}).get("isError")
+    asked = len(seen(kv, "HEAD", path))
+    gone = server.call_tool("get_blob", {"blob": blob, "offset": 60000})
+    assert gone.get("isError") and len(seen(kv, "HEAD", path)) == asked + 1, gone
