@@ -336,6 +336,19 @@ def read_lines(stream):
         yield line
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def without_leading_bom(lines):
+    """The lines with a UTF-8 byte-order mark before the first message dropped (some hosts write one first)."""
+    first = True
+    for line in lines:
+        if first and line is not None and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM):]
+        first = first and line is not None and not line.strip()
+        yield line
+
+
 def parse_line(raw):
     if raw is None:
         raise RpcError(PARSE_ERROR, "Parse error: message longer than %d bytes" % MAX_LINE_BYTES)
@@ -537,7 +550,7 @@ class Scheduler:
     def read(self, stream):
         """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
         try:
-            for raw in read_lines(stream):
+            for raw in without_leading_bom(read_lines(stream)):
                 received = self.receive(raw)
                 if received is not None:
                     self.inbox.put(received)
@@ -554,6 +567,8 @@ class Scheduler:
         """Parse one line; a cancellation or a ping is dealt with at once (never behind a slow call); anything
         else is returned for the loop, each request with its ticket, made now so that a cancellation arriving
         while it waits its turn still reaches it."""
+        if raw is not None and not raw.strip():
+            return None                      # an empty line carries no message: nothing to answer
         try:
             message = parse_line(raw)
         except RpcError as error:
@@ -708,12 +723,13 @@ class Request:
     that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
     or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
 
-    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads")
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named")
 
     def __init__(self, server, request_id, meta, version, ticket):
         self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
         self.ticket = ticket                 # set once the client cancels the request
         self.reads = None                    # a Reads while a scope of this call shares its node reads
+        self.named = {}                      # argument -> the Carrier a namespace or group name resolved to
 
     @property
     def modern(self):
@@ -788,6 +804,7 @@ class Server:
         self._node = None
         self._node_lock = threading.Lock()
         self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
+        self.blob_pages = BlobPages()        # the one blob being read page by page (get_blob)
 
     # ---- the node, created lazily (node.py imports requests) ----
     @property
@@ -907,7 +924,7 @@ class Server:
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
-            with bound(call), self.node.traced(call.traceparent):
+            with bound(call), self.node.scope(call.traceparent, call.ticket):
                 arguments = resolved_ids(self.apps, t, arguments, call)
                 if KINDS[t.kind].whole_call_reads:
                     with call.reading():
@@ -1381,10 +1398,14 @@ def resolved_ids(apps, t, arguments, call):
     if not named or not any(isinstance(arguments.get(argument), str) for argument in named):
         return arguments
     resolved = dict(arguments)
+    # A destructive tool never acts on a name matched only without case: it could be another's.
+    exact = bool(t.annotations.get("destructiveHint"))
     with call.reading():                     # two arguments naming groups share one walk of the node's groups
         for argument, kind in named.items():
             if isinstance(arguments.get(argument), str):
-                resolved[argument] = apps.resolve_group(arguments[argument], argument, kind)
+                carrier = apps.resolve_group(arguments[argument], argument, kind, exact)
+                resolved[argument] = carrier.id
+                call.named[argument] = carrier
     return resolved
 
 
@@ -1997,7 +2018,7 @@ def delete_alias(args, call):
 @tool("sync_context", "Ask the node to sync a context from its peers; force: a full resync, overwriting local state "
       "with a peer's.",
       {"context": STRING, "force": {"type": "boolean"}}, required=("context",),
-      annotations=dict(WRITES, idempotentHint=True))
+      annotations=DESTRUCTIVE_IDEMPOTENT)       # force overwrites local state
 def sync_context(args, call):
     node, context_id = call.server.node, context_id_of(call.server, args["context"])
     if args.get("force"):
@@ -2133,8 +2154,9 @@ def list_blobs(args, call):
       required=("blob",), annotations=READ_ONLY, toolset="blobs")
 def get_blob(args, call):
     context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
-    data, headers = call.server.node.download_blob(args["blob"], context)
-    offset = args.get("offset") or 0
+    offset = byte_offset(args)
+    data, headers = call.server.blob_pages.read((args["blob"], context), offset,
+                                                lambda: call.server.node.download_blob(args["blob"], context))
     if offset > len(data) or (offset == len(data) and data):
         raise ToolError("offset %d is past the end of blob %s, which is %d bytes." % (offset, args["blob"], len(data)))
     page = {"blobId": args["blob"], "size": len(data), "mimeType": headers["mimeType"], "encoding": None,
@@ -2142,6 +2164,47 @@ def get_blob(args, call):
     room = TEXT_BOUND - len(json_text(page)) - 40      # what the rest of the answer leaves (40: both fields' values)
     encoding, content, end = blob_page(data, offset, room)
     return dict(page, encoding=encoding, content=content, nextOffset=end if end < len(data) else None)
+
+
+BLOB_COPY_SECONDS = 60          # how long the blob read page by page is kept after its first page
+
+
+class BlobPages:
+    """One bounded, short-lived copy of the blob last read from its first page, serving its later pages: the node
+    ignores HTTP Range (node-api §0.7), so each page would otherwise move the whole blob again. At most one blob
+    (itself within the answer-size cap) is held, for BLOB_COPY_SECONDS; a read from offset 0 always downloads,
+    and delete_blob drops the copy."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.copy = None                # (key, data, headers, until)
+
+    def read(self, key, offset, download):
+        with self.lock:
+            copy = self.copy
+        if offset and copy is not None and copy[0] == key and time.monotonic() < copy[3]:
+            return copy[1], copy[2]
+        data, headers = download()
+        with self.lock:
+            self.copy = (key, data, headers, time.monotonic() + BLOB_COPY_SECONDS) if len(data) > TEXT_BOUND // 2 \
+                else None
+        return data, headers
+
+    def forget(self, blob):
+        with self.lock:
+            if self.copy is not None and self.copy[0][0] == blob:
+                self.copy = None
+
+
+def byte_offset(args):
+    """get_blob's offset as a count of bytes: JSON Schema counts 1.0 as an integer, a byte offset it is not."""
+    offset = args.get("offset")
+    if offset is None:
+        return 0
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ToolError("offset must be a whole number of bytes, 0 or more (a page's nextOffset), not %s. Nothing "
+                        "was read." % json_text(offset))
+    return offset
 
 
 def blob_page(data, offset, room):
@@ -2172,6 +2235,7 @@ def blob_page(data, offset, room):
 @tool("delete_blob", "Delete a blob from this node (not one an installed app uses).",
       {"blob": STRING}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
 def delete_blob(args, call):
+    call.server.blob_pages.forget(args["blob"])
     return call.server.node.delete_blob(args["blob"])
 
 
@@ -2185,14 +2249,43 @@ VISIBILITIES = ("open", "restricted")
        "name": STRING},
       required=("application",), toolset="governance")
 def create_namespace(args, call):
-    app = call.server.apps.resolve(args["application"])
-    return call.server.node.create_namespace(app.id, name=args.get("name"))
+    apps = call.server.apps
+    app = apps.resolve(args["application"])
+    name = args.get("name")
+    namesakes = namesakes_of(apps, name, call, namespaces_only=True)
+    created = call.server.node.create_namespace(app.id, name=name)
+    return with_namesakes(created, name, namesakes)
+
+
+def namesakes_of(apps, name, call, namespaces_only=False):
+    """The namespaces (and groups) already named `name`, as given; a name that reads as an id is refused: an
+    argument of that form is taken as an id, so the new one could never be named."""
+    if name is None:
+        return []
+    if not name.strip():
+        raise ToolError("name must not be blank: leave it out for no name. Nothing was created.")
+    if is_hex_key(name):
+        raise ToolError('name "%s" reads as a 64-hex id, and a name of that form is taken as an id everywhere, so '
+                        "it could never be named. Choose another name. Nothing was created." % name)
+    with call.reading():
+        namespaces = apps.namespace_carriers()
+        carriers = namespaces if namespaces_only else namespaces + apps.groups_of(namespaces)
+    return [c for c in carriers if c.name == name]
+
+
+def with_namesakes(created, name, namesakes):
+    if not namesakes:
+        return created
+    return dict(created, note='The name "%s" is also carried by %s: a name names one thing only while it is '
+                              "unique, so pass ids to tell them apart." % (name, carriers_text(namesakes)))
 
 
 @tool("delete_namespace", "Delete a namespace; delete its contexts first (they outlive it, uncallable).",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def delete_namespace(args, call):
-    return call.server.node.delete_namespace(args["namespace"])
+    acted_on = call.server.apps.carrier_of(args["namespace"], call, "namespace")
+    answer = call.server.node.delete_namespace(args["namespace"])
+    return dict(answer, namespaceId=args["namespace"], name=acted_on.name)
 
 
 @tool("invite_to_namespace", "Create an invitation to a namespace, for join_namespace on another node.",
@@ -2217,8 +2310,16 @@ def join_namespace(args, call):
 @tool("leave_namespace", "Leave a namespace (this node stops being a member).",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
+    acted_on = call.server.apps.carrier_of(args["namespace"], call, "namespace")
     call.server.node.leave_namespace(args["namespace"])
-    return "Left namespace %s." % args["namespace"]
+    return "Left %s." % named_text(acted_on)
+
+
+def named_text(carrier):
+    """`namespace <id> ("team")`, or the kind and id alone when it has no name or none could be read."""
+    if carrier.name is None:
+        return "%s %s" % (carrier.kind or "group", carrier.id)
+    return carriers_text([carrier])
 
 
 @tool("list_group_members", "Members of a group, with their roles.",
@@ -2245,15 +2346,32 @@ def add_group_members(args, call):
       {"group": GROUP_ID, "members": {"type": "array", "minItems": 1, "items": text_property("Account id.")}},
       required=("group", "members"), annotations=DESTRUCTIVE, toolset="governance")
 def remove_group_members(args, call):
-    node, group, members = call.server.node, args["group"], args["members"]
+    node, group = call.server.node, args["group"]
+    acted_on = call.server.apps.carrier_of(group, call, "group")
+    members, repeated = canonical_accounts(args["members"])
     # The node checks no account (node-api §0.6): one that is not a member would be "removed" silently.
     listed = {m["identity"].lower() for m in node.group_members(group)["members"]}
-    strangers = [m for m in members if m.lower() not in listed]
+    strangers = [m for m in members if m not in listed]
     if strangers:
-        raise ToolError("Not members of group %s: %s. Nothing was removed; list_group_members shows its members."
-                        % (group, ", ".join(strangers)))
-    node.remove_group_members(group, list(members))
-    return "Removed %s from group %s." % (", ".join(members), group)
+        raise ToolError("Not members of %s: %s. Nothing was removed; list_group_members shows its members."
+                        % (named_text(acted_on), ", ".join(strangers)))
+    node.remove_group_members(group, members)
+    said = "Removed %s from %s." % (", ".join(members), named_text(acted_on))
+    return said + (" Given more than once, removed once: %s." % ", ".join(repeated) if repeated else "")
+
+
+def canonical_accounts(accounts):
+    """Account ids in the one form they are compared and sent in (lower-case hex, as the node lists them), each
+    once; and those given more than once."""
+    seen, repeated = [], []
+    for account in accounts:
+        account = account.lower() if is_hex_key(account) else account
+        if account in seen:
+            if account not in repeated:
+                repeated.append(account)
+        else:
+            seen.append(account)
+    return seen, repeated
 
 
 MEMBER_ROLES = ("Admin", "Member", "ReadOnly")       # the node assigns its TEE roles itself
@@ -2278,14 +2396,15 @@ def set_member_role(args, call):
       required=("namespace",), toolset="governance")
 def create_group(args, call):
     node, namespace = call.server.node, args["namespace"]
+    namesakes = namesakes_of(call.server.apps, args.get("name"), call)
     if args.get("parent") is None:
         visibility = args.get("visibility") or "open"
         group_id = node.create_group(namespace, args.get("name"), visibility)
-        return created_group(group_id, namespace, namespace, visibility)
+        return with_namesakes(created_group(group_id, namespace, namespace, visibility), args.get("name"), namesakes)
     if not node.namespace_holds(namespace, args["parent"]):      # core's nested create takes no namespace
         raise ToolError("Group %s is not in namespace %s. Pass the namespace the parent is in, or a parent inside "
                         "namespace %s." % (args["parent"], namespace, namespace))
-    return create_nested_group(node, args)
+    return with_namesakes(create_nested_group(node, args), args.get("name"), namesakes)
 
 
 def created_group(group_id, parent, namespace, visibility):
@@ -2351,13 +2470,32 @@ def delete_group(args, call):
     if namespace is not None:      # newest nodes refuse it too; older ones would delete the namespace
         raise ToolError("%s is a namespace%s: delete_group deletes subgroups. Delete a namespace with "
                         "delete_namespace." % (group, ' ("%s")' % namespace["name"] if namespace.get("name") else ""))
+    acted_on = call.server.apps.carrier_of(group, call, "group")
     below = groups_below(node, group)
-    doomed = set(below) | {group}
-    contexts = [c["id"] for c in node.contexts() if c.get("groupId") in doomed]
-    answer = node.delete_group(group)
-    remaining = {c["id"] for c in node.contexts()} if contexts else set()
-    return dict(answer, groupId=group, deletedSubgroups=[g for g in below if not group_exists(node, g)],
-                deletedContexts=[c for c in contexts if c not in remaining])
+    before = {c["id"]: c.get("groupId") for c in node.contexts()}
+    answer = dict(node.delete_group(group), groupId=group, name=acted_on.name)
+    # What went is read back, not assumed: a restricted subgroup this node cannot list loses its contexts too.
+    try:
+        after = {c["id"] for c in node.contexts()} if before else set()
+        answer["deletedSubgroups"] = [g for g in below if not group_exists(node, g)]
+    except node_module().NodeError as error:
+        answer["note"] = ("%s was deleted; which of its subgroups and contexts went with it could not be confirmed "
+                          "(%s). list_contexts and describe_group show what is left." % (named_text(acted_on),
+                                                                                         unanswered_read(error)))
+        return answer
+    answer["deletedContexts"] = [c for c in before if c not in after]
+    unlisted = sorted({before[c] for c in answer["deletedContexts"]} - set(below) - {group, None})
+    if unlisted:
+        answer["unlistedGroups"] = unlisted
+        answer["note"] = ("The delete also reached groups this node cannot list (restricted ones it is not a member "
+                          "of): contexts of %s are gone too." % ", ".join(unlisted))
+    return answer
+
+
+def unanswered_read(error):
+    """How a read after a write failed, without the read's own advice (the write is done: nothing to repeat)."""
+    status = getattr(error, "status", None)
+    return "the node answered HTTP %s to the read after it" % status if status else "the read after it got no answer"
 
 
 def groups_below(node, group):
@@ -2370,11 +2508,14 @@ def groups_below(node, group):
 
 
 def group_exists(node, group):
-    """False only when the node says it is not there: the delete happened, so no other failure may fail it."""
+    """False when the node says it is not there, True when it is (a 403: there, but not shown to this node); any
+    other failure is raised, since it confirms nothing."""
     try:
         node.group(group)
     except node_module().NodeError as error:
-        return error.status != 404
+        if error.status in (403, 404):
+            return error.status == 403
+        raise
     return True
 
 
@@ -2417,17 +2558,28 @@ def join_open_group(args, call):
 @tool("upgrade_group", "Move a namespace or group to the latest installed version of its app (install that first); "
       "cascade: subgroups too.",
       {"group": GROUP_ID, "application": text_property("Default: the group's."), "cascade": {"type": "boolean"}},
-      required=("group",), toolset="governance")
+      required=("group",), annotations=DESTRUCTIVE, toolset="governance")
 def upgrade_group(args, call):
     server, group = call.server, args["group"]
+    current = server.node.group(group)["targetApplicationId"]
+    target = current
     if args.get("application") is not None:
-        target = server.apps.resolve(args["application"]).id
-    else:
-        target = server.node.group(group)["targetApplicationId"]
+        target = refuse_another_package(server.apps, group, current, server.apps.resolve(args["application"]))
     status = server.node.upgrade_group(group, target, args.get("cascade"))
     if status.get("status") != "completed":
         status = dict(status, note="Not finished: describe_group shows its progress until it is completed.")
     return status
+
+
+def refuse_another_package(apps, group, current, app):
+    """An upgrade moves a group to a newer version of its own app: an app of another package is refused before
+    anything is sent (the node would move the group's contexts onto code their state was never written by)."""
+    running = apps.app_by_id(current)
+    if running is not None and running.package != app.package:
+        raise ToolError("Group %s runs %s; %s is another package, and upgrade_group moves a group to a newer "
+                        "version of its own app. Nothing was sent; install the new version of %s and upgrade to "
+                        "it." % (group, running.package, app.package, running.package))
+    return app.id
 
 
 # ---- application tools: describe_app, select_app ----
@@ -2763,7 +2915,7 @@ def call_many_item(call, item):
     try:
         server = call.server
         refuse_unknown_arguments(server.fixed_tools["call"], item)
-        with server.node.traced(call.traceparent):
+        with server.node.scope(call.traceparent, call.ticket):
             value = run_call(server.apps, item, call.ticket)
         refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
         return {"ok": True, "result": value}
@@ -2913,7 +3065,8 @@ def is_hex_key(value):
 
 
 def named_as(carriers, name):
-    """The carriers of `name`: those spelling it exactly, else those spelling it in another case."""
+    """The carriers of `name`: those spelling it exactly, else those spelling it in another case (no trimming:
+    " team" is not "team")."""
     exact = [c for c in carriers if c.name == name]
     return exact or [c for c in carriers if isinstance(c.name, str) and c.name.lower() == name.lower()]
 
@@ -3379,17 +3532,17 @@ class Apps:
         return 'Contexts for "%s": %s' % (label, some_contexts(ids, label) or "(none)")
 
     # ---- namespaces and groups ----
-    def resolve_group(self, value, argument, kind="group"):
-        """The 64-hex id a namespace (`kind` "namespace") or group argument names: an id as given, without a read;
-        else the one namespace, or with "group" the one namespace or subgroup, whose name it is (exact, else without
-        case). None or several is a ToolError naming the argument, and nothing is done."""
-        name = value.strip()
-        if not name:
+    def resolve_group(self, value, argument, kind="group", exact=False):
+        """The Carrier (its 64-hex id; name and kind when read) a namespace (`kind` "namespace") or group argument
+        names: an id as given, without a read; else the one namespace, or with "group" the one namespace or
+        subgroup, whose name it is, compared as given (exact, else without case unless `exact`). None or several
+        is a ToolError naming the argument, and nothing is done."""
+        name = value
+        if not name.strip():
             raise ToolError("%s must name a %s: its id or its name." % (argument, GROUP_KINDS[kind]))
         if is_hex_key(name):
-            return name
-        namespaces = [Carrier("namespace", row["namespaceId"], row.get("name"), None)
-                      for row in self.memo(("namespaces",), self.node.namespaces)]
+            return Carrier(None, name, None, None)
+        namespaces = self.namespace_carriers()
         if kind == "group":
             found = named_as(namespaces + self.groups_of(namespaces), name)
         else:
@@ -3398,14 +3551,34 @@ class Apps:
             if groups:                           # a subgroup's name where a namespace is asked: never the subgroup
                 raise ToolError('%s: "%s" is the name of %s, not of a namespace. Pass a namespace id or name; '
                                 "list_namespaces lists them." % (argument, name, carriers_text(groups)))
+        if exact and found and all(c.name != name for c in found):
+            raise ToolError('%s: no %s is named exactly "%s"; %s. Nothing was done; pass the name as it is spelled, '
+                            "or the id." % (argument, GROUP_KINDS[kind], name, "named in another case: "
+                                            + carriers_text(found)))
         if len(found) == 1:
-            return found[0].id
+            return found[0]
         if found:
             raise ToolError('%s: %d %s are named "%s": %s. Nothing was done; pass the id of the one you mean.'
                             % (argument, len(found), GROUP_KINDS[kind + "s"], name, carriers_text(found)))
         where = " (describe_group of a namespace shows its subgroups)" if kind == "group" else ""
         raise ToolError('%s: no %s on this node is named "%s". Nothing was done; list_namespaces lists the '
                         "namespaces with their ids and names%s." % (argument, GROUP_KINDS[kind], name, where))
+
+    def namespace_carriers(self):
+        return [Carrier("namespace", row["namespaceId"], row.get("name"), None)
+                for row in self.memo(("namespaces",), self.node.namespaces)]
+
+    def carrier_of(self, group_id, call, argument):
+        """What a destructive answer names: the namespace or group an argument resolved to, read when it was
+        given as an id (a group this node cannot list is named by its id alone)."""
+        known = call.named.get(argument)
+        if known is not None and known.kind is not None:
+            return known
+        with call.reading():
+            namespaces = self.namespace_carriers()
+            found = [c for c in namespaces if c.id.lower() == group_id.lower()] or [
+                c for c in self.groups_of(namespaces) if c.id.lower() == group_id.lower()]
+        return found[0] if found else Carrier("group", group_id, None, None)
 
     def groups_of(self, namespaces):
         """Every subgroup this node can list, below each of `namespaces`."""

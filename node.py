@@ -107,6 +107,10 @@ class NotSent(NodeError):
     """A request refused before anything reached the node (its body cannot be encoded)."""
 
 
+class CancelledBeforeSent(NotSent):
+    """A change the call's client cancelled before it left: it is never sent (the call's scope, `scope`)."""
+
+
 class UnexpectedAnswer(NodeError):
     """A 2xx answer of the wrong shape or not JSON (a proxy's page, another server, a broken release). A NodeError
     like any other; `check` tells it apart to say the server at the url is not a Calimero node."""
@@ -1072,7 +1076,7 @@ def auth_advice(mode: Optional[str]) -> str:
 
 _session_instance = None
 _session_lock = threading.Lock()
-_trace = threading.local()
+_scope = threading.local()
 
 
 def _requests():
@@ -1138,7 +1142,9 @@ def _session():
 
 def _watch_connections(adapter):
     """The adapter's pools tell the request's deadline (`_watched`) which connection carries it, so the deadline
-    can shut that connection down wherever the request is: sending, waiting for headers or reading the body."""
+    can shut that connection down wherever the request is: sending, waiting for headers or reading the body. A
+    connection going back to the pool leaves its watch first: once another request may take it, no deadline but
+    that request's own may shut it down."""
     from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
 
     def watched(pool_class):
@@ -1146,8 +1152,14 @@ def _watch_connections(adapter):
             def _make_request(self, conn, *args, **kwargs):
                 watch = getattr(_watched, "value", None)
                 if watch is not None:
-                    watch.conn = conn
+                    watch.carried_by(conn)
                 return super()._make_request(conn, *args, **kwargs)
+
+            def _put_conn(self, conn):
+                watch = getattr(_watched, "value", None)
+                if watch is not None:
+                    watch.released(conn)
+                return super()._put_conn(conn)
         return Watched
     adapter.poolmanager.pool_classes_by_scheme = {"http": watched(HTTPConnectionPool),
                                                   "https": watched(HTTPSConnectionPool)}
@@ -1157,21 +1169,36 @@ _watched = threading.local()             # the deadline of the request this thre
 
 
 class _Watch:
-    """One request's deadline: when it passes, its connection is shut down, which ends a blocked read at once."""
-    __slots__ = ("deadline", "conn", "fired", "sent")
+    """One request's deadline: when it passes, its connection is shut down, which ends a blocked read at once. The
+    lock orders that against the connection going back to the pool (`released`): a released connection is
+    never shut down by this watch."""
+    __slots__ = ("deadline", "conn", "fired", "sent", "done", "lock")
 
     def __init__(self, deadline):
-        self.deadline, self.conn, self.fired, self.sent = deadline, None, False, False
+        self.deadline, self.conn, self.fired, self.sent, self.done = deadline, None, False, False, False
+        self.lock = threading.Lock()
+
+    def carried_by(self, conn):
+        with self.lock:
+            self.conn = conn
+
+    def released(self, conn):
+        with self.lock:
+            if conn is not None and self.conn is conn:
+                self.conn, self.done = None, True      # its answer was read whole: nothing is left to cut
 
     def fire(self):
-        self.fired = True
-        sock = getattr(self.conn, "sock", None)
-        self.sent = sock is not None         # connected: the request may have gone out
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        with self.lock:
+            if self.done:
+                return
+            self.fired = True
+            sock = getattr(self.conn, "sock", None)
+            self.sent = sock is not None     # connected: the request may have gone out
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 class _Deadlines:
@@ -1274,15 +1301,51 @@ def is_traceparent(value) -> bool:
     return isinstance(value, str) and TRACEPARENT.fullmatch(value) is not None
 
 
+class Scope(NamedTuple):
+    """What one call's node requests carry on whichever thread sends them: its W3C traceparent (well-formed or
+    None) and its cancel ticket (a threading.Event, or None)."""
+    traceparent: Optional[str] = None
+    ticket: Any = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.ticket is not None and self.ticket.is_set()
+
+
+NO_SCOPE = Scope()
+
+
+def current_scope() -> Scope:
+    """The scope this thread's requests are sent in now: pass it to `scope` on a helper thread of the same call."""
+    return getattr(_scope, "value", NO_SCOPE)
+
+
 @contextlib.contextmanager
-def traced(traceparent):
-    """Within this block (this thread only), node requests carry `traceparent` if it is well-formed (§1.4)."""
-    previous = getattr(_trace, "value", None)
-    _trace.value = traceparent if is_traceparent(traceparent) else None
+def scope(traceparent=None, ticket=None):
+    """Within this block (this thread only), node requests carry `traceparent` if it is well-formed (§1.4), and
+    every request but a GET or HEAD is refused unsent once `ticket` is set. `traceparent` may be a Scope
+    (`current_scope()` of another thread): that call's scope is entered whole."""
+    if isinstance(traceparent, Scope):
+        entered = traceparent
+    else:
+        entered = Scope(traceparent if is_traceparent(traceparent) else None, ticket)
+    previous = current_scope()
+    _scope.value = entered
     try:
-        yield
+        yield entered
     finally:
-        _trace.value = previous
+        _scope.value = previous
+
+
+def traced(traceparent):
+    """A scope carrying `traceparent` alone."""
+    return scope(traceparent)
+
+
+def refuse_if_cancelled(method, path) -> None:
+    """A change is sent only while its call is wanted: checked just before it leaves (a GET changes nothing)."""
+    if method not in ("GET", "HEAD") and current_scope().cancelled:
+        raise CancelledBeforeSent("%s %s was not sent: the call was cancelled" % (method, path))
 
 
 def _prepared(requests, session, method, url, params, data, headers):
@@ -1302,7 +1365,7 @@ def _headers(token, content_type):
         headers["Authorization"] = "Bearer " + token
     if content_type:
         headers["Content-Type"] = content_type
-    traceparent = getattr(_trace, "value", None)
+    traceparent = current_scope().traceparent
     if traceparent:
         headers["traceparent"] = traceparent
     return headers
@@ -1956,6 +2019,8 @@ class Node:
         return ensure_dir(state_dir(self._env))
 
     traced = staticmethod(traced)
+    scope = staticmethod(scope)
+    current_scope = staticmethod(current_scope)
 
     # ---- connect ----
     def connect(self) -> "Node":
@@ -2494,6 +2559,7 @@ class Node:
         timeout = self._timeout if timeout is None else timeout
 
         def send(token):
+            refuse_if_cancelled(method, path)        # before each attempt: a renewal may have taken a while
             return self._send(method, url, token, data, content_type, params, timeout)
         response = self._send_authenticated(send)
         if not 200 <= response.status_code < 300:

@@ -1259,6 +1259,9 @@ class NodeDouble:
                          X-Blob-Source, rc.25's fresh-identity text; their older body keys are known
       fresh_identity  True: GET /identity is the 404 of a node that never took part in a namespace
       peer_count      what GET /peers counts;  dev_install_root: a path prefix, the node's MEROD_DEV_INSTALL_ROOT
+    slow          {path prefix: seconds}: requests under that prefix wait that long first (longest prefix wins;
+                  a slow route beside any fault, e.g. one context's reads while another's stay quick)
+    after_delete  faults that take effect once a DELETE has been carried out (a read failing after a delete)
     syncs lists every sync and resync asked ({context, force}; context None for "all").
       expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
       auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
@@ -1291,6 +1294,8 @@ class NodeDouble:
         self.peer_count = 0
         self.dev_install_root: Optional[str] = None
         self.syncs: List[Dict[str, Any]] = []
+        self.slow: Dict[str, float] = {}
+        self.after_delete: Optional[Dict[str, Any]] = None
         self.registry_mode = "http"
         self._invitations: Dict[str, Dict[str, Any]] = {}   # secret salt (hex) -> {"spent": bool}
         self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
@@ -1604,13 +1609,28 @@ class NodeDouble:
         with self._lock:
             self.log.append(entry)
         try:
+            self._wait_if_slow(request.path)
             if not self._apply_fault(handler, request):
-                handler.send(self._answer(request))
+                reply = self._answer(request)
+                self._arm_after(request, reply)
+                handler.send(reply)
         except OSError:   # the client went away, or stop() shut the connection down
             handler.close_connection = True
             entry["cut"] = True        # the answer was not all written: the client stopped reading
         with self._lock:
             entry["answered"] = True   # written out: a test waiting on a late answer waits for this
+
+    def _wait_if_slow(self, path: str) -> None:
+        with self._lock:
+            prefixes = [p for p in self.slow if path.startswith(p)]
+            seconds = self.slow[max(prefixes, key=len)] if prefixes else 0
+        if seconds:
+            time.sleep(float(seconds))
+
+    def _arm_after(self, request: Request, reply: Reply) -> None:
+        with self._lock:
+            if request.method == "DELETE" and 200 <= reply.status < 300 and self.after_delete is not None:
+                self.faults, self.after_delete = dict(self.after_delete), None
 
     def _answer(self, request: Request) -> Reply:
         if request.method == "OPTIONS":   # CORS preflight is never guarded (§1.3)
@@ -2434,7 +2454,10 @@ class NodeDouble:
     def _h_subgroups(self, request):
         with self._lock:
             self._group_or_404(request.params["group_id"])
-            return {"subgroups": self._child_groups(request.params["group_id"])}
+            # Restricted children are hidden unless this node's account is a member of them (§3.7 subgroups).
+            return {"subgroups": [row for row in self._child_groups(request.params["group_id"])
+                                  if self._groups[row["groupId"]]["visibility"] != "restricted"
+                                  or NODE_ACCOUNT in self._groups[row["groupId"]]["members"]]}
 
     def _require_member(self, group: Dict[str, Any]) -> None:
         if NODE_ACCOUNT not in group["members"]:

@@ -217,13 +217,14 @@ def test_remove_group_members_checks_they_are_members_then_removes_them(server, 
     start = len(double.log)
     stranger = error_text(server.call_tool("remove_group_members", {"group": namespace,
                                                                      "members": [ALICE, STRANGER]}))
-    assert stranger == ("Error: Not members of group %s: %s. Nothing was removed; list_group_members shows its "
-                        "members." % (namespace, STRANGER))
+    assert stranger == ("Error: Not members of namespace %s (\"demo-team\"): %s. Nothing was removed; "
+                        "list_group_members shows its members." % (namespace, STRANGER))
     assert sent(double, start) == []
     removed = server.call_tool("remove_group_members", {"group": namespace, "members": [ALICE.upper()]})
-    assert text_of(removed) == "Removed %s from group %s." % (ALICE.upper(), namespace)     # hex in any case
+    # Hex in any case, sent and said in the one form the node lists
+    assert text_of(removed) == 'Removed %s from namespace %s ("demo-team").' % (ALICE.lower(), namespace)
     assert sent(double, start) == [("POST", "/admin-api/groups/%s/members/remove" % namespace,
-                                    {"members": [ALICE.upper()]})]
+                                    {"members": [ALICE.lower()]})]
     listed = server.tool_json("list_group_members", {"group": namespace})["members"]
     assert [m["identity"] for m in listed] == [NODE_ACCOUNT]
     last = error_text(server.call_tool("remove_group_members", {"group": namespace, "members": [NODE_ACCOUNT]}))
@@ -270,7 +271,7 @@ def test_delete_group_cascades_on_the_newest_nodes_and_says_what_went(server, do
     in_squad = double.add_context(KV, group_id=squad)
     start = len(double.log)
     deleted = server.tool_json("delete_group", {"group": team})
-    assert deleted == {"isDeleted": True, "groupId": team, "deletedSubgroups": [squad],
+    assert deleted == {"isDeleted": True, "groupId": team, "name": "team", "deletedSubgroups": [squad],
                        "deletedContexts": sorted([in_team, in_squad])}
     assert sent(double, start) == [("DELETE", "/admin-api/groups/" + team, {})]
     assert team not in double._groups and squad not in double._groups

@@ -162,7 +162,9 @@ def test_a_namespace_argument_never_takes_a_subgroup_by_name(serve, node):
 
 def test_an_exact_name_wins_over_one_in_another_case(serve, node):
     server = serve(node.double)
-    assert server.tool_json("list_group_members", {"group": " Beta "})["members"]      # spaces, case: still beta
+    assert server.tool_json("list_group_members", {"group": "Beta"})["members"]        # another case: still beta
+    assert "Error: group: no namespace or group on this node is named \" beta\"" in error_text(
+        server.call_tool("list_group_members", {"group": " beta"}))                     # a name is taken as given
     assert node.double.requests_to("GET", "/admin-api/groups/%s/members" % node.beta)
     exact = node.double.add_group(namespace=node.team, name="Beta")
     server.tool_json("list_group_members", {"group": "Beta"})
