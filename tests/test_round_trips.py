@@ -59,8 +59,12 @@ def text_of(result):
 
 
 def answer(result):
+    """A generated tool's JSON text, or call's (which gives a string as it is)."""
     assert not result.get("isError"), result
-    return json.loads(text_of(result))
+    try:
+        return json.loads(text_of(result))
+    except ValueError:
+        return text_of(result)
 
 
 def handle_of(server, app, context):
@@ -101,6 +105,11 @@ def test_a_call_sends_each_request_once(server, world, context, expected, tool, 
 
 
 def test_a_first_seen_context_is_admitted_before_anything_executes(server, world):
+    # Its read fails once (a 404): admission refuses, and nothing executed meanwhile.
+    world.double.faults = {"status": 404, "paths": ["/admin-api/contexts/"], "times": 1}
+    refused = server.call_tool("kv_store_get", {"context": world.second, "key": "greeting"})
+    assert refused["isError"] and "not found" in text_of(refused), refused
+    assert world.double.executions == []
     since = world.mark()
     assert answer(server.call_tool("kv_store_get", {"context": world.second, "key": "greeting"})) == "from the second"
     sent = kinds(world.requests(since))
