@@ -769,7 +769,7 @@ class bound:
         _bound.request = self.previous
 
 
-# Each of call_many's items overlaps at most three requests: two of them on helper threads.
+# Enough for each of call_many's items to overlap its usual three requests; more wait, or run on the asking thread.
 HELPER_THREADS = 2 * CALL_MANY_LIMIT + 8
 _helper_pool = []
 _helper_pool_lock = threading.Lock()
