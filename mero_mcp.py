@@ -785,6 +785,52 @@ class bound:
         _bound.request = self.previous
 
 
+# Enough for each of call_many's items to overlap its usual three requests; more wait, or run on the asking thread.
+HELPER_THREADS = 2 * CALL_MANY_LIMIT + 8
+_helper_pool = []
+_helper_pool_lock = threading.Lock()
+
+
+def together(*thunks):
+    """Run the thunks at once and return their results in order: the first on this thread, the others on helper
+    threads that run as part of this thread's request (its read memo, cancel ticket and traceparent: the node
+    scope). A thunk no helper has started by the time this thread is free runs here, so a busy pool serialises
+    but never deadlocks. The first exception, in thunk order, is raised once every thunk has ended."""
+    if len(thunks) < 2:
+        return [thunk() for thunk in thunks]
+    request, scope = current_request(), node_module().current_scope()
+    futures = [helper_pool().submit(as_part_of, request, scope, thunk) for thunk in thunks[1:]]
+    outcomes = [settled(thunks[0])]
+    for future, thunk in zip(futures, thunks[1:]):
+        outcomes.append(settled(thunk) if future.cancel() else settled(future.result))
+    for _, error in outcomes:
+        if error is not None:
+            raise error
+    return [value for value, _ in outcomes]
+
+
+def as_part_of(request, scope, thunk):
+    """Run `thunk` on this helper thread inside `request`: bound to it, in its node scope (`scope`, the calling
+    thread's: its traceparent and cancel ticket)."""
+    with bound(request), node_module().scope(scope):
+        return thunk()
+
+
+def settled(thunk):
+    try:
+        return thunk(), None
+    except Exception as error:
+        return None, error
+
+
+def helper_pool():
+    with _helper_pool_lock:
+        if not _helper_pool:
+            from concurrent.futures import ThreadPoolExecutor
+            _helper_pool.append(ThreadPoolExecutor(max_workers=HELPER_THREADS, thread_name_prefix="helper"))
+        return _helper_pool[0]
+
+
 class Server:
     """One stdio connection: what it negotiated, and the handlers for each method."""
 
@@ -2819,6 +2865,7 @@ def call_tool(args, call):
 
 
 def run_call(apps, args, cancelled=None):
+    early = ahead(apps, *call_reads(apps, args))
     admitted = admit_call(apps, args)
     apps.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
@@ -2827,7 +2874,7 @@ def run_call(apps, args, cancelled=None):
         raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
     if cancelled is not None and cancelled.is_set():
         raise Cancelled()
-    return execute(apps, admitted, method, method_args or {})
+    return execute(apps, admitted, method, method_args or {}, early)
 
 
 def admit_call(apps, args):
@@ -3284,6 +3331,7 @@ class Apps:
         self.validators = {}                      # (blob id, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
         self.shown_guides = set()                 # guide uris this session has already shown in full
+        self.seen_contexts = {}                   # context id -> (applicationId, serviceName) its last read gave
         self._handle_key = None
         self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
         self.budget = app_budget(server.env)
@@ -3503,7 +3551,29 @@ class Apps:
         return self.node.contexts_of(app.id)
 
     def context_by_id(self, context_id):
-        return self.memo(("context", context_id), lambda: self.node.context(context_id))
+        return self.memo(("context", context_id), lambda: self.read_context(context_id))
+
+    def read_context(self, context_id):
+        context = self.node.context(context_id)
+        if context is None:
+            self.seen_contexts.pop(context_id, None)
+        else:
+            if len(self.seen_contexts) >= SEEN_CONTEXTS:
+                self.seen_contexts.clear()
+            self.seen_contexts[context_id] = (context.get("applicationId"), context.get("serviceName"))
+        return context
+
+    def seen_running(self, context_id, unit):
+        """Whether this context's last read showed it running the unit's app and service (early_view)."""
+        seen = self.seen_contexts.get(context_id)
+        return seen is not None and seen[0] == unit.app.id and (seen[1] or unit.app.sole_service) == unit.service
+
+    def read_named_context(self, value):
+        """What admission reads for a context argument, into the call's memo: its alias's lookup, its record."""
+        if isinstance(value, str) and value.strip():
+            context_id = self.context_id(value.strip())
+            if context_id:
+                self.context_by_id(context_id)
 
     def context_id(self, value):
         """The id a context argument names: an id as given, else what the alias resolves to (None if nothing)."""
@@ -3649,6 +3719,7 @@ def app_budget(env):
 # ---- admission: one path for call, call_many and generated tools (reference §3.7, §3.12, §3.14) ----
 
 Admitted = namedtuple("Admitted", "unit context_id")
+SEEN_CONTEXTS = 4096                             # contexts whose app this server remembers (early_view)
 
 
 def refusal_for(apps, app, text=None):
@@ -3714,19 +3785,148 @@ def find_method(unit, name):
     raise ToolError('Method "%s" not found on "%s". Available: %s' % (name, unit.app.key, available))
 
 
-def execute(apps, admitted, method, args):
+def execute(apps, admitted, method, args, early=None):
     """Validate against the ABI, then run; nothing reaches the node when the arguments are wrong (an argument
-    the method does not declare included: `call`'s args hold the method's arguments only)."""
-    import abi
+    the method does not declare included: `call`'s args hold the method's arguments only). An early answer
+    (early_view) stands for the execute only when it was this very request."""
     refuse_unless_view(apps, method, admitted.unit.app)
-    validator = apps.validator(admitted.unit, method)
+    wire_args = wire_arguments(apps, admitted.unit, method, args)
+    if early is not None and early[:3] == (admitted.context_id, method.name, wire_args):
+        if early.error is not None:
+            raise early.error
+        return early.value
+    return apps.node.execute(admitted.context_id, method.name, wire_args)
+
+
+def wire_arguments(apps, unit, method, args):
+    """The method's arguments as the node takes them, or the ToolError saying what is wrong with them."""
+    import abi
+    validator = apps.validator(unit, method)
     unknown = validator.undeclared(args, ignore_injected=False)
     if unknown:
         raise ToolError(unknown_arguments_text(unknown, "Method " + method.name, method.param_names(), " in args"))
     wire_args, problems = validator.check(args if isinstance(args, dict) else {})
     if problems:
         raise ToolError("Invalid arguments for %s:\n%s" % (method.name, abi.render_problems(problems)))
-    return apps.node.execute(admitted.context_id, method.name, wire_args)
+    return wire_args
+
+
+# ---- a call's requests, sent together: admission's reads, and a [view] method's early execute ----
+# Over a network each request costs a round trip, so those that need no other's answer go out at once (node-api
+# §0.7): the app record beside the context record (a context's applicationId is the same for every version of
+# its app) and an alias's lookup beside both. Admission then decides on their answers exactly as it would have
+# read them one by one.
+
+EarlyAnswer = namedtuple("EarlyAnswer", "context_id method args value error")
+
+
+def ahead(apps, reads, early=None):
+    """Make admission's reads (into the call's memo, where admission finds them) and the early execute together,
+    and wait for all; the early execute's EarlyAnswer, or None. A read's failure is raised where admission asks
+    for it."""
+    request = current_request()
+    if request is None or request.reads is None:
+        reads = ()                      # no memo to read into: admission reads as it goes
+    return together(*[quietly(read) for read in reads] + [early or nothing])[-1]
+
+
+def quietly(read):
+    def run():
+        try:
+            read()
+        except Exception:
+            pass                        # the memo keeps it: admission raises it where it asks
+    return run
+
+
+def nothing():
+    return None
+
+
+def early_view(apps, units, method_name, args, context_value):
+    """A [view] method changes nothing, so its execute may go out beside admission's reads, its answer shown only
+    once admission passes (execute). Only for a context whose last read showed it running the unit's app: another
+    app's method of that name may write, so a context seen for the first time is admitted before anything
+    executes. A thunk giving the EarlyAnswer, or None when it sends nothing (a method that writes, arguments that
+    do not check, a cancelled call); None where no early execute can apply."""
+    if not units or not isinstance(context_value, str) or not isinstance(args, dict):
+        return None
+    request = current_request()
+
+    def send():
+        try:
+            context_id = apps.context_id(context_value.strip())   # an alias: the one lookup admission reads too
+            unit = next((u for u in units if context_id and apps.seen_running(context_id, u)), None)
+            method = next((m for m in unit.manifest.methods if m.name == method_name), None) if unit else None
+            if method is None or not heavy("abi").is_read_only(method) or cancelled_now(request):
+                return None
+            wire_args = wire_arguments(apps, unit, method, args)
+        except Exception:
+            return None                 # admission says what is wrong
+        try:
+            return EarlyAnswer(context_id, method.name, wire_args,
+                               apps.node.execute(context_id, method.name, wire_args), None)
+        except Exception as error:
+            return EarlyAnswer(context_id, method.name, wire_args, None, error)
+    return send
+
+
+def cancelled_now(request):
+    return request is not None and request.ticket is not None and request.ticket.is_set()
+
+
+def generated_reads(apps, binding, args):
+    """What a generated tool's admission reads (its app's record, the context its handle or context argument
+    names) and the early execute beside them."""
+    unit, method = binding.unit, binding.method
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    values = context_arguments(method, args)
+    reads = [partial(apps.app_by_id, unit.app.id)] + [partial(apps.read_named_context, v) for v in values]
+    if handle is not None and handle.context:
+        reads.append(partial(apps.context_by_id, handle.context))
+    target = early_target(handle.context if handle is not None else None, values)
+    if handle is not None and handle.app != unit.app.id:
+        target = None                   # another app's handle: refused before anything runs
+    return reads, early_view(apps, [unit], method.name, strip_injected(method, args), target)
+
+
+def early_target(handled, values):
+    """The context an early execute may go to: the one the call names, once or in agreeing words (a handle's
+    context and another context argument may disagree, which admission must say first)."""
+    named = {handled} if handled else set()
+    named.update(v for v in values if isinstance(v, str))
+    return named.pop() if len(named) == 1 else None
+
+
+def call_reads(apps, args):
+    """What call's admission reads (the app by its handle's id, the list a name resolves in, the contexts named)
+    and the early execute beside them, for the units the catalog holds of that app."""
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    named = args.get("app") if isinstance(args.get("app"), str) else None
+    values = [v for v in (args.get("context"), args.get("_context")) if v is not None]
+    reads = [apps.installed] if named is not None else []
+    reads += [partial(apps.read_named_context, v) for v in values]
+    if handle is not None:
+        reads.append(partial(apps.app_by_id, handle.app))
+        if handle.context:
+            reads.append(partial(apps.context_by_id, handle.context))
+        units = [u for u in apps.snapshot.units if u.app.id == handle.app and u.service == handle.service]
+    else:
+        app = catalog_app(apps, named)
+        units = [u for u in apps.snapshot.units if app is not None and u.app.id == app.id]
+    target = early_target(handle.context if handle is not None else None, values)
+    method_args = args.get("args") if args.get("args") is not None else {}
+    return reads, early_view(apps, units, args.get("method"), method_args, target)
+
+
+def catalog_app(apps, name):
+    """The app a name resolves to in the catalog (the guess an early execute goes by), or None."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    try:
+        return resolve_among(list({u.app.id: u.app for u in apps.snapshot.units}.values()), name.strip())
+    except ToolError:
+        return None
 
 
 # ---- generated method tools ----
@@ -3736,9 +3936,10 @@ def invoke_generated(name, args, call):
     binding = apps.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
+    early = ahead(apps, *generated_reads(apps, binding, args))
     binding = current_binding(apps, binding)
     admitted = admit_generated(apps, binding.unit, binding.method, args)
-    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args))
+    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args), early)
     return generated_result(binding, value, call)
 
 

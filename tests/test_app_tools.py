@@ -666,7 +666,9 @@ def test_handle_goes_stale_on_upgrade(own, fresh):
     before = executions(fresh)
     kv_refusal(own.call_tool("kv_store_len", {"app_handle": handle}))
     kv_refusal(own.call_tool("call", {"app_handle": handle, "method": "len"}))
-    assert executions(fresh) == before
+    # A [view] method on a context seen running this app may execute beside the admission read; its answer is not
+    # shown (the refusals above), and nothing else runs.
+    assert {e["method"] for e in fresh.double.executions[before:]} <= {"len"}
     assert not own.call_tool("kv_store_len", {"app_handle": handle_of(own, KV)}).get("isError")
 
 
@@ -678,7 +680,7 @@ def test_handle_goes_stale_when_the_guide_changes(own, fresh):
     for result in (own.call_tool("kv_store_len", {"app_handle": handle}),
                    own.call_tool("call", {"app_handle": handle, "method": "len"})):
         kv_refusal(result, version_guide="# KV Store, rewritten\n")
-    assert executions(fresh) == before
+    assert {e["method"] for e in fresh.double.executions[before:]} <= {"len"}     # as on an upgrade, above
     assert not own.call_tool("kv_store_len", {"app_handle": handle_of(own, KV)}).get("isError")
 
 
