@@ -893,10 +893,10 @@ class Server:
 
     # ---- tools ----
     def tool_definitions(self, call):
-        return self.fixed_definitions + self.apps.generated_definitions(self.wraps_output(call))
+        return self.fixed_definitions + self.apps.catalog.generated_definitions(self.wraps_output(call))
 
     def find_tool(self, name):
-        return self.fixed_tools.get(name) or self.apps.generated_tool(name)
+        return self.fixed_tools.get(name) or self.apps.catalog.generated_tool(name)
 
     def run_tool(self, t, arguments, call):
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
@@ -1030,7 +1030,7 @@ def on_tools_call(server, params, call):
 
 def on_resources_list(server, params, call):
     check_cursor(params)
-    return {"resources": server.apps.guide_resources()}
+    return {"resources": server.apps.catalog.guide_resources()}
 
 
 def on_resource_templates(server, params, call):
@@ -1042,7 +1042,7 @@ def on_resources_read(server, params, call):
     uri = params.get("uri")
     if not isinstance(uri, str):
         raise RpcError(INVALID_PARAMS, "resources/read needs a uri (string)")
-    contents = server.apps.read_guide(uri)
+    contents = server.apps.catalog.read_guide(uri)
     if contents is None:
         code = INVALID_PARAMS if call.modern else RESOURCE_NOT_FOUND
         raise RpcError(code, "Resource not found: %s" % uri, {"uri": uri})
@@ -3116,24 +3116,18 @@ class Reads:
 
 
 class Apps:
-    """The installed applications as this server sees them: live resolution, the catalog, admission."""
+    """The installed applications as this server sees them: live resolution, ABIs, contexts, groups, handles and
+    guides shown; `catalog` is the snapshot the generated tools and resources are served from."""
 
     def __init__(self, server):
         self.server = server
-        self.snapshot = EMPTY_SNAPSHOT
-        self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
-        self.loads_begun = 0                      # catalog reads started (under load_lock)
-        self.first_load = threading.Event()
-        self.answered_early = False               # a reader gave up waiting for the first read: announce it
-        self.threads = set()                      # names of the background threads started (each once)
-        self.threads_lock = threading.Lock()
         self.manifests = {}                       # (blob id, service) -> abi.Manifest
         self.validators = {}                      # (blob id, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
         self.shown_guides = set()                 # guide uris this session has already shown in full
         self._handle_key = None
         self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
-        self.budget = app_budget(server.env)
+        self.catalog = Catalog(self)
 
     @property
     def node(self):
@@ -3213,7 +3207,174 @@ class Apps:
             found = self.validators[key] = heavy("abi").Validator(unit.manifest, method)
         return found
 
-    # ---- the catalog ----
+    # ---- the catalog's, for the tools and admission (Catalog holds them) ----
+    @property
+    def snapshot(self):
+        return self.catalog.snapshot
+
+    @property
+    def budget(self):
+        return self.catalog.budget
+
+    def start(self):
+        self.catalog.start()
+
+    def refresh(self, settled=None):
+        self.catalog.refresh(settled)
+
+    def first_read_here(self):
+        self.catalog.first_read_here()
+
+    def ensure_in_catalog(self, app):
+        self.catalog.ensure_in_catalog(app)
+
+    def unit_for(self, app, service):
+        return self.catalog.unit_for(app, service)
+
+    def tool_names_of(self, app, service):
+        return self.catalog.tool_names_of(app, service)
+
+    def tool_count_of(self, app_id):
+        return self.catalog.tool_count_of(app_id)
+
+    def served_guide_uri(self, app):
+        return self.catalog.served_guide_uri(app)
+
+    # ---- contexts ----
+    def contexts_of(self, app):
+        return self.node.contexts_of(app.id)
+
+    def context_by_id(self, context_id):
+        return self.memo(("context", context_id), lambda: self.node.context(context_id))
+
+    def context_id(self, value):
+        """The id a context argument names: an id as given, else what the alias resolves to (None if nothing)."""
+        return value if is_hex_id(value) else self.lookup_alias(value)
+
+    def lookup_alias(self, name):
+        return self.memo(("alias", name), lambda: self.node.lookup_alias(name))
+
+    def resolve_context(self, value, app, label):
+        """A context id or alias that must belong to `app` (reference §3.8 texts); aliases are read live."""
+        if not isinstance(value, str) or not value.strip():
+            raise ToolError("context must be a context id or alias (a non-empty string).")
+        value = value.strip()
+        context_id = self.context_id(value)
+        context = self.context_by_id(context_id) if context_id else None
+        if context is None:
+            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
+                            % (value, self.candidates(app, label, value)))
+        if context.get("applicationId") != app.id:
+            raise ToolError('Context "%s" does not belong to "%s". %s' % (value, label,
+                                                                          self.candidates(app, label, value)))
+        return context
+
+    def candidates(self, app, label, rejected):
+        ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
+        return 'Contexts for "%s": %s' % (label, some_contexts(ids, label) or "(none)")
+
+    # ---- namespaces and groups ----
+    def resolve_group(self, value, argument, kind="group"):
+        """The 64-hex id a namespace (`kind` "namespace") or group argument names: an id as given, without a read;
+        else the one namespace, or with "group" the one namespace or subgroup, whose name it is (exact, else without
+        case). None or several is a ToolError naming the argument, and nothing is done."""
+        name = value.strip()
+        if not name:
+            raise ToolError("%s must name a %s: its id or its name." % (argument, GROUP_KINDS[kind]))
+        if is_hex_key(name):
+            return name
+        namespaces = [Carrier("namespace", row["namespaceId"], row.get("name"), None)
+                      for row in self.memo(("namespaces",), self.node.namespaces)]
+        if kind == "group":
+            found = named_as(namespaces + self.groups_of(namespaces), name)
+        else:
+            found = named_as(namespaces, name)
+            groups = [] if found else named_as(self.groups_of(namespaces), name)
+            if groups:                           # a subgroup's name where a namespace is asked: never the subgroup
+                raise ToolError('%s: "%s" is the name of %s, not of a namespace. Pass a namespace id or name; '
+                                "list_namespaces lists them." % (argument, name, carriers_text(groups)))
+        if len(found) == 1:
+            return found[0].id
+        if found:
+            raise ToolError('%s: %d %s are named "%s": %s. Nothing was done; pass the id of the one you mean.'
+                            % (argument, len(found), GROUP_KINDS[kind + "s"], name, carriers_text(found)))
+        where = " (describe_group of a namespace shows its subgroups)" if kind == "group" else ""
+        raise ToolError('%s: no %s on this node is named "%s". Nothing was done; list_namespaces lists the '
+                        "namespaces with their ids and names%s." % (argument, GROUP_KINDS[kind], name, where))
+
+    def groups_of(self, namespaces):
+        """Every subgroup this node can list, below each of `namespaces`."""
+        return [Carrier("subgroup", row["groupId"], row.get("name"), ns.id) for ns in namespaces
+                for row in self.memo(("groups", ns.id), lambda ns=ns: self.node.groups_in(ns.id))]
+
+    # ---- guides (reference §3.9) ----
+    def guide_blocks(self, app):
+        if not app.guide:
+            return []
+        label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
+                 % (app.key, app.signer_id or "unknown")}
+        uri = self.served_guide_uri(app)
+        if len(app.guide) > GUIDE_BOUND:         # the rest of an answer keeps its room
+            return [label, {"type": "text", "text": long_guide(app.guide, uri)}]
+        if uri is None:
+            return [label, {"type": "text", "text": app.guide}]
+        self.shown_guides.add(uri)
+        return [label, {"type": "resource", "resource": {
+            "uri": uri, "mimeType": "text/markdown", "text": app.guide,
+            "_meta": {"package": app.key, "appVersion": app.version, "signerId": app.signer_id}}}]
+
+
+
+class AppBudget:
+    """CALIMERO_MCP_APPS: which apps get generated tools, for hosts that cap the tool count."""
+
+    def __init__(self, names):
+        self.names = names
+        self.warned = set()
+
+    def admits(self, app):
+        if not self.names:
+            return True
+        return any(match_apps([app], name) for name in self.names)
+
+    def unmatched(self, apps):
+        """The names that match no installed application (a typo would hide its tools)."""
+        return [name for name in self.names if not match_apps(apps, name)]
+
+    def warn_unknown(self, apps):
+        """Say once per name when a name matches no installed application."""
+        for name in self.unmatched(apps):
+            if name not in self.warned:
+                self.warned.add(name)
+                log.warning('CALIMERO_MCP_APPS names "%s", which matches no installed application; installed: %s',
+                            name, ", ".join(a.key for a in apps) or "(none)")
+
+
+def app_budget(env):
+    raw = (env.get("CALIMERO_MCP_APPS") or "").strip()
+    return AppBudget([part.strip() for part in raw.split(",") if part.strip()])
+
+
+class Catalog:
+    """The generated tools and guide resources, as one immutable snapshot swapped in whole: its first read, the
+    poll, refreshes, and what tools/list, resources/* and the tools read from it."""
+
+    def __init__(self, apps):
+        self.apps = apps
+        self.server = apps.server
+        self.snapshot = EMPTY_SNAPSHOT
+        self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
+        self.loads_begun = 0                      # catalog reads started (under load_lock)
+        self.first_load = threading.Event()
+        self.answered_early = False               # a reader gave up waiting for the first read: announce it
+        self.threads = set()                      # names of the background threads started (each once)
+        self.threads_lock = threading.Lock()
+        self.budget = app_budget(self.server.env)
+
+    @property
+    def node(self):
+        return self.server.node
+
     def start(self):
         self.start_once("catalog", self.first_read)
 
@@ -3287,11 +3448,11 @@ class Apps:
         return [unit for units in read for unit in units]
 
     def units_of(self, app):
-        app = self.with_services(app)           # a failed record read fails the load, as the list's would
+        app = self.apps.with_services(app)           # a failed record read fails the load, as the list's would
         units = []
         for service in app.services or (None,):
             try:
-                units.append(Unit(app, service, self.manifest(app, service)))
+                units.append(Unit(app, service, self.apps.manifest(app, service)))
             except Exception as error:
                 log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
         return units
@@ -3329,7 +3490,7 @@ class Apps:
         for unit in self.snapshot.units:
             if unit.app.id == app.id and unit.service == service and unit.app.blob == app.blob:
                 return unit
-        return Unit(app, service, self.manifest(app, service))
+        return Unit(app, service, self.apps.manifest(app, service))
 
     def tool_names_of(self, app, service):
         """The unit's tool names, in method-name order."""
@@ -3345,93 +3506,11 @@ class Apps:
         return sum(1 for name, b in snapshot.bindings.items()
                    if b.unit.app.id == app_id and advertised(snapshot.index[name], self.server.config))
 
-    # ---- contexts ----
-    def contexts_of(self, app):
-        return self.node.contexts_of(app.id)
-
-    def context_by_id(self, context_id):
-        return self.memo(("context", context_id), lambda: self.node.context(context_id))
-
-    def context_id(self, value):
-        """The id a context argument names: an id as given, else what the alias resolves to (None if nothing)."""
-        return value if is_hex_id(value) else self.lookup_alias(value)
-
-    def lookup_alias(self, name):
-        return self.memo(("alias", name), lambda: self.node.lookup_alias(name))
-
-    def resolve_context(self, value, app, label):
-        """A context id or alias that must belong to `app` (reference §3.8 texts); aliases are read live."""
-        if not isinstance(value, str) or not value.strip():
-            raise ToolError("context must be a context id or alias (a non-empty string).")
-        value = value.strip()
-        context_id = self.context_id(value)
-        context = self.context_by_id(context_id) if context_id else None
-        if context is None:
-            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
-                            % (value, self.candidates(app, label, value)))
-        if context.get("applicationId") != app.id:
-            raise ToolError('Context "%s" does not belong to "%s". %s' % (value, label,
-                                                                          self.candidates(app, label, value)))
-        return context
-
-    def candidates(self, app, label, rejected):
-        ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
-        return 'Contexts for "%s": %s' % (label, some_contexts(ids, label) or "(none)")
-
-    # ---- namespaces and groups ----
-    def resolve_group(self, value, argument, kind="group"):
-        """The 64-hex id a namespace (`kind` "namespace") or group argument names: an id as given, without a read;
-        else the one namespace, or with "group" the one namespace or subgroup, whose name it is (exact, else without
-        case). None or several is a ToolError naming the argument, and nothing is done."""
-        name = value.strip()
-        if not name:
-            raise ToolError("%s must name a %s: its id or its name." % (argument, GROUP_KINDS[kind]))
-        if is_hex_key(name):
-            return name
-        namespaces = [Carrier("namespace", row["namespaceId"], row.get("name"), None)
-                      for row in self.memo(("namespaces",), self.node.namespaces)]
-        if kind == "group":
-            found = named_as(namespaces + self.groups_of(namespaces), name)
-        else:
-            found = named_as(namespaces, name)
-            groups = [] if found else named_as(self.groups_of(namespaces), name)
-            if groups:                           # a subgroup's name where a namespace is asked: never the subgroup
-                raise ToolError('%s: "%s" is the name of %s, not of a namespace. Pass a namespace id or name; '
-                                "list_namespaces lists them." % (argument, name, carriers_text(groups)))
-        if len(found) == 1:
-            return found[0].id
-        if found:
-            raise ToolError('%s: %d %s are named "%s": %s. Nothing was done; pass the id of the one you mean.'
-                            % (argument, len(found), GROUP_KINDS[kind + "s"], name, carriers_text(found)))
-        where = " (describe_group of a namespace shows its subgroups)" if kind == "group" else ""
-        raise ToolError('%s: no %s on this node is named "%s". Nothing was done; list_namespaces lists the '
-                        "namespaces with their ids and names%s." % (argument, GROUP_KINDS[kind], name, where))
-
-    def groups_of(self, namespaces):
-        """Every subgroup this node can list, below each of `namespaces`."""
-        return [Carrier("subgroup", row["groupId"], row.get("name"), ns.id) for ns in namespaces
-                for row in self.memo(("groups", ns.id), lambda ns=ns: self.node.groups_in(ns.id))]
-
-    # ---- guides (reference §3.9) ----
+    # ---- guides, as the snapshot holds them ----
     def served_guide_uri(self, app):
         """The app's guide uri when resources/read serves this very text, else None: no other uri goes out."""
         served = self.snapshot.guides.get(app.guide_uri) if app.guide_uri else None
         return app.guide_uri if served is not None and served.guide_hash == app.guide_hash else None
-
-    def guide_blocks(self, app):
-        if not app.guide:
-            return []
-        label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
-                 % (app.key, app.signer_id or "unknown")}
-        uri = self.served_guide_uri(app)
-        if len(app.guide) > GUIDE_BOUND:         # the rest of an answer keeps its room
-            return [label, {"type": "text", "text": long_guide(app.guide, uri)}]
-        if uri is None:
-            return [label, {"type": "text", "text": app.guide}]
-        self.shown_guides.add(uri)
-        return [label, {"type": "resource", "resource": {
-            "uri": uri, "mimeType": "text/markdown", "text": app.guide,
-            "_meta": {"package": app.key, "appVersion": app.version, "signerId": app.signer_id}}}]
 
     def guide_resources(self):
         self.wait_first_load()
@@ -3441,36 +3520,6 @@ class Apps:
         self.wait_first_load()
         app = self.snapshot.guides.get(uri)
         return [{"uri": uri, "mimeType": "text/markdown", "text": app.guide}] if app is not None else None
-
-
-class AppBudget:
-    """CALIMERO_MCP_APPS: which apps get generated tools, for hosts that cap the tool count."""
-
-    def __init__(self, names):
-        self.names = names
-        self.warned = set()
-
-    def admits(self, app):
-        if not self.names:
-            return True
-        return any(match_apps([app], name) for name in self.names)
-
-    def unmatched(self, apps):
-        """The names that match no installed application (a typo would hide its tools)."""
-        return [name for name in self.names if not match_apps(apps, name)]
-
-    def warn_unknown(self, apps):
-        """Say once per name when a name matches no installed application."""
-        for name in self.unmatched(apps):
-            if name not in self.warned:
-                self.warned.add(name)
-                log.warning('CALIMERO_MCP_APPS names "%s", which matches no installed application; installed: %s',
-                            name, ", ".join(a.key for a in apps) or "(none)")
-
-
-def app_budget(env):
-    raw = (env.get("CALIMERO_MCP_APPS") or "").strip()
-    return AppBudget([part.strip() for part in raw.split(",") if part.strip()])
 
 
 # ---- admission: one path for call, call_many and generated tools (reference §3.7, §3.12, §3.14) ----
