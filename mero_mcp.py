@@ -3744,6 +3744,7 @@ Register it with your agent as the command `python3 /path/to/mero_mcp.py` (or `m
   --help      this text
 
 Configuration is by environment variable; see README.md.
+Project (README.md, bug reports): https://github.com/calimero-network/mero-mcp
 """
 
 

@@ -1081,17 +1081,35 @@ def _requests():
 
 
 RUNTIME_PACKAGES = ("requests", "jsonschema")
-INSTALL_PACKAGES = "apt install python3-requests python3-jsonschema (Debian, Ubuntu), or pip install requests jsonschema"
+DISTRIBUTION_PACKAGES = (("sudo apt install", "python3-%s", "Debian, Ubuntu"),
+                         ("sudo dnf install", "python3-%s", "Fedora, RHEL"),
+                         ("sudo pacman -S", "python-%s", "Arch"))
 
 
-def missing_package(package: str, error: ImportError) -> str:
-    """What a tool and --check say when a runtime package cannot be imported by this Python (naming the other
-    one too when it is absent as well)."""
+def install_advice(packages) -> str:
+    """How this Python gets `packages`: a distribution's own Python (/usr/bin, not a venv) from the distribution,
+    whose pip may refuse (PEP 668's externally-managed-environment); a venv or any other Python with its own pip."""
+    python = sys.executable or "python3"
+    if sys.prefix == sys.base_prefix and python.startswith("/usr/bin/"):
+        return ", or ".join("%s %s (%s)" % (command, " ".join(form % name for name in packages), where)
+                            for command, form, where in DISTRIBUTION_PACKAGES)
+    return "%s -m pip install %s" % (python, " ".join(packages))
+
+
+def absent_packages(package: str) -> List[str]:
+    """`package` (which failed to import) and every other runtime package this Python cannot find either."""
     from importlib.util import find_spec
-    absent = [name for name in RUNTIME_PACKAGES if name == package or find_spec(name) is None]
-    return ("mero-mcp needs the Python package%s %s, which %s cannot import (%s). Install the runtime packages: "
-            "%s." % ("s" if len(absent) > 1 else "", " and ".join(absent), sys.executable or "this Python", error,
-                     INSTALL_PACKAGES))
+    return [name for name in RUNTIME_PACKAGES if name == package or find_spec(name) is None]
+
+
+def missing_package(package: str, error: ImportError, advice=True) -> str:
+    """What a tool says when a runtime package cannot be imported by this Python (naming the other one too when it
+    is absent as well), and how to install them here; --check gives the how as the problem's fix instead."""
+    absent = absent_packages(package)
+    text = ("mero-mcp needs the Python package%s %s, which %s cannot import (%s)"
+            % ("s" if len(absent) > 1 else "", " and ".join(absent), sys.executable or "this Python", error))
+    return text + (". Install %s: %s." % ("them" if len(absent) > 1 else "it", install_advice(absent)) if advice
+                   else "")
 
 
 def preload() -> None:
@@ -1984,9 +2002,6 @@ class Node:
     def post(self, path, body=None, params=None, timeout=None):
         return self._request("POST", path, body=body, params=params, timeout=timeout)
 
-    def put(self, path, body=None, params=None, timeout=None):
-        return self._request("PUT", path, body=body, params=params, timeout=timeout)
-
     def delete(self, path, body=None, params=None, timeout=None):
         return self._request("DELETE", path, body=body, params=params, timeout=timeout)
 
@@ -2844,15 +2859,16 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
         for entry in node_dirs(env):
             if entry.problem:
                 report.problem("%s, so that node is passed over" % entry.problem, CONFIG_FIX, fatal=False)
-    report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, location.url)[0]])
+    auth = _MODE_TEXT[auth_plan(env, handoff, location.url)[0]]
     node, step = Node(env, ports), "Auth"
     try:
         node._connect_to(location, handoff, fresh_login=True)      # a cached token must not hide a wrong password
+        report.line("Auth", auth)
         step = "Health"
         report.line(step, node.health()["status"])
         step = "Apps"
         apps = node.applications()
-    except NodeError as error:
+    except NodeError as error:            # one line for the step: a failed login is the Auth line
         report.line(step, "failed: %s" % error)
         if isinstance(error, UnexpectedAnswer) or (step == "Health" and error.status in (404, 405)):
             report.problem("%s answers HTTP but is not a Calimero node: %s" % (display_url(location.url), error),
@@ -2861,7 +2877,8 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
             report.problem(str(error), error.fix or "Check the node's log, then run mero-mcp --check again.")
         return report.finish()
     counted = _count_tools(report, count_tools, env, node)
-    _report_apps(report, node, apps, bool(mode and mode.read_only), counted.left_out if counted else ())
+    abi_named = any("abi.py" in problem for problem, _ in modules)
+    _report_apps(report, node, apps, bool(mode and mode.read_only), counted.left_out if counted else (), abi_named)
     if counted:
         _report_tool_budget(report, counted, apps)
     return report.finish()
@@ -2870,12 +2887,12 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
 def _report_packages(report) -> bool:
     """The runtime packages this Python has; False when requests is missing."""
     from importlib import metadata
-    found = []
+    found, failed = [], None
     for package in RUNTIME_PACKAGES:
         try:
             __import__(package)
         except ImportError as error:
-            report.problem(missing_package(package, error), INSTALL_PACKAGES)
+            failed = failed or (package, error)
             found.append("%s missing" % package)
             continue
         try:
@@ -2883,6 +2900,8 @@ def _report_packages(report) -> bool:
         except metadata.PackageNotFoundError:         # importable, but installed without metadata
             found.append(package)
     report.line("Python", "%s (%s)" % (sys.executable, ", ".join(found)))
+    if failed:                            # one problem naming every missing package
+        report.problem(missing_package(*failed, advice=False), install_advice(absent_packages(failed[0])))
     return "requests missing" not in found
 
 
@@ -2913,15 +2932,18 @@ def _mode_of(path) -> int:
         return 0
 
 
-def _report_apps(report, node, apps, read_only=False, left_out=()):
+def _report_apps(report, node, apps, read_only=False, left_out=(), abi_named=False):
+    """`abi_named`: a problem already names abi.py (missing beside mero_mcp.py, or from another release): it is not
+    said again, and no abi.py found elsewhere on sys.path counts tools the server, which refuses that one, lacks."""
     report.line("Apps", "%d installed" % len(apps) if apps else "none installed (install one with "
                                                                  "install_application)")
+    abi = None
     try:
-        import abi
-    except Exception as error:           # abi.py missing or broken: the apps are still listed
+        if not abi_named:
+            import abi
+    except Exception as error:           # abi.py broken: the apps are still listed
         report.problem("abi.py cannot be imported (%s), so tool counts are unknown" % error,
                        "Reinstall mero-mcp.", False)
-        abi = None
     for app in apps:
         label = " ".join(str(part) for part in (app.get("package") or app.get("id"), app.get("version")) if part)
         services = _services_of(node, app)
@@ -2940,11 +2962,27 @@ TOOL_LIMITS = (("Cursor", 40), ("VS Code", 128))
 def _count_tools(report, count_tools, env, node):
     if count_tools is None:
         return None
+    # What the server count_tools builds logs on stderr would land amid this report: its catalog's lines (an app
+    # skipped for its ABI, a missing abi.py) are said by the report itself, per app and as module problems, and the
+    # rest (a setting it read, e.g. CALIMERO_MCP_MAX_RESULT_CHARS) become non-fatal problems.
+    import io
+    logged = io.StringIO()
     try:
-        return count_tools(env, node)
+        with contextlib.redirect_stderr(logged):
+            return count_tools(env, node)
     except Exception as error:           # abi.py or a package missing, a node that fails mid-read
         report.line("Tools", "unknown: %s" % error)
         return None
+    finally:
+        for line in logged.getvalue().splitlines():
+            text = line[len(LOG_PREFIX):] if line.startswith(LOG_PREFIX) else line
+            if text and not text.startswith(CATALOG_LINES):
+                report.problem(text, SETTING_FIX, fatal=False)
+
+
+LOG_PREFIX = "[mero-mcp] "
+CATALOG_LINES = ("skipping ", "app list ")     # mero_mcp.py's catalog: an app left without tools, a failed read
+SETTING_FIX = "Correct or unset the setting it names (README.md, Configuration)."
 
 
 def _report_tool_budget(report, counted, apps):

@@ -7,8 +7,10 @@ Every figure is a median, and competing variants are measured interleaved so tha
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import re
@@ -435,6 +437,21 @@ def in_process_answer(server, channel, request_id, method, params=None):
     return answer["result"]
 
 
+@contextlib.contextmanager
+def server_log_to(path):
+    """The log lines of a server run in this process (mero_mcp.py's on sys.stderr, node.py's through its logging
+    handler) go to a file, as a spawned server's stderr does: `make bench` prints only its progress and its table."""
+    with open(path, "a", encoding="utf-8") as log_file, contextlib.redirect_stderr(log_file):
+        handlers = [handler for handler in node.log.handlers if isinstance(handler, logging.StreamHandler)]
+        streams = [handler.setStream(log_file) for handler in handlers]
+        try:
+            yield
+        finally:
+            for handler, stream in zip(handlers, streams):
+                if stream is not None:
+                    handler.setStream(stream)
+
+
 def bench_own_work(home):
     """One generated-tool call handled in this process on the 1,000-tool catalog: the whole handling, minus what
     requests spends on the node reads (app record, context) and the execute; what is left is the server's own
@@ -849,12 +866,14 @@ def main():
             print("catalog: %d apps x %d methods …" % (APPS, METHODS_PER_APP), flush=True)
             figures = bench_catalog(home, stderr)
             print("where a call's time goes: %d calls in process …" % OWN_WORK_CALLS, flush=True)
-            own_work = bench_own_work(home)
-            print("start-up footprint and imports …", flush=True)
-            footprint = bench_footprint(home, stderr)
-            installed_rss = installed_catalog_rss(home, stderr)
-            print("tool surface: the apps of %s …" % fixture_apps.SHARED_ABIS, flush=True)
-            surface = bench_tool_surface(home, stderr)
+            # to the end of the run: the in-process server's catalog poll outlives its node, and says so every 30 s
+            with server_log_to(Path(home) / "in-process.log"):
+                own_work = bench_own_work(home)
+                print("start-up footprint and imports …", flush=True)
+                footprint = bench_footprint(home, stderr)
+                installed_rss = installed_catalog_rss(home, stderr)
+                print("tool surface: the apps of %s …" % fixture_apps.SHARED_ABIS, flush=True)
+                surface = bench_tool_surface(home, stderr)
     print_table(cold_start_rows(tool_count, cold) + system_cold_start_rows(system_cold) + catalog_rows(figures)
                 + own_work_rows(own_work) + footprint_rows(footprint, installed_rss) + tool_surface_rows(surface))
     print_readme_section(tool_count, cold, system_cold, figures, own_work, footprint, installed_rss, surface)

@@ -60,8 +60,10 @@ class McpServer:
         self.notifications = []
         self.pending = {}                # responses read while waiting for another id
         self.ids = itertools.count(1)
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._readers = [threading.Thread(target=self._read_stdout, daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     # ---- plumbing ----
     def _read_stdout(self):
@@ -183,6 +185,12 @@ class McpServer:
                 self.proc.wait()
                 raise AssertionError("server did not exit within %ss of stdin closing" % timeout)
         return self.proc.returncode
+
+    def wait_output(self, timeout=5.0):
+        """After the process ended: wait until all it wrote to stdout and stderr has been read."""
+        for reader in self._readers:
+            reader.join(timeout)
+            assert not reader.is_alive(), "the server's output did not end within %ss" % timeout
 
     def assert_stdout_pure(self):
         for line in self.raw_lines:

@@ -1274,6 +1274,8 @@ class NodeDouble:
         self.log: List[Dict[str, Any]] = []
         self.faults: Dict[str, Any] = {}
         self.exec_delay = float(exec_delay)
+        self._held = threading.Condition()   # release() ends every exec_delay now running (a held call)
+        self._releases = 0
         self.max_inflight = 0
         self.executions: List[Dict[str, Any]] = []
         self.refresh_count = 0
@@ -1335,6 +1337,7 @@ class NodeDouble:
         server, self._server = self._server, None
         if server is None:
             return
+        self.release()                       # a call still held would keep its handler thread past the test
         server.shutdown()
         server.close_connections()
         server.server_close()
@@ -1596,14 +1599,18 @@ class NodeDouble:
         request = Request(handler.command, split.path, dict(parse_qsl(split.query, keep_blank_values=True)),
                           {k.lower(): v for k, v in handler.headers.items()}, body)
         ok, parsed = parse_json_body(body) if body else (False, None)
+        entry = {"method": request.method, "path": request.path, "query": dict(request.query),
+                 "headers": dict(request.headers), "json": parsed if ok else None, "body": body}
         with self._lock:
-            self.log.append({"method": request.method, "path": request.path, "query": dict(request.query),
-                             "headers": dict(request.headers), "json": parsed if ok else None, "body": body})
+            self.log.append(entry)
         try:
             if not self._apply_fault(handler, request):
                 handler.send(self._answer(request))
         except OSError:   # the client went away, or stop() shut the connection down
             handler.close_connection = True
+            entry["cut"] = True        # the answer was not all written: the client stopped reading
+        with self._lock:
+            entry["answered"] = True   # written out: a test waiting on a late answer waits for this
 
     def _answer(self, request: Request) -> Reply:
         if request.method == "OPTIONS":   # CORS preflight is never guarded (§1.3)
@@ -2696,12 +2703,31 @@ class NodeDouble:
             self.max_inflight = max(self.max_inflight, self._inflight)
         try:
             if self.exec_delay:
-                time.sleep(self.exec_delay)   # outside the lock, so concurrent calls overlap
+                self._hold(self.exec_delay)   # outside the lock, so concurrent calls overlap
             with self._lock:
                 return self._execute_in_app(self._contexts.get(context_id), params["method"], params["argsJson"])
         finally:
             with self._lock:
                 self._inflight -= 1
+
+    def _hold(self, seconds: float) -> None:
+        """exec_delay: sleep `seconds`, or less if release() is called meanwhile."""
+        deadline = time.monotonic() + seconds
+        with self._held:
+            releases = self._releases
+            while self._releases == releases and time.monotonic() < deadline:
+                self._held.wait(deadline - time.monotonic())
+
+    def release(self) -> None:
+        """End every exec_delay now running: the calls it holds are answered at once."""
+        with self._held:
+            self._releases += 1
+            self._held.notify_all()
+
+    def unanswered(self, method: Optional[str] = None, path_prefix: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The logged requests (as requests_to) whose answer is not written out yet."""
+        with self._lock:
+            return [entry for entry in self.requests_to(method, path_prefix) if not entry.get("answered")]
 
     def _execute_refusal(self, context_id: str) -> Optional[Dict[str, Any]]:
         """Errors the node returns before the app is reached (§4.2)."""

@@ -11,7 +11,6 @@ import re
 import pytest
 
 from mcp_client import ROOT
-from mero_mcp import INSTALLED_NOTE
 from node_double import (NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, counter_spec, error_reply, hex_id, kv_store_spec,
                          sample_double)
 
@@ -31,6 +30,10 @@ IDEMPOTENT_WRITES = {"sync_context"}
 IDEMPOTENT = {"delete_alias"}
 KV = "com.calimero.kv-store"
 MISSING = hex_id("no such thing")
+# install_application's note, as written here (neither tools.md, reference-behaviour.md nor the README gives its
+# words): a copy of the server's constant would pass whatever it said.
+INSTALLED_NOTE = ("A host that does not reload its tool list (Claude Code does not) shows no tools for it until "
+                  "restarted: call and describe_app reach its methods now.")
 
 # An app whose init takes arguments, for create_context's init check.
 WORLD_MANIFEST = {
@@ -656,10 +659,21 @@ def test_a_key_a_member_item_does_not_take_is_refused_naming_where(server, doubl
     assert hex_id("alice") not in double._groups[namespace]["members"]
 
 
+def made_by(double, call):
+    """The one group the double holds after `call()` that it did not before, and what `call()` returned."""
+    before = set(double._groups)
+    answer = call()
+    made = set(double._groups) - before
+    assert len(made) == 1, made
+    return made.pop(), answer
+
+
 def test_create_group_in_a_namespace_defaults_to_open(server, double):
     namespace = namespace_of(double)
-    group_id = server.tool_json("create_group", {"namespace": namespace, "name": "ops"})["groupId"]
-    assert double._groups[group_id]["visibility"] == "open"
+    made, answer = made_by(double, lambda: server.tool_json("create_group", {"namespace": namespace, "name": "ops"}))
+    assert answer == {"groupId": made, "parentId": namespace, "namespaceId": namespace, "visibility": "open"}
+    assert double._groups[made]["parent"] == namespace and double._groups[made]["name"] == "ops"
+    assert double._groups[made]["visibility"] == "open"
     server.tool_json("create_group", {"namespace": namespace, "visibility": "restricted"})
     assert bodies(double, "POST", "/admin-api/namespaces/%s/groups" % namespace) == [
         {"groupName": "ops", "visibility": "open"}, {"visibility": "restricted"}]
@@ -668,8 +682,9 @@ def test_create_group_in_a_namespace_defaults_to_open(server, double):
 def test_create_nested_group_takes_the_parents_application(server, double):
     namespace = namespace_of(double)
     parent = double.add_group(namespace=namespace, name="parent")
-    group_id = server.tool_json("create_group", {"namespace": namespace, "parent": parent, "name": "kid",
-                                                 "visibility": "open"})["groupId"]
+    group_id, answer = made_by(double, lambda: server.tool_json("create_group", {
+        "namespace": namespace, "parent": parent, "name": "kid", "visibility": "open"}))
+    assert answer == {"groupId": group_id, "parentId": parent, "namespaceId": namespace, "visibility": "open"}
     assert double.requests_to("GET", "/admin-api/groups/" + parent)
     assert bodies(double, "POST", "/admin-api/groups") == [
         {"applicationId": double._app_key(KV), "name": "kid", "parentGroupId": parent}]

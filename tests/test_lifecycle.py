@@ -11,15 +11,17 @@ import socket
 
 import pytest
 
-from mero_mcp import INSTALLED_NOTE, NO_PEERS, TEXT_BOUND
+from mero_mcp import TEXT_BOUND
 from node_double import (FRESH_IDENTITY, NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, counter_spec, hex_id,
                          sample_double)
-from test_fixed_tools import error_text, namespace_of, text_of
+from test_fixed_tools import INSTALLED_NOTE, error_text, namespace_of, text_of
 from test_read_only import ON, READ_ONLY_SAYS, run_check
 
 KV = "com.calimero.kv-store"
 STRANGER = hex_id("someone else")
 ALICE = hex_id("alice")
+# sync_context's note on a node with no peers, as written here (no spec text gives it): not the server's constant.
+NO_PEERS = "This node has no peers right now: nothing arrives until one connects (node_status counts them)."
 
 
 
