@@ -1,4 +1,4 @@
-# make test · make demo · make run · make lint · make bench
+# make test · make demo · make run · make lint · make bench · make snapshot
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -10,7 +10,7 @@ EDITABLE := --config-settings editable_mode=compat -e
 RUNTIME := $(VENV)/.installed-runtime
 STAMP   := $(VENV)/.installed-test
 
-.PHONY: test test-oldest oldest-venv demo run lint bench clean
+.PHONY: test test-oldest oldest-venv demo run lint bench snapshot clean
 
 # Without a package index: demo, run and test use $(PYTHON) itself when it has what they need (Debian, Ubuntu:
 # python3-requests python3-jsonschema, and python3-pytest for test), and say so in one line; without those they
@@ -113,6 +113,11 @@ bench: $(STAMP)
 	$(PIP) $(EDITABLE) '.[bench]'
 	$(PY) bench/run.py
 	$(PY) bench/bench_abi.py
+
+# tests/snapshots/fixed_tools.json from the live server (tests/test_tool_snapshot.py compares it): run it after a
+# fixed tool is added, renamed or reworded, and commit the file with the change.
+snapshot: $(RUNTIME)
+	@py=$(call python_of,$(RUNTIME)); echo "$$py tests/mcp_client.py snapshot"; $$py tests/mcp_client.py snapshot
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) build *.egg-info .pytest_cache

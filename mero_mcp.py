@@ -956,10 +956,10 @@ class Server:
 
     # ---- tools ----
     def tool_definitions(self, call):
-        return self.fixed_definitions + self.apps.generated_definitions(self.wraps_output(call))
+        return self.fixed_definitions + self.apps.catalog.generated_definitions(self.wraps_output(call))
 
     def find_tool(self, name):
-        return self.fixed_tools.get(name) or self.apps.generated_tool(name)
+        return self.fixed_tools.get(name) or self.apps.catalog.generated_tool(name)
 
     def run_tool(self, t, arguments, call):
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
@@ -1093,7 +1093,7 @@ def on_tools_call(server, params, call):
 
 def on_resources_list(server, params, call):
     check_cursor(params)
-    return {"resources": server.apps.guide_resources()}
+    return {"resources": server.apps.catalog.guide_resources()}
 
 
 def on_resource_templates(server, params, call):
@@ -1105,7 +1105,7 @@ def on_resources_read(server, params, call):
     uri = params.get("uri")
     if not isinstance(uri, str):
         raise RpcError(INVALID_PARAMS, "resources/read needs a uri (string)")
-    contents = server.apps.read_guide(uri)
+    contents = server.apps.catalog.read_guide(uri)
     if contents is None:
         code = INVALID_PARAMS if call.modern else RESOURCE_NOT_FOUND
         raise RpcError(code, "Resource not found: %s" % uri, {"uri": uri})
@@ -3316,17 +3316,11 @@ class Reads:
 
 
 class Apps:
-    """The installed applications as this server sees them: live resolution, the catalog, admission."""
+    """The installed applications as this server sees them: live resolution, ABIs, contexts, groups, handles and
+    guides shown; `catalog` is the snapshot the generated tools and resources are served from."""
 
     def __init__(self, server):
         self.server = server
-        self.snapshot = EMPTY_SNAPSHOT
-        self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
-        self.loads_begun = 0                      # catalog reads started (under load_lock)
-        self.first_load = threading.Event()
-        self.answered_early = False               # a reader gave up waiting for the first read: announce it
-        self.threads = set()                      # names of the background threads started (each once)
-        self.threads_lock = threading.Lock()
         self.manifests = {}                       # (blob id, service) -> abi.Manifest
         self.validators = {}                      # (blob id, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
@@ -3334,7 +3328,7 @@ class Apps:
         self.seen_contexts = {}                   # context id -> (applicationId, serviceName) its last read gave
         self._handle_key = None
         self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
-        self.budget = app_budget(server.env)
+        self.catalog = Catalog(self)
 
     @property
     def node(self):
@@ -3414,137 +3408,38 @@ class Apps:
             found = self.validators[key] = heavy("abi").Validator(unit.manifest, method)
         return found
 
-    # ---- the catalog ----
+    # ---- the catalog's, for the tools and admission (Catalog holds them) ----
+    @property
+    def snapshot(self):
+        return self.catalog.snapshot
+
+    @property
+    def budget(self):
+        return self.catalog.budget
+
     def start(self):
-        self.start_once("catalog", self.first_read)
-
-    def start_once(self, name, target):
-        """A daemon thread started at most once, whichever threads ask at the same time."""
-        with self.threads_lock:
-            if name in self.threads:
-                return
-            self.threads.add(name)
-        threading.Thread(target=target, name=name, daemon=True).start()
-
-    def first_read(self):
-        try:
-            self.load()
-        except Exception as error:          # the node may be down: the fixed tools still work
-            warn_catalog_failure("app list unavailable at connect: %s", error)
-            self.start_polling()            # and its apps appear (list_changed) once it is up
-        finally:
-            self.first_load.set()
-
-    def first_read_here(self):
-        """The first catalog read on this thread, however long it takes (--check counts what it brings)."""
-        with self.threads_lock:
-            self.threads.add("catalog")           # no reader starts another
-        self.first_read()
-
-    def wait_first_load(self):
-        """A reader of the catalog starts it (a modern client may never send discover) and waits a little;
-        if the first read takes longer, load() announces its apps when they arrive."""
-        self.start()
-        if not self.first_load.wait(FIRST_LOAD_WAIT):
-            self.answered_early = True
-
-    def load(self, settled=None):
-        """Read the installed apps and their ABIs; swap the snapshot and announce a change. Nothing is read when
-        `settled()` says, once the reads before have finished, that they answered the caller."""
-        with self.load_lock:
-            if settled is not None and settled():
-                return False
-            self.loads_begun += 1
-            apps = [app_record(raw) for raw in self.node.applications()]
-            units = self.read_units(apps)
-            # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
-            reserved = {t.name for t in FIXED_TOOLS}
-            fresh = build_snapshot(units, reserved, self.server.config, apps)
-            old, self.snapshot = self.snapshot, fresh
-            changed = fresh.fingerprint != old.fingerprint
-        announce = changed and (self.first_load.is_set() or self.answered_early)
-        self.first_load.set()                # the readers waiting go on; what follows is for the log and later
-        if changed:
-            warn_uncallable_methods(fresh)
-        self.start_polling()
-        if announce:
-            self.server.announce_lists_changed(tools=fresh.definitions != old.definitions,
-                                               resources=guide_entries(fresh) != guide_entries(old))
-        return changed
+        self.catalog.start()
 
     def refresh(self, settled=None):
-        try:
-            self.load(settled)
-        except Exception as error:
-            warn_catalog_failure("app list refresh failed: %s (the current app tools stay)", error)
+        self.catalog.refresh(settled)
 
-    def read_units(self, apps):
-        """One unit per service (or one for the app); a bad one is skipped. Each app's reads (its record when the
-        list lacks services, then its ABIs) go out together with every other app's, on the one session."""
-        self.budget.warn_unknown(apps)
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=CATALOG_READERS) as pool:
-            read = list(pool.map(self.units_of, [app for app in apps if self.budget.admits(app)]))
-        return [unit for units in read for unit in units]
-
-    def units_of(self, app):
-        app = self.with_services(app)           # a failed record read fails the load, as the list's would
-        units = []
-        for service in app.services or (None,):
-            try:
-                units.append(Unit(app, service, self.manifest(app, service)))
-            except Exception as error:
-                log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
-        return units
-
-    def start_polling(self):
-        self.start_once("catalog-poll", self.poll)
-
-    def poll(self):
-        while True:
-            time.sleep(POLL_SECONDS)
-            self.refresh()
-
-    def generated_definitions(self, wrap):
-        self.wait_first_load()
-        return self.snapshot.definitions[wrap]
-
-    def generated_tool(self, name):
-        self.wait_first_load()
-        return self.snapshot.index.get(name)
+    def first_read_here(self):
+        self.catalog.first_read_here()
 
     def ensure_in_catalog(self, app):
-        """A catalog miss (node down at connect, a fresh install) reads the list again once; for an app left out
-        of the catalog, a guide the catalog does not serve yet (its uri is handed out only once it does). Misses
-        seen together (call_many's items) share one read: one begun since, or one that brought the app."""
-        if self.missing_from_catalog(app):
-            begun = self.loads_begun
-            self.refresh(lambda: self.loads_begun > begun or not self.missing_from_catalog(app))
-
-    def missing_from_catalog(self, app):
-        if self.budget.admits(app):
-            return not any(u.app.id == app.id and u.app.blob == app.blob for u in self.snapshot.units)
-        return app.guide_uri is not None and self.served_guide_uri(app) is None
+        self.catalog.ensure_in_catalog(app)
 
     def unit_for(self, app, service):
-        for unit in self.snapshot.units:
-            if unit.app.id == app.id and unit.service == service and unit.app.blob == app.blob:
-                return unit
-        return Unit(app, service, self.manifest(app, service))
+        return self.catalog.unit_for(app, service)
 
     def tool_names_of(self, app, service):
-        """The unit's tool names, in method-name order."""
-        snapshot = self.snapshot                    # one snapshot throughout: a refresh may swap it meanwhile
-        bindings, config = snapshot.bindings, self.server.config
-        names = [name for name, b in bindings.items() if b.unit.app.id == app.id and b.unit.service == service
-                 and advertised(snapshot.index[name], config)]
-        return sorted(names, key=lambda name: bindings[name].method.name)
+        return self.catalog.tool_names_of(app, service)
 
     def tool_count_of(self, app_id):
-        """How many generated tools of the app (every service) tools/list carries now."""
-        snapshot = self.snapshot
-        return sum(1 for name, b in snapshot.bindings.items()
-                   if b.unit.app.id == app_id and advertised(snapshot.index[name], self.server.config))
+        return self.catalog.tool_count_of(app_id)
+
+    def served_guide_uri(self, app):
+        return self.catalog.served_guide_uri(app)
 
     # ---- contexts ----
     def contexts_of(self, app):
@@ -3656,11 +3551,6 @@ class Apps:
                 for row in self.memo(("groups", ns.id), lambda ns=ns: self.node.groups_in(ns.id))]
 
     # ---- guides (reference §3.9) ----
-    def served_guide_uri(self, app):
-        """The app's guide uri when resources/read serves this very text, else None: no other uri goes out."""
-        served = self.snapshot.guides.get(app.guide_uri) if app.guide_uri else None
-        return app.guide_uri if served is not None and served.guide_hash == app.guide_hash else None
-
     def guide_blocks(self, app):
         if not app.guide:
             return []
@@ -3676,14 +3566,6 @@ class Apps:
             "uri": uri, "mimeType": "text/markdown", "text": app.guide,
             "_meta": {"package": app.key, "appVersion": app.version, "signerId": app.signer_id}}}]
 
-    def guide_resources(self):
-        self.wait_first_load()
-        return guide_entries(self.snapshot)
-
-    def read_guide(self, uri):
-        self.wait_first_load()
-        app = self.snapshot.guides.get(uri)
-        return [{"uri": uri, "mimeType": "text/markdown", "text": app.guide}] if app is not None else None
 
 
 class AppBudget:
@@ -3714,6 +3596,173 @@ class AppBudget:
 def app_budget(env):
     raw = (env.get("CALIMERO_MCP_APPS") or "").strip()
     return AppBudget([part.strip() for part in raw.split(",") if part.strip()])
+
+
+class Catalog:
+    """The generated tools and guide resources, as one immutable snapshot swapped in whole: its first read, the
+    poll, refreshes, and what tools/list, resources/* and the tools read from it."""
+
+    def __init__(self, apps):
+        self.apps = apps
+        self.server = apps.server
+        self.snapshot = EMPTY_SNAPSHOT
+        self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
+        self.loads_begun = 0                      # catalog reads started (under load_lock)
+        self.first_load = threading.Event()
+        self.answered_early = False               # a reader gave up waiting for the first read: announce it
+        self.threads = set()                      # names of the background threads started (each once)
+        self.threads_lock = threading.Lock()
+        self.budget = app_budget(self.server.env)
+
+    @property
+    def node(self):
+        return self.server.node
+
+    def start(self):
+        self.start_once("catalog", self.first_read)
+
+    def start_once(self, name, target):
+        """A daemon thread started at most once, whichever threads ask at the same time."""
+        with self.threads_lock:
+            if name in self.threads:
+                return
+            self.threads.add(name)
+        threading.Thread(target=target, name=name, daemon=True).start()
+
+    def first_read(self):
+        try:
+            self.load()
+        except Exception as error:          # the node may be down: the fixed tools still work
+            warn_catalog_failure("app list unavailable at connect: %s", error)
+            self.start_polling()            # and its apps appear (list_changed) once it is up
+        finally:
+            self.first_load.set()
+
+    def first_read_here(self):
+        """The first catalog read on this thread, however long it takes (--check counts what it brings)."""
+        with self.threads_lock:
+            self.threads.add("catalog")           # no reader starts another
+        self.first_read()
+
+    def wait_first_load(self):
+        """A reader of the catalog starts it (a modern client may never send discover) and waits a little;
+        if the first read takes longer, load() announces its apps when they arrive."""
+        self.start()
+        if not self.first_load.wait(FIRST_LOAD_WAIT):
+            self.answered_early = True
+
+    def load(self, settled=None):
+        """Read the installed apps and their ABIs; swap the snapshot and announce a change. Nothing is read when
+        `settled()` says, once the reads before have finished, that they answered the caller."""
+        with self.load_lock:
+            if settled is not None and settled():
+                return False
+            self.loads_begun += 1
+            apps = [app_record(raw) for raw in self.node.applications()]
+            units = self.read_units(apps)
+            # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
+            reserved = {t.name for t in FIXED_TOOLS}
+            fresh = build_snapshot(units, reserved, self.server.config, apps)
+            old, self.snapshot = self.snapshot, fresh
+            changed = fresh.fingerprint != old.fingerprint
+        announce = changed and (self.first_load.is_set() or self.answered_early)
+        self.first_load.set()                # the readers waiting go on; what follows is for the log and later
+        if changed:
+            warn_uncallable_methods(fresh)
+        self.start_polling()
+        if announce:
+            self.server.announce_lists_changed(tools=fresh.definitions != old.definitions,
+                                               resources=guide_entries(fresh) != guide_entries(old))
+        return changed
+
+    def refresh(self, settled=None):
+        try:
+            self.load(settled)
+        except Exception as error:
+            warn_catalog_failure("app list refresh failed: %s (the current app tools stay)", error)
+
+    def read_units(self, apps):
+        """One unit per service (or one for the app); a bad one is skipped. Each app's reads (its record when the
+        list lacks services, then its ABIs) go out together with every other app's, on the one session."""
+        self.budget.warn_unknown(apps)
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=CATALOG_READERS) as pool:
+            read = list(pool.map(self.units_of, [app for app in apps if self.budget.admits(app)]))
+        return [unit for units in read for unit in units]
+
+    def units_of(self, app):
+        app = self.apps.with_services(app)           # a failed record read fails the load, as the list's would
+        units = []
+        for service in app.services or (None,):
+            try:
+                units.append(Unit(app, service, self.apps.manifest(app, service)))
+            except Exception as error:
+                log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
+        return units
+
+    def start_polling(self):
+        self.start_once("catalog-poll", self.poll)
+
+    def poll(self):
+        while True:
+            time.sleep(POLL_SECONDS)
+            self.refresh()
+
+    def generated_definitions(self, wrap):
+        self.wait_first_load()
+        return self.snapshot.definitions[wrap]
+
+    def generated_tool(self, name):
+        self.wait_first_load()
+        return self.snapshot.index.get(name)
+
+    def ensure_in_catalog(self, app):
+        """A catalog miss (node down at connect, a fresh install) reads the list again once; for an app left out
+        of the catalog, a guide the catalog does not serve yet (its uri is handed out only once it does). Misses
+        seen together (call_many's items) share one read: one begun since, or one that brought the app."""
+        if self.missing_from_catalog(app):
+            begun = self.loads_begun
+            self.refresh(lambda: self.loads_begun > begun or not self.missing_from_catalog(app))
+
+    def missing_from_catalog(self, app):
+        if self.budget.admits(app):
+            return not any(u.app.id == app.id and u.app.blob == app.blob for u in self.snapshot.units)
+        return app.guide_uri is not None and self.served_guide_uri(app) is None
+
+    def unit_for(self, app, service):
+        for unit in self.snapshot.units:
+            if unit.app.id == app.id and unit.service == service and unit.app.blob == app.blob:
+                return unit
+        return Unit(app, service, self.apps.manifest(app, service))
+
+    def tool_names_of(self, app, service):
+        """The unit's tool names, in method-name order."""
+        snapshot = self.snapshot                    # one snapshot throughout: a refresh may swap it meanwhile
+        bindings, config = snapshot.bindings, self.server.config
+        names = [name for name, b in bindings.items() if b.unit.app.id == app.id and b.unit.service == service
+                 and advertised(snapshot.index[name], config)]
+        return sorted(names, key=lambda name: bindings[name].method.name)
+
+    def tool_count_of(self, app_id):
+        """How many generated tools of the app (every service) tools/list carries now."""
+        snapshot = self.snapshot
+        return sum(1 for name, b in snapshot.bindings.items()
+                   if b.unit.app.id == app_id and advertised(snapshot.index[name], self.server.config))
+
+    # ---- guides, as the snapshot holds them ----
+    def served_guide_uri(self, app):
+        """The app's guide uri when resources/read serves this very text, else None: no other uri goes out."""
+        served = self.snapshot.guides.get(app.guide_uri) if app.guide_uri else None
+        return app.guide_uri if served is not None and served.guide_hash == app.guide_hash else None
+
+    def guide_resources(self):
+        self.wait_first_load()
+        return guide_entries(self.snapshot)
+
+    def read_guide(self, uri):
+        self.wait_first_load()
+        app = self.snapshot.guides.get(uri)
+        return [{"uri": uri, "mimeType": "text/markdown", "text": app.guide}] if app is not None else None
 
 
 # ---- admission: one path for call, call_many and generated tools (reference §3.7, §3.12, §3.14) ----

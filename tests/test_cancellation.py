@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mcp_client import tuned_server
+from mcp_client import MODERN_META, tuned_server
 from node_double import sample_double
 
 ITEMS = 32
@@ -132,8 +132,7 @@ def test_ping_is_answered_while_a_slow_call_runs(start_server, slow_env, slow_do
     server.send({"jsonrpc": "2.0", "id": "queued", "method": "tools/list"})
     server.send({"jsonrpc": "2.0", "id": 0, "method": "ping"})
     server.send({"jsonrpc": "2.0", "id": "modern-ping", "method": "ping",
-                 "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                                      "io.modelcontextprotocol/clientCapabilities": {}}}})
+                 "params": {"_meta": MODERN_META}})
     order = []
     while len(order) < 4:
         frame = server.read(LONG)

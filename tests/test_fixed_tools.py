@@ -1,4 +1,4 @@
-"""The 38 fixed tools over stdio against the node double: what reached the node, and what came back
+"""The fixed tools over stdio against the node double: what reached the node, and what came back
 (tools.md; reference-behaviour.md §3.2-§3.4 for the literal texts)."""
 from __future__ import annotations
 
@@ -10,17 +10,16 @@ import re
 
 import pytest
 
-from mcp_client import ROOT
+from mcp_client import FIXED_TOOLS_BUDGET, ROOT, fixed_names
 from node_double import (NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, counter_spec, error_reply, hex_id, kv_store_spec,
                          sample_double)
 
-CORE = ["node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "create_context",
-        "join_context", "delete_context", "create_alias", "lookup_alias", "delete_alias", "sync_context"]
-BLOBS = ["install_application", "uninstall_application", "upload_blob", "list_blobs", "get_blob", "delete_blob"]
-GOVERNANCE = ["create_namespace", "delete_namespace", "invite_to_namespace", "join_namespace", "leave_namespace",
-              "list_group_members", "add_group_members", "remove_group_members", "set_member_role", "create_group",
-              "describe_group", "delete_group", "set_group_visibility", "set_group_metadata", "join_open_group",
-              "upgrade_group"]
+# Each toolset's own tools (core is always on; the application tools are in every toolset), from the snapshot
+# of the fixed tools (tests/snapshots/fixed_tools.json, `make snapshot`).
+APP_TOOLS = {"describe_app", "select_app", "call", "call_many"}
+CORE = [name for name in fixed_names(["core"]) if name not in APP_TOOLS]
+BLOBS = [name for name in fixed_names(["blobs"]) if name not in APP_TOOLS and name not in CORE]
+GOVERNANCE = [name for name in fixed_names(["governance"]) if name not in APP_TOOLS and name not in CORE]
 FIXED = CORE + BLOBS + GOVERNANCE
 READ_ONLY = {"node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "lookup_alias",
              "list_blobs", "list_group_members", "get_blob", "describe_group"}
@@ -138,7 +137,6 @@ def test_annotations_follow_tools_md(server):
 SELF_EXPLAINING = {"application", "app", "group", "namespace", "name", "service", "context", "contextId", "blob",
                    "method", "visibility", "members", "alias", "force", "offset", "cascade", "role"}
 # Bytes of name + description + inputSchema, compact JSON, every fixed tool (as bench measures): issue 18's limit.
-FIXED_TOOLS_BUDGET = 11500
 
 
 def fixed_definitions(server):
@@ -186,9 +184,9 @@ def test_first_sentences_tell_the_tools_apart(server):
 
 
 def test_the_fixed_tools_stay_lean(server):
-    """All 38 fixed tools, as a model reads them, within the issue-18 budget (bench prints the figure)."""
+    """All fixed tools, as a model reads them, within the budget (bench prints the figure)."""
     tools = fixed_definitions(server)
-    assert len(tools) == 38
+    assert [t["name"] for t in tools] == fixed_names()
     read = [{key: t[key] for key in ("name", "description", "inputSchema")} for t in tools]
     size = sum(len(json.dumps(part, separators=(",", ":"), ensure_ascii=False).encode("utf-8")) for part in read)
     assert size <= FIXED_TOOLS_BUDGET, size
@@ -763,7 +761,7 @@ def test_node_failures_are_error_results(server, double):
 
 def test_every_fixed_tool_has_a_title_and_a_description(server):
     tools = {t["name"]: t for t in server.result("tools/list")["tools"] if "_meta" not in t}
-    assert len(tools) == 38
+    assert list(tools) == fixed_names()
     assert tools["node_status"]["title"] == "Node status"
     assert tools["list_group_members"]["title"] == "List group members"
     assert all(t["title"] and len(t["description"]) > 20 for t in tools.values()), [

@@ -11,6 +11,7 @@ import socket
 
 import pytest
 
+from mcp_client import fixed_names
 from mero_mcp import TEXT_BOUND
 from node_double import (FRESH_IDENTITY, NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, counter_spec, hex_id,
                          sample_double)
@@ -465,9 +466,9 @@ def test_read_only_mode_keeps_get_blob_and_describe_group_and_refuses_the_rest(s
 
 
 def test_check_counts_the_lifecycle_tools_each_mode_offers(tmp_path):
-    """--check's Tools line counts what tools/list gives: all 38 fixed tools, or the 14 read-only mode keeps."""
+    """--check's Tools line counts what tools/list gives: all fixed tools, or those read-only mode keeps."""
     with sample_double() as double:
-        for env, fixed in (({}, 38), (ON, 14)):
+        for env, fixed in (({}, len(fixed_names())), (ON, len(fixed_names(read_only=True)))):
             code, lines = run_check(double, tmp_path, **env)
             tools = next(line for line in lines if line.startswith("Tools:"))
             assert code == 0 and "(%d fixed, " % fixed in tools, (env, tools)

@@ -10,11 +10,10 @@ import time
 
 import pytest
 
-from mcp_client import ROOT, SERVER, McpServer, minimal_env
+from mcp_client import MODERN_META, ROOT, SERVER, McpServer, minimal_env
 from node_double import NodeDouble
 
-MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-          "io.modelcontextprotocol/clientCapabilities": {}}
+MODERN = MODERN_META
 # reference-behaviour.md's instructions, exact: the critical part, so it comes first.
 FLOW = ("Calimero apps describe themselves. Do not read app source. To use an app: list_applications, then "
         "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call.")
