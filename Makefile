@@ -1,4 +1,4 @@
-# make test · make demo · make run · make lint · make bench
+# make test · make demo · make run · make lint · make bench · make snapshot
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -10,21 +10,50 @@ EDITABLE := --config-settings editable_mode=compat -e
 RUNTIME := $(VENV)/.installed-runtime
 STAMP   := $(VENV)/.installed-test
 
-.PHONY: test test-oldest demo run lint bench clean
+.PHONY: test test-oldest oldest-venv demo run lint bench snapshot clean
+
+# Without a package index: demo, run and test use $(PYTHON) itself when it has what they need (Debian, Ubuntu:
+# python3-requests python3-jsonschema, and python3-pytest for test), and say so in one line; without those they
+# say in one line what to install. Either way no half-built .venv is left. An index is asked first (pip download,
+# no retries) only when $(PYTHON) has them, so that case costs no failed venv build (~18 s on a busy 2-core machine).
+# $(call venv_or_own,<pip install args>,<modules>,<Debian packages>,<stamp>,<what pip installs, in words>,<`:` to
+# leave the using-own line to the test stack's, which follows>)
+define venv_or_own
+tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT; \
+own() { $(PYTHON) -c 'import $(subst $(space),$(comma),$(2))' >/dev/null 2>&1; }; \
+say() { echo "make: $$1" >&2; }; \
+if own; then \
+  $(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --retries 0 --timeout 5 -d "$$tmp/probe" \
+    'setuptools>=61' >"$$tmp/probe.log" 2>&1 || grep -q 'No module named pip' "$$tmp/probe.log" || { \
+    $(6)say "no package index answers, so $(PYTHON)'s own $(call listed,$(2)) run this (no .venv)"; exit 0; }; \
+fi; \
+echo "installing $(5) into $(VENV)" >&2; \
+fresh=; test -x $(PY) || { fresh=1; $(PYTHON) -m venv $(VENV); } >"$$tmp/pip.log" 2>&1; \
+test -x $(PY) && $(PIP) $(1) >>"$$tmp/pip.log" 2>&1 && touch $(4) && exit 0; \
+why=$$({ grep -E '^ *ERROR:' "$$tmp/pip.log" || grep -E '^ *[Ee]rror:' "$$tmp/pip.log"; } | tail -n 1 | sed 's/^ *//'); \
+test -z "$$fresh" || rm -rf $(VENV); \
+if own; then $(6)say "$(VENV) cannot be built ($${why:-see pip}), so $(PYTHON)'s own $(call listed,$(2)) run this"; exit 0; fi; \
+say "$(VENV) cannot be built ($${why:-pip failed}), and $(PYTHON) lacks some of $(call listed,$(2)): sudo apt install $(3) (Debian, Ubuntu), or reach a package index, then run make again"; \
+exit 1
+endef
+comma := ,
+space := $(subst ,, )
+# a b c -> a, b and c
+listed = $(if $(word 2,$(1)),$(subst $(space),$(comma)$(space),$(wordlist 2,$(words $(1)),x $(1))) and $(lastword $(1)),$(1))
+# The Python a target runs: the venv's once its stamp is there, else $(PYTHON) (the offline case above).
+python_of = $$(test -f $(1) && echo $(PY) || echo $(PYTHON))
 
 # On stderr: `make run` is a server command whose stdout is the protocol, even on the run that builds the venv.
 $(RUNTIME): setup.cfg pyproject.toml Makefile
-	@echo "installing requests and jsonschema into $(VENV)" >&2
-	@{ test -x $(PY) || $(PYTHON) -m venv $(VENV); } >&2
-	@$(PIP) $(EDITABLE) . >&2
-	@touch $@
+	@$(call venv_or_own,$(EDITABLE) .,requests jsonschema,python3-requests python3-jsonschema,$@,requests and jsonschema,$(if $(filter test,$(MAKECMDGOALS)),: ))
 
 $(STAMP): $(RUNTIME)
-	$(PIP) $(EDITABLE) '.[test]'
-	touch $@
+	@$(call venv_or_own,$(EDITABLE) '.[test]',requests jsonschema pytest,python3-requests python3-jsonschema python3-pytest,$@,the test stack (pytest$(comma) the MCP SDK))
 
+# TESTS: the files (or pytest arguments) the suite's run takes, all of tests/ unless given; test-oldest keeps its own.
+TESTS ?=
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@py=$(call python_of,$(STAMP)); echo "$$py -m pytest -q $(TESTS)"; $$py -m pytest -q $(TESTS)
 	@$(MAKE) --no-print-directory test-oldest
 
 # The oldest releases the server supports, as Ubuntu 22.04 and Debian 11 ship them: Python 3.9 with exactly
@@ -39,35 +68,56 @@ OLDEST_PINS  := requests==2.25.1 jsonschema==3.2.0 pytest
 OLDEST_TESTS := tests/test_abi.py tests/test_fixed_tools.py tests/test_app_tools.py tests/test_node.py \
                 tests/test_adversarial.py tests/test_names_and_rows.py tests/test_lifecycle.py \
                 tests/test_faults.py
-OLDEST_SKIP  := not draft_7_gives_the_verdicts    # compares with the 2020-12 validator, which 3.2 lacks
+# 3.2 has no 2020-12 validator: test_abi compares its Draft 7 verdicts with those of the suite's venv, when it has one
+OLDEST_MODERN = $(if $(wildcard $(PY)),MERO_MCP_TEST_MODERN_PYTHON=$(abspath $(PY)))
 PYTHON39 = $(firstword $(foreach p,$(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.9.*/bin/python3.9) \
                    $(shell command -v python3.9),$(shell $(p) -c 'import sys; print("$(p)" if sys.version_info[:2] \
                    == (3, 9) else "")' 2>/dev/null)))
 
 test-oldest:
 	@if [ -z "$(PYTHON39)" ]; then echo "test-oldest: skipped, no Python 3.9 here (python3.9 on PATH or under pyenv)"; \
-	else test -f $(OLDEST_VENV)/.installed || { rm -rf $(OLDEST_VENV) && $(PYTHON39) -m venv $(OLDEST_VENV) && \
-	  $(OLDEST_VENV)/bin/python -m pip install -q --disable-pip-version-check $(OLDEST_PINS) && \
-	  touch $(OLDEST_VENV)/.installed; } && \
-	echo "test-oldest: $(PYTHON39) with $(OLDEST_PINS)" && \
-	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS) -k "$(OLDEST_SKIP)"; fi
+	elif ! test -f $(OLDEST_VENV)/.installed && ! $(MAKE) --no-print-directory oldest-venv; then exit 1; \
+	elif ! test -f $(OLDEST_VENV)/.installed; then :; \
+	else echo "test-oldest: $(PYTHON39) with $(OLDEST_PINS)" && \
+	$(OLDEST_MODERN) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS); fi
+
+# Built whole or not at all: where no package index answers, one line and a skip (the pins come from nowhere else).
+OFFLINE_SIGNS := NewConnectionError|No matching distribution|Could not find a version|Temporary failure|Network is unreachable
+oldest-venv:
+	@rm -rf $(OLDEST_VENV); log=$$(mktemp); \
+	if $(PYTHON39) -m venv $(OLDEST_VENV) >$$log 2>&1 && $(OLDEST_VENV)/bin/python -m pip install -q \
+	    --disable-pip-version-check $(OLDEST_PINS) >>$$log 2>&1; then touch $(OLDEST_VENV)/.installed; rm -f $$log; \
+	else rm -rf $(OLDEST_VENV); why=$$(grep -E '^ *(ERROR|Error|error):' $$log | tail -n 1 | sed 's/^ *//'); \
+	  if grep -qE '$(OFFLINE_SIGNS)' $$log; then rm -f $$log; \
+	    echo "test-oldest: skipped, no package index answers for $(OLDEST_PINS) ($$why)"; \
+	  else cat $$log; rm -f $$log; exit 1; fi; fi
 
 demo: $(RUNTIME)
-	$(PY) tests/demo.py
+	@py=$(call python_of,$(RUNTIME)); echo "$$py tests/demo.py"; $$py tests/demo.py
 
 run: $(RUNTIME)
-	@$(PY) mero_mcp.py
+	@$(call python_of,$(RUNTIME)) mero_mcp.py
+
+# lint and bench install their own tools: they need the package index, and say so in one line without it.
+needs_venv = @test -f $(STAMP) || { echo "make $@: needs $(VENV), which needs a package index" >&2; exit 1; }
 
 lint: $(STAMP)
+	$(needs_venv)
 	$(PIP) $(EDITABLE) '.[lint]'
 	$(VENV)/bin/vermin -q -t=3.9- --violations --no-tips --eval-annotations mero_mcp.py abi.py node.py
 	$(PY) -m pyflakes mero_mcp.py abi.py node.py tests bench
 	@echo "lint: clean (pyflakes; mero_mcp.py, abi.py, node.py run on Python 3.9)"
 
 bench: $(STAMP)
+	$(needs_venv)
 	$(PIP) $(EDITABLE) '.[bench]'
 	$(PY) bench/run.py
 	$(PY) bench/bench_abi.py
+
+# tests/snapshots/fixed_tools.json from the live server (tests/test_tool_snapshot.py compares it): run it after a
+# fixed tool is added, renamed or reworded, and commit the file with the change.
+snapshot: $(RUNTIME)
+	@py=$(call python_of,$(RUNTIME)); echo "$$py tests/mcp_client.py snapshot"; $$py tests/mcp_client.py snapshot
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) build *.egg-info .pytest_cache

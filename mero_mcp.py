@@ -336,6 +336,19 @@ def read_lines(stream):
         yield line
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def without_leading_bom(lines):
+    """The lines with a UTF-8 byte-order mark before the first message dropped (some hosts write one first)."""
+    first = True
+    for line in lines:
+        if first and line is not None and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM):]
+        first = first and line is not None and not line.strip()
+        yield line
+
+
 def parse_line(raw):
     if raw is None:
         raise RpcError(PARSE_ERROR, "Parse error: message longer than %d bytes" % MAX_LINE_BYTES)
@@ -537,7 +550,7 @@ class Scheduler:
     def read(self, stream):
         """stdin on its own thread, so a cancel is seen and a ping answered while a call runs; EOF ends the process."""
         try:
-            for raw in read_lines(stream):
+            for raw in without_leading_bom(read_lines(stream)):
                 received = self.receive(raw)
                 if received is not None:
                     self.inbox.put(received)
@@ -554,6 +567,8 @@ class Scheduler:
         """Parse one line; a cancellation or a ping is dealt with at once (never behind a slow call); anything
         else is returned for the loop, each request with its ticket, made now so that a cancellation arriving
         while it waits its turn still reaches it."""
+        if raw is not None and not raw.strip():
+            return None                      # an empty line carries no message: nothing to answer
         try:
             message = parse_line(raw)
         except RpcError as error:
@@ -708,12 +723,13 @@ class Request:
     that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
     or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
 
-    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "ran")
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "ran")
 
     def __init__(self, server, request_id, meta, version, ticket):
         self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
         self.ticket = ticket                 # set once the client cancels the request
         self.reads = None                    # a Reads while a scope of this call shares its node reads
+        self.named = {}                      # argument -> the Carrier a namespace or group name resolved to
         self.ran = None                      # (context id, method) of the app method this call ran last
 
     @property
@@ -770,6 +786,52 @@ class bound:
         _bound.request = self.previous
 
 
+# Enough for each of call_many's items to overlap its usual three requests; more wait, or run on the asking thread.
+HELPER_THREADS = 2 * CALL_MANY_LIMIT + 8
+_helper_pool = []
+_helper_pool_lock = threading.Lock()
+
+
+def together(*thunks):
+    """Run the thunks at once and return their results in order: the first on this thread, the others on helper
+    threads that run as part of this thread's request (its read memo, cancel ticket and traceparent: the node
+    scope). A thunk no helper has started by the time this thread is free runs here, so a busy pool serialises
+    but never deadlocks. The first exception, in thunk order, is raised once every thunk has ended."""
+    if len(thunks) < 2:
+        return [thunk() for thunk in thunks]
+    request, scope = current_request(), node_module().current_scope()
+    futures = [helper_pool().submit(as_part_of, request, scope, thunk) for thunk in thunks[1:]]
+    outcomes = [settled(thunks[0])]
+    for future, thunk in zip(futures, thunks[1:]):
+        outcomes.append(settled(thunk) if future.cancel() else settled(future.result))
+    for _, error in outcomes:
+        if error is not None:
+            raise error
+    return [value for value, _ in outcomes]
+
+
+def as_part_of(request, scope, thunk):
+    """Run `thunk` on this helper thread inside `request`: bound to it, in its node scope (`scope`, the calling
+    thread's: its traceparent and cancel ticket)."""
+    with bound(request), node_module().scope(scope):
+        return thunk()
+
+
+def settled(thunk):
+    try:
+        return thunk(), None
+    except Exception as error:
+        return None, error
+
+
+def helper_pool():
+    with _helper_pool_lock:
+        if not _helper_pool:
+            from concurrent.futures import ThreadPoolExecutor
+            _helper_pool.append(ThreadPoolExecutor(max_workers=HELPER_THREADS, thread_name_prefix="helper"))
+        return _helper_pool[0]
+
+
 class Server:
     """One stdio connection: what it negotiated, and the handlers for each method."""
 
@@ -789,6 +851,7 @@ class Server:
         self._node = None
         self._node_lock = threading.Lock()
         self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
+        self.blob_pages = BlobPages()        # the one blob being read page by page (get_blob)
 
     # ---- the node, created lazily (node.py imports requests) ----
     @property
@@ -894,10 +957,10 @@ class Server:
 
     # ---- tools ----
     def tool_definitions(self, call):
-        return self.fixed_definitions + self.apps.generated_definitions(self.wraps_output(call))
+        return self.fixed_definitions + self.apps.catalog.generated_definitions(self.wraps_output(call))
 
     def find_tool(self, name):
-        return self.fixed_tools.get(name) or self.apps.generated_tool(name)
+        return self.fixed_tools.get(name) or self.apps.catalog.generated_tool(name)
 
     def run_tool(self, t, arguments, call):
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
@@ -908,7 +971,7 @@ class Server:
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
-            with bound(call), self.node.traced(call.traceparent):
+            with bound(call), self.node.scope(call.traceparent, call.ticket):
                 arguments = resolved_ids(self.apps, t, arguments, call)
                 if KINDS[t.kind].whole_call_reads:
                     with call.reading():
@@ -1031,7 +1094,7 @@ def on_tools_call(server, params, call):
 
 def on_resources_list(server, params, call):
     check_cursor(params)
-    return {"resources": server.apps.guide_resources()}
+    return {"resources": server.apps.catalog.guide_resources()}
 
 
 def on_resource_templates(server, params, call):
@@ -1043,7 +1106,7 @@ def on_resources_read(server, params, call):
     uri = params.get("uri")
     if not isinstance(uri, str):
         raise RpcError(INVALID_PARAMS, "resources/read needs a uri (string)")
-    contents = server.apps.read_guide(uri)
+    contents = server.apps.catalog.read_guide(uri)
     if contents is None:
         code = INVALID_PARAMS if call.modern else RESOURCE_NOT_FOUND
         raise RpcError(code, "Resource not found: %s" % uri, {"uri": uri})
@@ -1383,10 +1446,14 @@ def resolved_ids(apps, t, arguments, call):
     if not named or not any(isinstance(arguments.get(argument), str) for argument in named):
         return arguments
     resolved = dict(arguments)
+    # A destructive tool never acts on a name matched only without case: it could be another's.
+    exact = bool(t.annotations.get("destructiveHint"))
     with call.reading():                     # two arguments naming groups share one walk of the node's groups
         for argument, kind in named.items():
             if isinstance(arguments.get(argument), str):
-                resolved[argument] = apps.resolve_group(arguments[argument], argument, kind)
+                carrier = apps.resolve_group(arguments[argument], argument, kind, exact)
+                resolved[argument] = carrier.id
+                call.named[argument] = carrier
     return resolved
 
 
@@ -2054,7 +2121,7 @@ def delete_alias(args, call):
 @tool("sync_context", "Ask the node to sync a context from its peers; force: a full resync, overwriting local state "
       "with a peer's.",
       {"context": STRING, "force": {"type": "boolean"}}, required=("context",),
-      annotations=dict(WRITES, idempotentHint=True))
+      annotations=DESTRUCTIVE_IDEMPOTENT)       # force overwrites local state
 def sync_context(args, call):
     node, context_id = call.server.node, context_id_of(call.server, args["context"])
     if args.get("force"):
@@ -2289,8 +2356,9 @@ def list_blobs(args, call):
       required=("blob",), annotations=READ_ONLY, toolset="blobs")
 def get_blob(args, call):
     context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
-    data, headers = call.server.node.download_blob(args["blob"], context)
-    offset = args.get("offset") or 0
+    offset = byte_offset(args)
+    data, headers = call.server.blob_pages.read((args["blob"], context), offset,
+                                                lambda: call.server.node.download_blob(args["blob"], context))
     if offset > len(data) or (offset == len(data) and data):
         raise ToolError("offset %d is past the end of blob %s, which is %d bytes." % (offset, args["blob"], len(data)))
     page = {"blobId": args["blob"], "size": len(data), "mimeType": headers["mimeType"], "encoding": None,
@@ -2298,6 +2366,47 @@ def get_blob(args, call):
     room = TEXT_BOUND - len(json_text(page)) - 40      # what the rest of the answer leaves (40: both fields' values)
     encoding, content, end = blob_page(data, offset, room)
     return dict(page, encoding=encoding, content=content, nextOffset=end if end < len(data) else None)
+
+
+BLOB_COPY_SECONDS = 60          # how long the blob read page by page is kept after its first page
+
+
+class BlobPages:
+    """One bounded, short-lived copy of the blob last read from its first page, serving its later pages: the node
+    ignores HTTP Range (node-api §0.7), so each page would otherwise move the whole blob again. At most one blob
+    (itself within the answer-size cap) is held, for BLOB_COPY_SECONDS; a read from offset 0 always downloads,
+    and delete_blob drops the copy."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.copy = None                # (key, data, headers, until)
+
+    def read(self, key, offset, download):
+        with self.lock:
+            copy = self.copy
+        if offset and copy is not None and copy[0] == key and time.monotonic() < copy[3]:
+            return copy[1], copy[2]
+        data, headers = download()
+        with self.lock:
+            self.copy = (key, data, headers, time.monotonic() + BLOB_COPY_SECONDS) if len(data) > TEXT_BOUND // 2 \
+                else None
+        return data, headers
+
+    def forget(self, blob):
+        with self.lock:
+            if self.copy is not None and self.copy[0][0] == blob:
+                self.copy = None
+
+
+def byte_offset(args):
+    """get_blob's offset as a count of bytes: JSON Schema counts 1.0 as an integer, a byte offset it is not."""
+    offset = args.get("offset")
+    if offset is None:
+        return 0
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ToolError("offset must be a whole number of bytes, 0 or more (a page's nextOffset), not %s. Nothing "
+                        "was read." % json_text(offset))
+    return offset
 
 
 def blob_page(data, offset, room):
@@ -2328,6 +2437,7 @@ def blob_page(data, offset, room):
 @tool("delete_blob", "Delete a blob from this node (not one an installed app uses).",
       {"blob": STRING}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
 def delete_blob(args, call):
+    call.server.blob_pages.forget(args["blob"])
     return call.server.node.delete_blob(args["blob"])
 
 
@@ -2341,14 +2451,43 @@ VISIBILITIES = ("open", "restricted")
        "name": STRING},
       required=("application",), toolset="governance")
 def create_namespace(args, call):
-    app = call.server.apps.resolve(args["application"])
-    return call.server.node.create_namespace(app.id, name=args.get("name"))
+    apps = call.server.apps
+    app = apps.resolve(args["application"])
+    name = args.get("name")
+    namesakes = namesakes_of(apps, name, call, namespaces_only=True)
+    created = call.server.node.create_namespace(app.id, name=name)
+    return with_namesakes(created, name, namesakes)
+
+
+def namesakes_of(apps, name, call, namespaces_only=False):
+    """The namespaces (and groups) already named `name`, as given; a name that reads as an id is refused: an
+    argument of that form is taken as an id, so the new one could never be named."""
+    if name is None:
+        return []
+    if not name.strip():
+        raise ToolError("name must not be blank: leave it out for no name. Nothing was created.")
+    if is_hex_key(name):
+        raise ToolError('name "%s" reads as a 64-hex id, and a name of that form is taken as an id everywhere, so '
+                        "it could never be named. Choose another name. Nothing was created." % name)
+    with call.reading():
+        namespaces = apps.namespace_carriers()
+        carriers = namespaces if namespaces_only else namespaces + apps.groups_of(namespaces)
+    return [c for c in carriers if c.name == name]
+
+
+def with_namesakes(created, name, namesakes):
+    if not namesakes:
+        return created
+    return dict(created, note='The name "%s" is also carried by %s: a name names one thing only while it is '
+                              "unique, so pass ids to tell them apart." % (name, carriers_text(namesakes)))
 
 
 @tool("delete_namespace", "Delete a namespace; delete its contexts first (they outlive it, uncallable).",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def delete_namespace(args, call):
-    return call.server.node.delete_namespace(args["namespace"])
+    acted_on = call.server.apps.carrier_of(args["namespace"], call, "namespace")
+    answer = call.server.node.delete_namespace(args["namespace"])
+    return dict(answer, namespaceId=args["namespace"], name=acted_on.name)
 
 
 @tool("invite_to_namespace", "Create an invitation to a namespace, for join_namespace on another node.",
@@ -2388,8 +2527,16 @@ def join_namespace(args, call):
 @tool("leave_namespace", "Leave a namespace (this node stops being a member).",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
+    acted_on = call.server.apps.carrier_of(args["namespace"], call, "namespace")
     call.server.node.leave_namespace(args["namespace"])
-    return "Left namespace %s." % args["namespace"]
+    return "Left %s." % named_text(acted_on)
+
+
+def named_text(carrier):
+    """`namespace <id> ("team")`, or the kind and id alone when it has no name or none could be read."""
+    if carrier.name is None:
+        return "%s %s" % (carrier.kind or "group", carrier.id)
+    return carriers_text([carrier])
 
 
 @tool("list_group_members", "Members of a group, with their roles.",
@@ -2416,15 +2563,32 @@ def add_group_members(args, call):
       {"group": GROUP_ID, "members": {"type": "array", "minItems": 1, "items": text_property("Account id.")}},
       required=("group", "members"), annotations=DESTRUCTIVE, toolset="governance")
 def remove_group_members(args, call):
-    node, group, members = call.server.node, args["group"], args["members"]
+    node, group = call.server.node, args["group"]
+    acted_on = call.server.apps.carrier_of(group, call, "group")
+    members, repeated = canonical_accounts(args["members"])
     # The node checks no account (node-api §0.6): one that is not a member would be "removed" silently.
     listed = {m["identity"].lower() for m in node.group_members(group)["members"]}
-    strangers = [m for m in members if m.lower() not in listed]
+    strangers = [m for m in members if m not in listed]
     if strangers:
-        raise ToolError("Not members of group %s: %s. Nothing was removed; list_group_members shows its members."
-                        % (group, ", ".join(strangers)))
-    node.remove_group_members(group, list(members))
-    return "Removed %s from group %s." % (", ".join(members), group)
+        raise ToolError("Not members of %s: %s. Nothing was removed; list_group_members shows its members."
+                        % (named_text(acted_on), ", ".join(strangers)))
+    node.remove_group_members(group, members)
+    said = "Removed %s from %s." % (", ".join(members), named_text(acted_on))
+    return said + (" Given more than once, removed once: %s." % ", ".join(repeated) if repeated else "")
+
+
+def canonical_accounts(accounts):
+    """Account ids in the one form they are compared and sent in (lower-case hex, as the node lists them), each
+    once; and those given more than once."""
+    seen, repeated = [], []
+    for account in accounts:
+        account = account.lower() if is_hex_key(account) else account
+        if account in seen:
+            if account not in repeated:
+                repeated.append(account)
+        else:
+            seen.append(account)
+    return seen, repeated
 
 
 MEMBER_ROLES = ("Admin", "Member", "ReadOnly")       # the node assigns its TEE roles itself
@@ -2449,14 +2613,15 @@ def set_member_role(args, call):
       required=("namespace",), toolset="governance")
 def create_group(args, call):
     node, namespace = call.server.node, args["namespace"]
+    namesakes = namesakes_of(call.server.apps, args.get("name"), call)
     if args.get("parent") is None:
         visibility = args.get("visibility") or "open"
         group_id = node.create_group(namespace, args.get("name"), visibility)
-        return created_group(group_id, namespace, namespace, visibility)
+        return with_namesakes(created_group(group_id, namespace, namespace, visibility), args.get("name"), namesakes)
     if not node.namespace_holds(namespace, args["parent"]):      # core's nested create takes no namespace
         raise ToolError("Group %s is not in namespace %s. Pass the namespace the parent is in, or a parent inside "
                         "namespace %s." % (args["parent"], namespace, namespace))
-    return create_nested_group(node, args)
+    return with_namesakes(create_nested_group(node, args), args.get("name"), namesakes)
 
 
 def created_group(group_id, parent, namespace, visibility):
@@ -2575,13 +2740,32 @@ def delete_group(args, call):
     if namespace is not None:      # newest nodes refuse it too; older ones would delete the namespace
         raise ToolError("%s is a namespace%s: delete_group deletes subgroups. Delete a namespace with "
                         "delete_namespace." % (group, ' ("%s")' % namespace["name"] if namespace.get("name") else ""))
+    acted_on = call.server.apps.carrier_of(group, call, "group")
     below = groups_below(node, group)
-    doomed = set(below) | {group}
-    contexts = [c["id"] for c in node.contexts() if c.get("groupId") in doomed]
-    answer = node.delete_group(group)
-    remaining = {c["id"] for c in node.contexts()} if contexts else set()
-    return dict(answer, groupId=group, deletedSubgroups=[g for g in below if not group_exists(node, g)],
-                deletedContexts=[c for c in contexts if c not in remaining])
+    before = {c["id"]: c.get("groupId") for c in node.contexts()}
+    answer = dict(node.delete_group(group), groupId=group, name=acted_on.name)
+    # What went is read back, not assumed: a restricted subgroup this node cannot list loses its contexts too.
+    try:
+        after = {c["id"] for c in node.contexts()} if before else set()
+        answer["deletedSubgroups"] = [g for g in below if not group_exists(node, g)]
+    except node_module().NodeError as error:
+        answer["note"] = ("%s was deleted; which of its subgroups and contexts went with it could not be confirmed "
+                          "(%s). list_contexts and describe_group show what is left." % (named_text(acted_on),
+                                                                                         unanswered_read(error)))
+        return answer
+    answer["deletedContexts"] = [c for c in before if c not in after]
+    unlisted = sorted({before[c] for c in answer["deletedContexts"]} - set(below) - {group, None})
+    if unlisted:
+        answer["unlistedGroups"] = unlisted
+        answer["note"] = ("The delete also reached groups this node cannot list (restricted ones it is not a member "
+                          "of): contexts of %s are gone too." % ", ".join(unlisted))
+    return answer
+
+
+def unanswered_read(error):
+    """How a read after a write failed, without the read's own advice (the write is done: nothing to repeat)."""
+    status = getattr(error, "status", None)
+    return "the node answered HTTP %s to the read after it" % status if status else "the read after it got no answer"
 
 
 def groups_below(node, group):
@@ -2594,11 +2778,14 @@ def groups_below(node, group):
 
 
 def group_exists(node, group):
-    """False only when the node says it is not there: the delete happened, so no other failure may fail it."""
+    """False when the node says it is not there, True when it is (a 403: there, but not shown to this node); any
+    other failure is raised, since it confirms nothing."""
     try:
         node.group(group)
     except node_module().NodeError as error:
-        return error.status != 404
+        if error.status in (403, 404):
+            return error.status == 403
+        raise
     return True
 
 
@@ -2646,17 +2833,28 @@ def join_open_group(args, call):
 @tool("upgrade_group", "Move a namespace or group to the latest installed version of its app (install that first); "
       "cascade: subgroups too.",
       {"group": GROUP_ID, "application": text_property("Default: the group's."), "cascade": {"type": "boolean"}},
-      required=("group",), toolset="governance")
+      required=("group",), annotations=DESTRUCTIVE, toolset="governance")
 def upgrade_group(args, call):
     server, group = call.server, args["group"]
+    current = server.node.group(group)["targetApplicationId"]
+    target = current
     if args.get("application") is not None:
-        target = server.apps.resolve(args["application"]).id
-    else:
-        target = server.node.group(group)["targetApplicationId"]
+        target = refuse_another_package(server.apps, group, current, server.apps.resolve(args["application"]))
     status = server.node.upgrade_group(group, target, args.get("cascade"))
     if status.get("status") != "completed":
         status = dict(status, note="Not finished: describe_group shows its progress until it is completed.")
     return status
+
+
+def refuse_another_package(apps, group, current, app):
+    """An upgrade moves a group to a newer version of its own app: an app of another package is refused before
+    anything is sent (the node would move the group's contexts onto code their state was never written by)."""
+    running = apps.app_by_id(current)
+    if running is not None and running.package != app.package:
+        raise ToolError("Group %s runs %s; %s is another package, and upgrade_group moves a group to a newer "
+                        "version of its own app. Nothing was sent; install the new version of %s and upgrade to "
+                        "it." % (group, running.package, app.package, running.package))
+    return app.id
 
 
 # ---- application tools: describe_app, select_app ----
@@ -2908,6 +3106,7 @@ def what_ran(call, args):
 
 
 def run_call(apps, args, cancelled=None):
+    early = ahead(apps, *call_reads(apps, args))
     admitted = admit_call(apps, args)
     apps.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
@@ -2916,7 +3115,7 @@ def run_call(apps, args, cancelled=None):
         raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
     if cancelled is not None and cancelled.is_set():
         raise Cancelled()
-    return execute(apps, admitted, method, method_args or {})
+    return execute(apps, admitted, method, method_args or {}, early)
 
 
 def admit_call(apps, args):
@@ -3025,7 +3224,7 @@ def call_many_item(call, item):
     try:
         server = call.server
         refuse_unknown_arguments(server.fixed_tools["call"], item)
-        with server.node.traced(call.traceparent):
+        with server.node.scope(call.traceparent, call.ticket):
             value = run_call(server.apps, item, call.ticket)
         refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
         return {"ok": True, "result": value}
@@ -3175,7 +3374,8 @@ def is_hex_key(value):
 
 
 def named_as(carriers, name):
-    """The carriers of `name`: those spelling it exactly, else those spelling it in another case."""
+    """The carriers of `name`: those spelling it exactly, else those spelling it in another case (no trimming:
+    " team" is not "team")."""
     exact = [c for c in carriers if c.name == name]
     return exact or [c for c in carriers if isinstance(c.name, str) and c.name.lower() == name.lower()]
 
@@ -3378,24 +3578,19 @@ class Reads:
 
 
 class Apps:
-    """The installed applications as this server sees them: live resolution, the catalog, admission."""
+    """The installed applications as this server sees them: live resolution, ABIs, contexts, groups, handles and
+    guides shown; `catalog` is the snapshot the generated tools and resources are served from."""
 
     def __init__(self, server):
         self.server = server
-        self.snapshot = EMPTY_SNAPSHOT
-        self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
-        self.loads_begun = 0                      # catalog reads started (under load_lock)
-        self.first_load = threading.Event()
-        self.answered_early = False               # a reader gave up waiting for the first read: announce it
-        self.threads = set()                      # names of the background threads started (each once)
-        self.threads_lock = threading.Lock()
         self.manifests = {}                       # (blob id, service) -> abi.Manifest
         self.validators = {}                      # (blob id, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
         self.shown_guides = set()                 # guide uris this session has already shown in full
+        self.seen_contexts = {}                   # context id -> (applicationId, serviceName) its last read gave
         self._handle_key = None
         self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
-        self.budget = app_budget(server.env)
+        self.catalog = Catalog(self)
 
     @property
     def node(self):
@@ -3475,7 +3670,216 @@ class Apps:
             found = self.validators[key] = heavy("abi").Validator(unit.manifest, method)
         return found
 
-    # ---- the catalog ----
+    # ---- the catalog's, for the tools and admission (Catalog holds them) ----
+    @property
+    def snapshot(self):
+        return self.catalog.snapshot
+
+    @property
+    def budget(self):
+        return self.catalog.budget
+
+    def start(self):
+        self.catalog.start()
+
+    def refresh(self, settled=None):
+        self.catalog.refresh(settled)
+
+    def first_read_here(self):
+        self.catalog.first_read_here()
+
+    def ensure_in_catalog(self, app):
+        self.catalog.ensure_in_catalog(app)
+
+    def unit_for(self, app, service):
+        return self.catalog.unit_for(app, service)
+
+    def tool_names_of(self, app, service):
+        return self.catalog.tool_names_of(app, service)
+
+    def tool_count_of(self, app_id):
+        return self.catalog.tool_count_of(app_id)
+
+    def served_guide_uri(self, app):
+        return self.catalog.served_guide_uri(app)
+
+    # ---- contexts ----
+    def contexts_of(self, app):
+        return self.node.contexts_of(app.id)
+
+    def context_by_id(self, context_id):
+        return self.memo(("context", context_id), lambda: self.read_context(context_id))
+
+    def read_context(self, context_id):
+        context = self.node.context(context_id)
+        if context is None:
+            self.seen_contexts.pop(context_id, None)
+        else:
+            if len(self.seen_contexts) >= SEEN_CONTEXTS:
+                self.seen_contexts.clear()
+            self.seen_contexts[context_id] = (context.get("applicationId"), context.get("serviceName"))
+        return context
+
+    def seen_running(self, context_id, unit):
+        """Whether this context's last read showed it running the unit's app and service (early_view)."""
+        seen = self.seen_contexts.get(context_id)
+        return seen is not None and seen[0] == unit.app.id and (seen[1] or unit.app.sole_service) == unit.service
+
+    def read_named_context(self, value):
+        """What admission reads for a context argument, into the call's memo: its alias's lookup, its record."""
+        if isinstance(value, str) and value.strip():
+            context_id = self.context_id(value.strip())
+            if context_id:
+                self.context_by_id(context_id)
+
+    def context_id(self, value):
+        """The id a context argument names: an id as given, else what the alias resolves to (None if nothing)."""
+        return value if is_hex_id(value) else self.lookup_alias(value)
+
+    def lookup_alias(self, name):
+        return self.memo(("alias", name), lambda: self.node.lookup_alias(name))
+
+    def resolve_context(self, value, app, label):
+        """A context id or alias that must belong to `app` (reference §3.8 texts); aliases are read live."""
+        if not isinstance(value, str) or not value.strip():
+            raise ToolError("context must be a context id or alias (a non-empty string).")
+        value = value.strip()
+        context_id = self.context_id(value)
+        context = self.context_by_id(context_id) if context_id else None
+        if context is None:
+            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
+                            % (value, self.candidates(app, label, value)))
+        if context.get("applicationId") != app.id:
+            raise ToolError('Context "%s" does not belong to "%s". %s' % (value, label,
+                                                                          self.candidates(app, label, value)))
+        return context
+
+    def candidates(self, app, label, rejected):
+        ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
+        return 'Contexts for "%s": %s' % (label, some_contexts(ids, label) or "(none)")
+
+    # ---- namespaces and groups ----
+    def resolve_group(self, value, argument, kind="group", exact=False):
+        """The Carrier (its 64-hex id; name and kind when read) a namespace (`kind` "namespace") or group argument
+        names: an id as given, without a read; else the one namespace, or with "group" the one namespace or
+        subgroup, whose name it is, compared as given (exact, else without case unless `exact`). None or several
+        is a ToolError naming the argument, and nothing is done."""
+        name = value
+        if not name.strip():
+            raise ToolError("%s must name a %s: its id or its name." % (argument, GROUP_KINDS[kind]))
+        if is_hex_key(name):
+            return Carrier(None, name, None, None)
+        namespaces = self.namespace_carriers()
+        if kind == "group":
+            found = named_as(namespaces + self.groups_of(namespaces), name)
+        else:
+            found = named_as(namespaces, name)
+            groups = [] if found else named_as(self.groups_of(namespaces), name)
+            if groups:                           # a subgroup's name where a namespace is asked: never the subgroup
+                raise ToolError('%s: "%s" is the name of %s, not of a namespace. Pass a namespace id or name; '
+                                "list_namespaces lists them." % (argument, name, carriers_text(groups)))
+        if exact and found and all(c.name != name for c in found):
+            raise ToolError('%s: no %s is named exactly "%s"; %s. Nothing was done; pass the name as it is spelled, '
+                            "or the id." % (argument, GROUP_KINDS[kind], name, "named in another case: "
+                                            + carriers_text(found)))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise ToolError('%s: %d %s are named "%s": %s. Nothing was done; pass the id of the one you mean.'
+                            % (argument, len(found), GROUP_KINDS[kind + "s"], name, carriers_text(found)))
+        where = " (describe_group of a namespace shows its subgroups)" if kind == "group" else ""
+        raise ToolError('%s: no %s on this node is named "%s". Nothing was done; list_namespaces lists the '
+                        "namespaces with their ids and names%s." % (argument, GROUP_KINDS[kind], name, where))
+
+    def namespace_carriers(self):
+        return [Carrier("namespace", row["namespaceId"], row.get("name"), None)
+                for row in self.memo(("namespaces",), self.node.namespaces)]
+
+    def carrier_of(self, group_id, call, argument):
+        """What a destructive answer names: the namespace or group an argument resolved to, read when it was
+        given as an id (a group this node cannot list is named by its id alone)."""
+        known = call.named.get(argument)
+        if known is not None and known.kind is not None:
+            return known
+        with call.reading():
+            namespaces = self.namespace_carriers()
+            found = [c for c in namespaces if c.id.lower() == group_id.lower()] or [
+                c for c in self.groups_of(namespaces) if c.id.lower() == group_id.lower()]
+        return found[0] if found else Carrier("group", group_id, None, None)
+
+    def groups_of(self, namespaces):
+        """Every subgroup this node can list, below each of `namespaces`."""
+        return [Carrier("subgroup", row["groupId"], row.get("name"), ns.id) for ns in namespaces
+                for row in self.memo(("groups", ns.id), lambda ns=ns: self.node.groups_in(ns.id))]
+
+    # ---- guides (reference §3.9) ----
+    def guide_blocks(self, app):
+        if not app.guide:
+            return []
+        label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
+                 % (app.key, app.signer_id or "unknown")}
+        uri = self.served_guide_uri(app)
+        if len(app.guide) > GUIDE_BOUND:         # the rest of an answer keeps its room
+            return [label, {"type": "text", "text": long_guide(app.guide, uri)}]
+        if uri is None:
+            return [label, {"type": "text", "text": app.guide}]
+        self.shown_guides.add(uri)
+        return [label, {"type": "resource", "resource": {
+            "uri": uri, "mimeType": "text/markdown", "text": app.guide,
+            "_meta": {"package": app.key, "appVersion": app.version, "signerId": app.signer_id}}}]
+
+
+
+class AppBudget:
+    """CALIMERO_MCP_APPS: which apps get generated tools, for hosts that cap the tool count."""
+
+    def __init__(self, names):
+        self.names = names
+        self.warned = set()
+
+    def admits(self, app):
+        if not self.names:
+            return True
+        return any(match_apps([app], name) for name in self.names)
+
+    def unmatched(self, apps):
+        """The names that match no installed application (a typo would hide its tools)."""
+        return [name for name in self.names if not match_apps(apps, name)]
+
+    def warn_unknown(self, apps):
+        """Say once per name when a name matches no installed application."""
+        for name in self.unmatched(apps):
+            if name not in self.warned:
+                self.warned.add(name)
+                log.warning('CALIMERO_MCP_APPS names "%s", which matches no installed application; installed: %s',
+                            name, ", ".join(a.key for a in apps) or "(none)")
+
+
+def app_budget(env):
+    raw = (env.get("CALIMERO_MCP_APPS") or "").strip()
+    return AppBudget([part.strip() for part in raw.split(",") if part.strip()])
+
+
+class Catalog:
+    """The generated tools and guide resources, as one immutable snapshot swapped in whole: its first read, the
+    poll, refreshes, and what tools/list, resources/* and the tools read from it."""
+
+    def __init__(self, apps):
+        self.apps = apps
+        self.server = apps.server
+        self.snapshot = EMPTY_SNAPSHOT
+        self.load_lock = threading.Lock()         # syncs run one at a time: an old read never wins
+        self.loads_begun = 0                      # catalog reads started (under load_lock)
+        self.first_load = threading.Event()
+        self.answered_early = False               # a reader gave up waiting for the first read: announce it
+        self.threads = set()                      # names of the background threads started (each once)
+        self.threads_lock = threading.Lock()
+        self.budget = app_budget(self.server.env)
+
+    @property
+    def node(self):
+        return self.server.node
+
     def start(self):
         self.start_once("catalog", self.first_read)
 
@@ -3549,11 +3953,11 @@ class Apps:
         return [unit for units in read for unit in units]
 
     def units_of(self, app):
-        app = self.with_services(app)           # a failed record read fails the load, as the list's would
+        app = self.apps.with_services(app)           # a failed record read fails the load, as the list's would
         units = []
         for service in app.services or (None,):
             try:
-                units.append(Unit(app, service, self.manifest(app, service)))
+                units.append(Unit(app, service, self.apps.manifest(app, service)))
             except Exception as error:
                 log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
         return units
@@ -3591,7 +3995,7 @@ class Apps:
         for unit in self.snapshot.units:
             if unit.app.id == app.id and unit.service == service and unit.app.blob == app.blob:
                 return unit
-        return Unit(app, service, self.manifest(app, service))
+        return Unit(app, service, self.apps.manifest(app, service))
 
     def tool_names_of(self, app, service):
         """The unit's tool names, in method-name order."""
@@ -3607,93 +4011,11 @@ class Apps:
         return sum(1 for name, b in snapshot.bindings.items()
                    if b.unit.app.id == app_id and advertised(snapshot.index[name], self.server.config))
 
-    # ---- contexts ----
-    def contexts_of(self, app):
-        return self.node.contexts_of(app.id)
-
-    def context_by_id(self, context_id):
-        return self.memo(("context", context_id), lambda: self.node.context(context_id))
-
-    def context_id(self, value):
-        """The id a context argument names: an id as given, else what the alias resolves to (None if nothing)."""
-        return value if is_hex_id(value) else self.lookup_alias(value)
-
-    def lookup_alias(self, name):
-        return self.memo(("alias", name), lambda: self.node.lookup_alias(name))
-
-    def resolve_context(self, value, app, label):
-        """A context id or alias that must belong to `app` (reference §3.8 texts); aliases are read live."""
-        if not isinstance(value, str) or not value.strip():
-            raise ToolError("context must be a context id or alias (a non-empty string).")
-        value = value.strip()
-        context_id = self.context_id(value)
-        context = self.context_by_id(context_id) if context_id else None
-        if context is None:
-            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
-                            % (value, self.candidates(app, label, value)))
-        if context.get("applicationId") != app.id:
-            raise ToolError('Context "%s" does not belong to "%s". %s' % (value, label,
-                                                                          self.candidates(app, label, value)))
-        return context
-
-    def candidates(self, app, label, rejected):
-        ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
-        return 'Contexts for "%s": %s' % (label, some_contexts(ids, label) or "(none)")
-
-    # ---- namespaces and groups ----
-    def resolve_group(self, value, argument, kind="group"):
-        """The 64-hex id a namespace (`kind` "namespace") or group argument names: an id as given, without a read;
-        else the one namespace, or with "group" the one namespace or subgroup, whose name it is (exact, else without
-        case). None or several is a ToolError naming the argument, and nothing is done."""
-        name = value.strip()
-        if not name:
-            raise ToolError("%s must name a %s: its id or its name." % (argument, GROUP_KINDS[kind]))
-        if is_hex_key(name):
-            return name
-        namespaces = [Carrier("namespace", row["namespaceId"], row.get("name"), None)
-                      for row in self.memo(("namespaces",), self.node.namespaces)]
-        if kind == "group":
-            found = named_as(namespaces + self.groups_of(namespaces), name)
-        else:
-            found = named_as(namespaces, name)
-            groups = [] if found else named_as(self.groups_of(namespaces), name)
-            if groups:                           # a subgroup's name where a namespace is asked: never the subgroup
-                raise ToolError('%s: "%s" is the name of %s, not of a namespace. Pass a namespace id or name; '
-                                "list_namespaces lists them." % (argument, name, carriers_text(groups)))
-        if len(found) == 1:
-            return found[0].id
-        if found:
-            raise ToolError('%s: %d %s are named "%s": %s. Nothing was done; pass the id of the one you mean.'
-                            % (argument, len(found), GROUP_KINDS[kind + "s"], name, carriers_text(found)))
-        where = " (describe_group of a namespace shows its subgroups)" if kind == "group" else ""
-        raise ToolError('%s: no %s on this node is named "%s". Nothing was done; list_namespaces lists the '
-                        "namespaces with their ids and names%s." % (argument, GROUP_KINDS[kind], name, where))
-
-    def groups_of(self, namespaces):
-        """Every subgroup this node can list, below each of `namespaces`."""
-        return [Carrier("subgroup", row["groupId"], row.get("name"), ns.id) for ns in namespaces
-                for row in self.memo(("groups", ns.id), lambda ns=ns: self.node.groups_in(ns.id))]
-
-    # ---- guides (reference §3.9) ----
+    # ---- guides, as the snapshot holds them ----
     def served_guide_uri(self, app):
         """The app's guide uri when resources/read serves this very text, else None: no other uri goes out."""
         served = self.snapshot.guides.get(app.guide_uri) if app.guide_uri else None
         return app.guide_uri if served is not None and served.guide_hash == app.guide_hash else None
-
-    def guide_blocks(self, app):
-        if not app.guide:
-            return []
-        label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
-                 % (app.key, app.signer_id or "unknown")}
-        uri = self.served_guide_uri(app)
-        if len(app.guide) > GUIDE_BOUND:         # the rest of an answer keeps its room
-            return [label, {"type": "text", "text": long_guide(app.guide, uri)}]
-        if uri is None:
-            return [label, {"type": "text", "text": app.guide}]
-        self.shown_guides.add(uri)
-        return [label, {"type": "resource", "resource": {
-            "uri": uri, "mimeType": "text/markdown", "text": app.guide,
-            "_meta": {"package": app.key, "appVersion": app.version, "signerId": app.signer_id}}}]
 
     def guide_resources(self):
         self.wait_first_load()
@@ -3705,39 +4027,10 @@ class Apps:
         return [{"uri": uri, "mimeType": "text/markdown", "text": app.guide}] if app is not None else None
 
 
-class AppBudget:
-    """CALIMERO_MCP_APPS: which apps get generated tools, for hosts that cap the tool count."""
-
-    def __init__(self, names):
-        self.names = names
-        self.warned = set()
-
-    def admits(self, app):
-        if not self.names:
-            return True
-        return any(match_apps([app], name) for name in self.names)
-
-    def unmatched(self, apps):
-        """The names that match no installed application (a typo would hide its tools)."""
-        return [name for name in self.names if not match_apps(apps, name)]
-
-    def warn_unknown(self, apps):
-        """Say once per name when a name matches no installed application."""
-        for name in self.unmatched(apps):
-            if name not in self.warned:
-                self.warned.add(name)
-                log.warning('CALIMERO_MCP_APPS names "%s", which matches no installed application; installed: %s',
-                            name, ", ".join(a.key for a in apps) or "(none)")
-
-
-def app_budget(env):
-    raw = (env.get("CALIMERO_MCP_APPS") or "").strip()
-    return AppBudget([part.strip() for part in raw.split(",") if part.strip()])
-
-
 # ---- admission: one path for call, call_many and generated tools (reference §3.7, §3.12, §3.14) ----
 
 Admitted = namedtuple("Admitted", "unit context_id")
+SEEN_CONTEXTS = 4096                             # contexts whose app this server remembers (early_view)
 
 
 def refusal_for(apps, app, text=None):
@@ -3803,22 +4096,151 @@ def find_method(unit, name):
     raise ToolError('Method "%s" not found on "%s". Available: %s' % (name, unit.app.key, available))
 
 
-def execute(apps, admitted, method, args):
+def execute(apps, admitted, method, args, early=None):
     """Validate against the ABI, then run; nothing reaches the node when the arguments are wrong (an argument
-    the method does not declare included: `call`'s args hold the method's arguments only)."""
-    import abi
+    the method does not declare included: `call`'s args hold the method's arguments only). An early answer
+    (early_view) stands for the execute only when it was this very request."""
     refuse_unless_view(apps, method, admitted.unit.app)
-    validator = apps.validator(admitted.unit, method)
+    wire_args = wire_arguments(apps, admitted.unit, method, args)
+    request = current_request()
+    if request is not None:
+        request.ran = (admitted.context_id, method.name)     # what_ran says it for a method returning unit
+    if early is not None and early[:3] == (admitted.context_id, method.name, wire_args):
+        if early.error is not None:
+            raise early.error
+        return early.value
+    return apps.node.execute(admitted.context_id, method.name, wire_args)
+
+
+def wire_arguments(apps, unit, method, args):
+    """The method's arguments as the node takes them, or the ToolError saying what is wrong with them."""
+    import abi
+    validator = apps.validator(unit, method)
     unknown = validator.undeclared(args, ignore_injected=False)
     if unknown:
         raise ToolError(unknown_arguments_text(unknown, "Method " + method.name, method.param_names(), " in args"))
     wire_args, problems = validator.check(args if isinstance(args, dict) else {})
     if problems:
         raise ToolError("Invalid arguments for %s:\n%s" % (method.name, abi.render_problems(problems)))
+    return wire_args
+
+
+# ---- a call's requests, sent together: admission's reads, and a [view] method's early execute ----
+# Over a network each request costs a round trip, so those that need no other's answer go out at once (node-api
+# §0.7): the app record beside the context record (a context's applicationId is the same for every version of
+# its app) and an alias's lookup beside both. Admission then decides on their answers exactly as it would have
+# read them one by one.
+
+EarlyAnswer = namedtuple("EarlyAnswer", "context_id method args value error")
+
+
+def ahead(apps, reads, early=None):
+    """Make admission's reads (into the call's memo, where admission finds them) and the early execute together,
+    and wait for all; the early execute's EarlyAnswer, or None. A read's failure is raised where admission asks
+    for it."""
     request = current_request()
-    if request is not None:
-        request.ran = (admitted.context_id, method.name)
-    return apps.node.execute(admitted.context_id, method.name, wire_args)
+    if request is None or request.reads is None:
+        reads = ()                      # no memo to read into: admission reads as it goes
+    return together(*[quietly(read) for read in reads] + [early or nothing])[-1]
+
+
+def quietly(read):
+    def run():
+        try:
+            read()
+        except Exception:
+            pass                        # the memo keeps it: admission raises it where it asks
+    return run
+
+
+def nothing():
+    return None
+
+
+def early_view(apps, units, method_name, args, context_value):
+    """A [view] method changes nothing, so its execute may go out beside admission's reads, its answer shown only
+    once admission passes (execute). Only for a context whose last read showed it running the unit's app: another
+    app's method of that name may write, so a context seen for the first time is admitted before anything
+    executes. A thunk giving the EarlyAnswer, or None when it sends nothing (a method that writes, arguments that
+    do not check, a cancelled call); None where no early execute can apply."""
+    if not units or not isinstance(context_value, str) or not isinstance(args, dict):
+        return None
+    request = current_request()
+
+    def send():
+        try:
+            context_id = apps.context_id(context_value.strip())   # an alias: the one lookup admission reads too
+            unit = next((u for u in units if context_id and apps.seen_running(context_id, u)), None)
+            method = next((m for m in unit.manifest.methods if m.name == method_name), None) if unit else None
+            if method is None or not heavy("abi").is_read_only(method) or cancelled_now(request):
+                return None
+            wire_args = wire_arguments(apps, unit, method, args)
+        except Exception:
+            return None                 # admission says what is wrong
+        try:
+            return EarlyAnswer(context_id, method.name, wire_args,
+                               apps.node.execute(context_id, method.name, wire_args), None)
+        except Exception as error:
+            return EarlyAnswer(context_id, method.name, wire_args, None, error)
+    return send
+
+
+def cancelled_now(request):
+    return request is not None and request.ticket is not None and request.ticket.is_set()
+
+
+def generated_reads(apps, binding, args):
+    """What a generated tool's admission reads (its app's record, the context its handle or context argument
+    names) and the early execute beside them."""
+    unit, method = binding.unit, binding.method
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    values = context_arguments(method, args)
+    reads = [partial(apps.app_by_id, unit.app.id)] + [partial(apps.read_named_context, v) for v in values]
+    if handle is not None and handle.context:
+        reads.append(partial(apps.context_by_id, handle.context))
+    target = early_target(handle.context if handle is not None else None, values)
+    if handle is not None and handle.app != unit.app.id:
+        target = None                   # another app's handle: refused before anything runs
+    return reads, early_view(apps, [unit], method.name, strip_injected(method, args), target)
+
+
+def early_target(handled, values):
+    """The context an early execute may go to: the one the call names, once or in agreeing words (a handle's
+    context and another context argument may disagree, which admission must say first)."""
+    named = {handled} if handled else set()
+    named.update(v for v in values if isinstance(v, str))
+    return named.pop() if len(named) == 1 else None
+
+
+def call_reads(apps, args):
+    """What call's admission reads (the app by its handle's id, the list a name resolves in, the contexts named)
+    and the early execute beside them, for the units the catalog holds of that app."""
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    named = args.get("app") if isinstance(args.get("app"), str) else None
+    values = [v for v in (args.get("context"), args.get("_context")) if v is not None]
+    reads = [apps.installed] if named is not None else []
+    reads += [partial(apps.read_named_context, v) for v in values]
+    if handle is not None:
+        reads.append(partial(apps.app_by_id, handle.app))
+        if handle.context:
+            reads.append(partial(apps.context_by_id, handle.context))
+        units = [u for u in apps.snapshot.units if u.app.id == handle.app and u.service == handle.service]
+    else:
+        app = catalog_app(apps, named)
+        units = [u for u in apps.snapshot.units if app is not None and u.app.id == app.id]
+    target = early_target(handle.context if handle is not None else None, values)
+    method_args = args.get("args") if args.get("args") is not None else {}
+    return reads, early_view(apps, units, args.get("method"), method_args, target)
+
+
+def catalog_app(apps, name):
+    """The app a name resolves to in the catalog (the guess an early execute goes by), or None."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    try:
+        return resolve_among(list({u.app.id: u.app for u in apps.snapshot.units}.values()), name.strip())
+    except ToolError:
+        return None
 
 
 # ---- generated method tools ----
@@ -3828,9 +4250,10 @@ def invoke_generated(name, args, call):
     binding = apps.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
+    early = ahead(apps, *generated_reads(apps, binding, args))
     binding = current_binding(apps, binding)
     admitted = admit_generated(apps, binding.unit, binding.method, args)
-    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args))
+    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args), early)
     return generated_result(binding, value, call)
 
 
@@ -3962,6 +4385,7 @@ Register it with your agent as the command `python3 /path/to/mero_mcp.py` (or `m
   --help      this text
 
 Configuration is by environment variable; see README.md.
+Project (README.md, bug reports): https://github.com/calimero-network/mero-mcp
 """
 
 

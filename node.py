@@ -107,6 +107,10 @@ class NotSent(NodeError):
     """A request refused before anything reached the node (its body cannot be encoded)."""
 
 
+class CancelledBeforeSent(NotSent):
+    """A change the call's client cancelled before it left: it is never sent (the call's scope, `scope`)."""
+
+
 class UnexpectedAnswer(NodeError):
     """A 2xx answer of the wrong shape or not JSON (a proxy's page, another server, a broken release). A NodeError
     like any other; `check` tells it apart to say the server at the url is not a Calimero node."""
@@ -1109,7 +1113,7 @@ def registry_place(env: Mapping[str, str], node_name: Optional[str]) -> Registry
 
 _session_instance = None
 _session_lock = threading.Lock()
-_trace = threading.local()
+_scope = threading.local()
 
 
 def _requests():
@@ -1118,17 +1122,35 @@ def _requests():
 
 
 RUNTIME_PACKAGES = ("requests", "jsonschema")
-INSTALL_PACKAGES = "apt install python3-requests python3-jsonschema (Debian, Ubuntu), or pip install requests jsonschema"
+DISTRIBUTION_PACKAGES = (("sudo apt install", "python3-%s", "Debian, Ubuntu"),
+                         ("sudo dnf install", "python3-%s", "Fedora, RHEL"),
+                         ("sudo pacman -S", "python-%s", "Arch"))
 
 
-def missing_package(package: str, error: ImportError) -> str:
-    """What a tool and --check say when a runtime package cannot be imported by this Python (naming the other
-    one too when it is absent as well)."""
+def install_advice(packages) -> str:
+    """How this Python gets `packages`: a distribution's own Python (/usr/bin, not a venv) from the distribution,
+    whose pip may refuse (PEP 668's externally-managed-environment); a venv or any other Python with its own pip."""
+    python = sys.executable or "python3"
+    if sys.prefix == sys.base_prefix and python.startswith("/usr/bin/"):
+        return ", or ".join("%s %s (%s)" % (command, " ".join(form % name for name in packages), where)
+                            for command, form, where in DISTRIBUTION_PACKAGES)
+    return "%s -m pip install %s" % (python, " ".join(packages))
+
+
+def absent_packages(package: str) -> List[str]:
+    """`package` (which failed to import) and every other runtime package this Python cannot find either."""
     from importlib.util import find_spec
-    absent = [name for name in RUNTIME_PACKAGES if name == package or find_spec(name) is None]
-    return ("mero-mcp needs the Python package%s %s, which %s cannot import (%s). Install the runtime packages: "
-            "%s." % ("s" if len(absent) > 1 else "", " and ".join(absent), sys.executable or "this Python", error,
-                     INSTALL_PACKAGES))
+    return [name for name in RUNTIME_PACKAGES if name == package or find_spec(name) is None]
+
+
+def missing_package(package: str, error: ImportError, advice=True) -> str:
+    """What a tool says when a runtime package cannot be imported by this Python (naming the other one too when it
+    is absent as well), and how to install them here; --check gives the how as the problem's fix instead."""
+    absent = absent_packages(package)
+    text = ("mero-mcp needs the Python package%s %s, which %s cannot import (%s)"
+            % ("s" if len(absent) > 1 else "", " and ".join(absent), sys.executable or "this Python", error))
+    return text + (". Install %s: %s." % ("them" if len(absent) > 1 else "it", install_advice(absent)) if advice
+                   else "")
 
 
 def preload() -> None:
@@ -1157,7 +1179,9 @@ def _session():
 
 def _watch_connections(adapter):
     """The adapter's pools tell the request's deadline (`_watched`) which connection carries it, so the deadline
-    can shut that connection down wherever the request is: sending, waiting for headers or reading the body."""
+    can shut that connection down wherever the request is: sending, waiting for headers or reading the body. A
+    connection going back to the pool leaves its watch first: once another request may take it, no deadline but
+    that request's own may shut it down."""
     from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
 
     def watched(pool_class):
@@ -1165,8 +1189,14 @@ def _watch_connections(adapter):
             def _make_request(self, conn, *args, **kwargs):
                 watch = getattr(_watched, "value", None)
                 if watch is not None:
-                    watch.conn = conn
+                    watch.carried_by(conn)
                 return super()._make_request(conn, *args, **kwargs)
+
+            def _put_conn(self, conn):
+                watch = getattr(_watched, "value", None)
+                if watch is not None:
+                    watch.released(conn)
+                return super()._put_conn(conn)
         return Watched
     adapter.poolmanager.pool_classes_by_scheme = {"http": watched(HTTPConnectionPool),
                                                   "https": watched(HTTPSConnectionPool)}
@@ -1176,21 +1206,36 @@ _watched = threading.local()             # the deadline of the request this thre
 
 
 class _Watch:
-    """One request's deadline: when it passes, its connection is shut down, which ends a blocked read at once."""
-    __slots__ = ("deadline", "conn", "fired", "sent")
+    """One request's deadline: when it passes, its connection is shut down, which ends a blocked read at once. The
+    lock orders that against the connection going back to the pool (`released`): a released connection is
+    never shut down by this watch."""
+    __slots__ = ("deadline", "conn", "fired", "sent", "done", "lock")
 
     def __init__(self, deadline):
-        self.deadline, self.conn, self.fired, self.sent = deadline, None, False, False
+        self.deadline, self.conn, self.fired, self.sent, self.done = deadline, None, False, False, False
+        self.lock = threading.Lock()
+
+    def carried_by(self, conn):
+        with self.lock:
+            self.conn = conn
+
+    def released(self, conn):
+        with self.lock:
+            if conn is not None and self.conn is conn:
+                self.conn, self.done = None, True      # its answer was read whole: nothing is left to cut
 
     def fire(self):
-        self.fired = True
-        sock = getattr(self.conn, "sock", None)
-        self.sent = sock is not None         # connected: the request may have gone out
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        with self.lock:
+            if self.done:
+                return
+            self.fired = True
+            sock = getattr(self.conn, "sock", None)
+            self.sent = sock is not None     # connected: the request may have gone out
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 class _Deadlines:
@@ -1293,15 +1338,51 @@ def is_traceparent(value) -> bool:
     return isinstance(value, str) and TRACEPARENT.fullmatch(value) is not None
 
 
+class Scope(NamedTuple):
+    """What one call's node requests carry on whichever thread sends them: its W3C traceparent (well-formed or
+    None) and its cancel ticket (a threading.Event, or None)."""
+    traceparent: Optional[str] = None
+    ticket: Any = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.ticket is not None and self.ticket.is_set()
+
+
+NO_SCOPE = Scope()
+
+
+def current_scope() -> Scope:
+    """The scope this thread's requests are sent in now: pass it to `scope` on a helper thread of the same call."""
+    return getattr(_scope, "value", NO_SCOPE)
+
+
 @contextlib.contextmanager
-def traced(traceparent):
-    """Within this block (this thread only), node requests carry `traceparent` if it is well-formed (§1.4)."""
-    previous = getattr(_trace, "value", None)
-    _trace.value = traceparent if is_traceparent(traceparent) else None
+def scope(traceparent=None, ticket=None):
+    """Within this block (this thread only), node requests carry `traceparent` if it is well-formed (§1.4), and
+    every request but a GET or HEAD is refused unsent once `ticket` is set. `traceparent` may be a Scope
+    (`current_scope()` of another thread): that call's scope is entered whole."""
+    if isinstance(traceparent, Scope):
+        entered = traceparent
+    else:
+        entered = Scope(traceparent if is_traceparent(traceparent) else None, ticket)
+    previous = current_scope()
+    _scope.value = entered
     try:
-        yield
+        yield entered
     finally:
-        _trace.value = previous
+        _scope.value = previous
+
+
+def traced(traceparent):
+    """A scope carrying `traceparent` alone."""
+    return scope(traceparent)
+
+
+def refuse_if_cancelled(method, path) -> None:
+    """A change is sent only while its call is wanted: checked just before it leaves (a GET changes nothing)."""
+    if method not in ("GET", "HEAD") and current_scope().cancelled:
+        raise CancelledBeforeSent("%s %s was not sent: the call was cancelled" % (method, path))
 
 
 def _prepared(requests, session, method, url, params, data, headers):
@@ -1321,7 +1402,7 @@ def _headers(token, content_type):
         headers["Authorization"] = "Bearer " + token
     if content_type:
         headers["Content-Type"] = content_type
-    traceparent = getattr(_trace, "value", None)
+    traceparent = current_scope().traceparent
     if traceparent:
         headers["traceparent"] = traceparent
     return headers
@@ -1974,6 +2055,8 @@ class Node:
         return ensure_dir(state_dir(self._env))
 
     traced = staticmethod(traced)
+    scope = staticmethod(scope)
+    current_scope = staticmethod(current_scope)
 
     # ---- connect ----
     def connect(self) -> "Node":
@@ -2019,9 +2102,6 @@ class Node:
 
     def post(self, path, body=None, params=None, timeout=None):
         return self._request("POST", path, body=body, params=params, timeout=timeout)
-
-    def put(self, path, body=None, params=None, timeout=None):
-        return self._request("PUT", path, body=body, params=params, timeout=timeout)
 
     def delete(self, path, body=None, params=None, timeout=None):
         return self._request("DELETE", path, body=body, params=params, timeout=timeout)
@@ -2558,6 +2638,7 @@ class Node:
         timeout = self._timeout if timeout is None else timeout
 
         def send(token):
+            refuse_if_cancelled(method, path)        # before each attempt: a renewal may have taken a while
             return self._send(method, url, token, data, content_type, params, timeout)
         response = self._send_authenticated(send)
         if not 200 <= response.status_code < 300:
@@ -2923,15 +3004,16 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
         for entry in node_dirs(env):
             if entry.problem:
                 report.problem("%s, so that node is passed over" % entry.problem, CONFIG_FIX, fatal=False)
-    report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, location.url)[0]])
+    auth = _MODE_TEXT[auth_plan(env, handoff, location.url)[0]]
     node, step = Node(env, ports), "Auth"
     try:
         node._connect_to(location, handoff, fresh_login=True)      # a cached token must not hide a wrong password
+        report.line("Auth", auth)
         step = "Health"
         report.line(step, node.health()["status"])
         step = "Apps"
         apps = node.applications()
-    except NodeError as error:
+    except NodeError as error:            # one line for the step: a failed login is the Auth line
         report.line(step, "failed: %s" % error)
         if isinstance(error, UnexpectedAnswer) or (step == "Health" and error.status in (404, 405)):
             report.problem("%s answers HTTP but is not a Calimero node: %s" % (display_url(location.url), error),
@@ -2940,7 +3022,8 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
             report.problem(str(error), error.fix or "Check the node's log, then run mero-mcp --check again.")
         return report.finish()
     counted = _count_tools(report, count_tools, env, node)
-    _report_apps(report, node, apps, bool(mode and mode.read_only), counted.left_out if counted else ())
+    abi_named = any("abi.py" in problem for problem, _ in modules)
+    _report_apps(report, node, apps, bool(mode and mode.read_only), counted.left_out if counted else (), abi_named)
     if counted:
         _report_tool_budget(report, counted, apps)
     return report.finish()
@@ -2949,12 +3032,12 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
 def _report_packages(report) -> bool:
     """The runtime packages this Python has; False when requests is missing."""
     from importlib import metadata
-    found = []
+    found, failed = [], None
     for package in RUNTIME_PACKAGES:
         try:
             __import__(package)
         except ImportError as error:
-            report.problem(missing_package(package, error), INSTALL_PACKAGES)
+            failed = failed or (package, error)
             found.append("%s missing" % package)
             continue
         try:
@@ -2962,6 +3045,8 @@ def _report_packages(report) -> bool:
         except metadata.PackageNotFoundError:         # importable, but installed without metadata
             found.append(package)
     report.line("Python", "%s (%s)" % (sys.executable, ", ".join(found)))
+    if failed:                            # one problem naming every missing package
+        report.problem(missing_package(*failed, advice=False), install_advice(absent_packages(failed[0])))
     return "requests missing" not in found
 
 
@@ -2992,15 +3077,18 @@ def _mode_of(path) -> int:
         return 0
 
 
-def _report_apps(report, node, apps, read_only=False, left_out=()):
+def _report_apps(report, node, apps, read_only=False, left_out=(), abi_named=False):
+    """`abi_named`: a problem already names abi.py (missing beside mero_mcp.py, or from another release): it is not
+    said again, and no abi.py found elsewhere on sys.path counts tools the server, which refuses that one, lacks."""
     report.line("Apps", "%d installed" % len(apps) if apps else "none installed (install one with "
                                                                  "install_application)")
+    abi = None
     try:
-        import abi
-    except Exception as error:           # abi.py missing or broken: the apps are still listed
+        if not abi_named:
+            import abi
+    except Exception as error:           # abi.py broken: the apps are still listed
         report.problem("abi.py cannot be imported (%s), so tool counts are unknown" % error,
                        "Reinstall mero-mcp.", False)
-        abi = None
     for app in apps:
         label = " ".join(str(part) for part in (app.get("package") or app.get("id"), app.get("version")) if part)
         services = _services_of(node, app)
@@ -3019,11 +3107,27 @@ TOOL_LIMITS = (("Cursor", 40), ("VS Code", 128))
 def _count_tools(report, count_tools, env, node):
     if count_tools is None:
         return None
+    # What the server count_tools builds logs on stderr would land amid this report: its catalog's lines (an app
+    # skipped for its ABI, a missing abi.py) are said by the report itself, per app and as module problems, and the
+    # rest (a setting it read, e.g. CALIMERO_MCP_MAX_RESULT_CHARS) become non-fatal problems.
+    import io
+    logged = io.StringIO()
     try:
-        return count_tools(env, node)
+        with contextlib.redirect_stderr(logged):
+            return count_tools(env, node)
     except Exception as error:           # abi.py or a package missing, a node that fails mid-read
         report.line("Tools", "unknown: %s" % error)
         return None
+    finally:
+        for line in logged.getvalue().splitlines():
+            text = line[len(LOG_PREFIX):] if line.startswith(LOG_PREFIX) else line
+            if text and not text.startswith(CATALOG_LINES):
+                report.problem(text, SETTING_FIX, fatal=False)
+
+
+LOG_PREFIX = "[mero-mcp] "
+CATALOG_LINES = ("skipping ", "app list ")     # mero_mcp.py's catalog: an app left without tools, a failed read
+SETTING_FIX = "Correct or unset the setting it names (README.md, Configuration)."
 
 
 def _report_tool_budget(report, counted, apps):

@@ -7,8 +7,10 @@ Every figure is a median, and competing variants are measured interleaved so tha
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import re
@@ -27,7 +29,7 @@ import requests  # noqa: E402
 import node  # noqa: E402
 
 import fixture_apps  # noqa: E402
-from mcp_client import minimal_env  # noqa: E402
+from mcp_client import FIXED_TOOLS_BUDGET, minimal_env  # noqa: E402
 import node_double  # noqa: E402
 from node_double import NodeDouble, sample_double  # noqa: E402
 from synthetic import APPS, METHODS_PER_APP, bench_app_specs  # noqa: E402
@@ -395,26 +397,36 @@ class DiscardingChannel:
 
 
 class HttpClock:
-    """Time spent inside requests on one thread and the request threads the main loop hands calls to: preparing a
-    request (node.py prepares its own, then fetches it: sends it on the session and reads its body), the loopback
-    round trip, the response. `count` is the requests sent."""
+    """Time spent inside requests by the threads a call runs on (this one, the request threads the main loop hands
+    calls to, the helper threads a call overlaps its node requests on): preparing a request (node.py prepares its
+    own, then fetches it: sends it on the session and reads its body), the loopback round trip, the response.
+    Requests in flight together count once: `seconds` is the time at least one was. `count` is the requests sent."""
 
     def __init__(self, thread):
         self.seconds, self.count, self.thread, self.local = 0.0, 0, thread, threading.local()
+        self.lock, self.active, self.since = threading.Lock(), 0, 0.0
+
+    def counted(self, current):
+        return current is self.thread or current.name.startswith(("request", "helper"))
 
     def wrap(self, function, counts):
         def timed(*args, **kwargs):
-            current = threading.current_thread()
             depth = getattr(self.local, "depth", 0)
-            if (current is not self.thread and not current.name.startswith("request")) or depth:
+            if depth or not self.counted(threading.current_thread()):
                 return function(*args, **kwargs)           # the catalog poll; nested calls
             self.local.depth = depth + 1
-            started = time.perf_counter()
+            with self.lock:
+                if not self.active:
+                    self.since = time.perf_counter()
+                self.active += 1
             try:
                 return function(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - started
-                self.count += counts
+                with self.lock:
+                    self.active -= 1
+                    if not self.active:
+                        self.seconds += time.perf_counter() - self.since
+                    self.count += counts
                 self.local.depth = depth
         return timed
 
@@ -433,6 +445,21 @@ def in_process_answer(server, channel, request_id, method, params=None):
     if not isinstance(answer, dict) or answer.get("id") != request_id or "result" not in answer:
         raise RuntimeError("%s answered %r" % (method, answer))
     return answer["result"]
+
+
+@contextlib.contextmanager
+def server_log_to(path):
+    """The log lines of a server run in this process (mero_mcp.py's on sys.stderr, node.py's through its logging
+    handler) go to a file, as a spawned server's stderr does: `make bench` prints only its progress and its table."""
+    with open(path, "a", encoding="utf-8") as log_file, contextlib.redirect_stderr(log_file):
+        handlers = [handler for handler in node.log.handlers if isinstance(handler, logging.StreamHandler)]
+        streams = [handler.setStream(log_file) for handler in handlers]
+        try:
+            yield
+        finally:
+            for handler, stream in zip(handlers, streams):
+                if stream is not None:
+                    handler.setStream(stream)
 
 
 def bench_own_work(home):
@@ -619,9 +646,192 @@ def tool_surface_rows(f):
         row("  p90", "%d B" % f["p90"], "", None),
         row("  whole tools/list entry", "%d B" % f["entry_median"], "", None),
         row("fixed tools (%d) together, name+description+inputSchema" % f["fixed"], "%d B" % f["fixed_total"],
-            "<= 12000 B", f["fixed_total"] <= 12000),
+            "<= %d B" % FIXED_TOOLS_BUDGET, f["fixed_total"] <= FIXED_TOOLS_BUDGET),
         row("  whole tools/list entries", "%d B" % f["fixed_entries"], "", None),
     ]
+
+
+# ── 9. A node across a network: a delay proxy in front of the double ─────────────────────────────────
+
+LINK_RTT = 0.040                      # a simulated round trip: another machine on a continent's network
+LINK_CALLS = 15                       # per row, alternating link and loopback
+LINK_SPAWNS = 5
+LINK_CONNECTIONS = 512                # the proxy refuses more: a bug would otherwise open without end
+LINK_LIFETIME = 600.0                 # and it stops accepting after this long
+LINK_GOALS = (("[view] call by context id (kv_store_get)", "view_id", 1.3),
+              ("[view] call by alias", "view_alias", 2.3),
+              ("[mut] call by context id (kv_store_set)", "mut_id", 2.3),
+              ("[mut] call by alias", "mut_alias", 3.3),
+              ("call_many of 32 gets (app + context id)", "many", 3.3))
+
+
+class DelayLink:
+    """A TCP relay on 127.0.0.1 in front of the double: every byte is held half a round trip in each direction,
+    and a new connection's first bytes one round trip more (its TCP handshake). Standard library only, loopback
+    only, bounded in connections and lifetime. `connections` counts those accepted."""
+
+    def __init__(self, upstream_port, rtt=LINK_RTT):
+        import socket
+        self.socket, self.upstream_port, self.rtt = socket, upstream_port, rtt
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.url = "http://127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.connections, self.open_sockets, self.closing = 0, [], threading.Event()
+        self.thread = threading.Thread(target=self.serve, name="delay-link", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.closing.set()
+        self.thread.join(5)
+        for sock in self.open_sockets:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self.listener.close()
+
+    def serve(self):
+        stop_at = time.monotonic() + LINK_LIFETIME
+        while not self.closing.is_set() and time.monotonic() < stop_at:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:                                  # the accept timeout: look at closing again
+                continue
+            if self.connections >= LINK_CONNECTIONS:
+                client.close()
+                continue
+            self.connections += 1
+            upstream = self.socket.create_connection(("127.0.0.1", self.upstream_port))
+            for sock in (client, upstream):
+                sock.setsockopt(self.socket.IPPROTO_TCP, self.socket.TCP_NODELAY, 1)
+                self.open_sockets.append(sock)
+            self.pipe(client, upstream, not_before=time.monotonic() + self.rtt)
+            self.pipe(upstream, client)
+
+    def pipe(self, source, target, not_before=0.0):
+        """Carry source's bytes to target, each chunk half a round trip after it came (in order)."""
+        import queue
+        held = queue.Queue()
+
+        def receive():
+            due = not_before
+            while True:
+                try:
+                    data = source.recv(65536)
+                except OSError:
+                    data = b""
+                due = max(due, time.monotonic() + self.rtt / 2)
+                held.put((due, data))
+                if not data:
+                    return
+
+        def deliver():
+            while True:
+                due, data = held.get()
+                time.sleep(max(0.0, due - time.monotonic()))
+                try:
+                    if not data:
+                        target.shutdown(self.socket.SHUT_WR)
+                        return
+                    target.sendall(data)
+                except OSError:
+                    return
+        for work in (receive, deliver):
+            threading.Thread(target=work, name="delay-link-pipe", daemon=True).start()
+
+
+class LinkNode:
+    """The kv store with one context holding `greeting`, aliased `far`, and the counter."""
+
+    def __init__(self):
+        self.double = NodeDouble(apps=[node_double.kv_store_spec(), node_double.counter_spec()])
+        kv = self.double._app_key("com.calimero.kv-store")
+        self.context_id = self.double.add_context(kv, state={"greeting": "hello"})
+        self.double.add_alias("far", self.context_id)
+
+    def calls(self):
+        """{row key: (tool, arguments)} for the rows of LINK_GOALS."""
+        get, put = dict(GREETING), {"key": "k", "value": "v"}
+        item = {"app": "com.calimero.kv-store", "context": self.context_id, "method": "get", "args": GREETING}
+        return {"view_id": ("kv_store_get", dict(get, context=self.context_id)),
+                "view_alias": ("kv_store_get", dict(get, context="far")),
+                "mut_id": ("kv_store_set", dict(put, context=self.context_id)),
+                "mut_alias": ("kv_store_set", dict(put, context="far")),
+                "many": ("call_many", {"calls": [item] * CALL_MANY_SIZE})}
+
+
+def timed_link_call(session, tool_name, arguments):
+    elapsed, result = session.call_tool(tool_name, arguments)
+    tool_result_or_fail(result, tool_name)
+    if tool_name == "call_many":
+        failed = [i for i in json.loads(result["content"][-1]["text"]) if not i.get("ok")]
+        if failed:
+            raise RuntimeError("call_many items failed: %s" % failed[0])
+    return elapsed
+
+
+def bench_link_calls(home, stderr):
+    """Each row's call over the link and on loopback, alternating, on two servers of the same code: the round
+    trips a call waits are (link − loopback) / RTT; and the connections the link's server opened for all of it."""
+    node = LinkNode()
+    with node.double, DelayLink(node.double.port) as link:
+        near = open_session(server_env(Path(home) / "near", node.double.url), stderr)
+        far = open_session(server_env(Path(home) / "far", link.url), stderr)
+        try:
+            for session in (near, far):
+                wait_for_catalog(session, 1)
+            times = {}
+            for key, (tool_name, arguments) in node.calls().items():
+                for session in (near, far):                   # warm: connections, caches, contexts seen
+                    for _ in range(3):
+                        timed_link_call(session, tool_name, arguments)
+                pairs = [(timed_link_call(near, tool_name, arguments), timed_link_call(far, tool_name, arguments))
+                         for _ in range(LINK_CALLS)]
+                times[key] = (statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs))
+            calls = LINK_CALLS * len(times) + 6 * len(times)
+        finally:
+            near.close()
+            far.close()
+        return {"times": times, "connections": link.connections, "calls": calls}
+
+
+def bench_link_spawn(home, stderr):
+    """spawn → a tools/list holding every generated tool, over the link and on loopback, alternating."""
+    paths = fixture_apps.manifest_paths(fixture_apps.SHARED_ABIS)
+    double = NodeDouble()
+    if paths:
+        fixture_apps.install(double, paths)
+        expected = fixture_apps.tool_count(paths)
+    else:
+        double = LinkNode().double
+        expected = 1
+    with double, DelayLink(double.port) as link:
+        near_env, far_env = server_env(home, double.url), server_env(home, link.url)
+        _, tools = spawn_to_tools(near_env, stderr, expected)          # warm: page cache, .pyc files
+        pairs = [(spawn_to_tools(near_env, stderr, expected)[0], spawn_to_tools(far_env, stderr, expected)[0])
+                 for _ in range(LINK_SPAWNS)]
+    return {"near": statistics.median(p[0] for p in pairs), "far": statistics.median(p[1] for p in pairs),
+            "tools": len(tools)}
+
+
+def link_rows(calls, spawn):
+    rows = [row("over a %.0f ms round trip (delay proxy): round trips a call waits" % (LINK_RTT * 1000), "", "",
+                None)]
+    for label, key, goal in LINK_GOALS:
+        near, far = calls["times"][key]
+        trips = (far - near) / LINK_RTT
+        rows.append(row("  %s: %s, loopback %s" % (label, ms(far), ms(near)), "%.2f" % trips, "<= %.1f" % goal,
+                        trips <= goal))
+    trips = (spawn["far"] - spawn["near"]) / LINK_RTT
+    rows.append(row("  spawn -> full tools/list (%d tools): %s, loopback %s" % (spawn["tools"], ms(spawn["far"]),
+                                                                               ms(spawn["near"])),
+                    "%.2f" % trips, "<= 6", trips <= 6))
+    rows.append(row("  connections opened over the link for %d calls" % calls["calls"], "%d" % calls["connections"],
+                    "", None))
+    return rows
 
 
 # ── The table ───────────────────────────────────────────────────────────────────────────────────────
@@ -727,7 +937,132 @@ def print_table(rows):
                                                    CALL_MANY_REPEATS, EXEC_DELAY))
 
 
+def link_only():
+    """`bench/run.py link`: the remote-link rows alone."""
+    started = time.monotonic()
+    answer_without_nagle()
+    with tempfile.TemporaryDirectory(prefix="mero-bench-") as home:
+        with open(Path(home) / "stderr.log", "wb") as stderr:
+            print("a node across a network: %.0f ms round trips through a delay proxy …" % (LINK_RTT * 1000),
+                  flush=True)
+            print_table(link_rows(bench_link_calls(home, stderr), bench_link_spawn(home, stderr)))
+    print("wall time %.0f s" % (time.monotonic() - started))
+    return 0
+
+
+# ── The README's "Speed and footprint" section, printed in its form: paste it whole, never retype a figure ─────
+
+def sig(value):
+    """Three significant figures, as the README writes them (1,640, 714, 60, 22.1, 1.89, 0.4)."""
+    return "{:,.0f}".format(value) if value >= 1000 else "%.3g" % value
+
+
+def rms(seconds):
+    return sig(seconds * 1000) + " ms"
+
+
+def target(text, met, why=False):
+    """A README target cell: the target, and whether this run missed it (with a pointer to the reasons below)."""
+    return text if met else "%s (missed%s)" % (text, ", see below" if why else "")
+
+
+def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_rss, surface):
+    """The lines between README's "## Speed and footprint" and "## Development", from this run's figures."""
+    bare_s, bare_rss = footprint["import_bare"]
+    _, requests_rss = footprint["import_requests"]
+    _, both_rss = footprint["import_both"]
+    ratio = cold["ours"] / cold["bare"]
+    rows = [("start → `initialize` answer, `python3 mero_mcp.py`",
+             "%s, %.2f× a bare `python3` echo (%s)" % (rms(cold["ours"]), ratio, rms(cold["bare"])),
+             target("≤ 2×", ratio <= 2, why=True)),
+            ("the same through the `mero-mcp` command (cached bytecode)",
+             "%s, %.2f×" % (rms(cold["installed"]), cold["installed"] / cold["bare"]), "")]
+    if isinstance(system_cold, str):
+        rows.append(("the same on `%s`" % SYSTEM_PYTHON, "not measured: " + system_cold, "≤ 2×"))
+    else:
+        system_ratio = system_cold["ours"] / system_cold["bare"]
+        rows.append(("the same on `%s` (%s, bare %s)" % (SYSTEM_PYTHON, system_cold["version"],
+                                                         rms(system_cold["bare"])),
+                     "%s, %.2f×; %s from cached bytecode" % (rms(system_cold["ours"]), system_ratio,
+                                                              rms(system_cold["installed"])),
+                     target("≤ 2×", system_ratio <= 2)))
+    if "sdk" in cold:
+        rows.append(("the same with the official SDK (`MCPServer`, same tool count)",
+                     "%s, %.1f× ours" % (rms(cold["sdk"]), cold["sdk"] / cold["ours"]),
+                     target("≥ 9×", cold["sdk"] >= 9 * cold["ours"])))
+    else:
+        rows.append(("the same with the official SDK (`MCPServer`, same tool count)", "not measured: mcp not "
+                     "installed", "≥ 9×"))
+    if surface is None:
+        rows.append(("the tool surface of `../shared/fixtures/abi`", "not measured: the folder is absent", ""))
+    else:
+        rows += [("spawn → a complete `tools/list` with the %d apps of `../shared/fixtures/abi` (%d tools)"
+                  % (surface["apps"], surface["generated"] + surface["fixed"]), rms(surface["ready"]),
+                  target("≤ 200 ms", surface["ready"] <= 0.200)),
+                 ("what a model reads of one generated tool (name + description + inputSchema), median",
+                  "%d B (p90 %d B)" % (surface["median"], surface["p90"]),
+                  target("≤ 300 B", surface["median"] <= 300, why=True)),
+                 ("the same for all %d fixed tools together" % surface["fixed"], "{:,} B".format(
+                     surface["fixed_total"]), target("≤ {:,} B".format(FIXED_TOOLS_BUDGET),
+                                                  surface["fixed_total"] <= FIXED_TOOLS_BUDGET))]
+    added = f["via_server"] - f["direct"]
+    many = f["many_handle"] / f["one_handle"]
+    rows += [("`tools/list` with {:,} tools".format(f["listed"]), rms(f["list"]),
+              target("≤ 30 ms", f["list"] <= 0.030)),
+             ("server-added cost of one generated-tool call", "%s (the server's own work: %s)"
+              % (rms(added), rms(own["own"])), target("≤ 1 ms", added <= 0.001, why=True)),
+             ("`call_many` of %d ÷ one call (node answering in %d ms), with an `app_handle`"
+              % (CALL_MANY_SIZE, EXEC_DELAY * 1000), "%.2f×" % many, target("≤ 2×", many <= 2)),
+             ("peak RSS with 1,000 tools", "%s (%s through `mero-mcp`)" % (mb(f["rss"]), mb(installed_rss)),
+              target("≤ 40 MB", f["rss"] <= 40 * 2 ** 20, why=True))]
+    lines = [
+        "`make bench` measures, in one run, on a node double with %d apps × %d methods, and prints this section"
+        % (APPS, METHODS_PER_APP),
+        "(these figures from its run of %s on a %d-core machine at load average %.1f, Python %s; medians). It"
+        % (time.strftime("%Y-%m-%d"), os.cpu_count() or 0, os.getloadavg()[0],
+           ".".join(platform.python_version_tuple()[:2])),
+        "then runs `bench/bench_abi.py`: how long mapping the shared ABIs takes and what one argument check costs",
+        "(it needs `../shared`).",
+        "",
+        "| measure | figure | target |",
+        "| --- | --- | --- |",
+    ] + ["| %s | %s | %s |" % r for r in rows] + [
+        "",
+        "What limits the misses:",
+        "- **Calls**: every app call checks the handle against the app *as installed now* and its live context — "
+        "two node",
+        "  reads before the call itself, each about %s of `requests` on loopback (as is the execute itself, every one"
+        % rms(own["per_request"]),
+        "  read whole against its deadline); the server's own validation, admission, dispatch and encoding is %s."
+        % rms(own["own"]),
+        "- **Memory**: importing `requests` adds %s and `jsonschema` %s to the interpreter's %s."
+        % (mb(requests_rss - bare_rss), mb(both_rss - requests_rss), mb(bare_rss)),
+        "- **Start-up**: `python3 mero_mcp.py` compiles the script on every start (%s in this run, and %s against"
+        % (rms(footprint["compile"]), mb(footprint["rss_script"])),
+        "  %s once `initialize` is answered); the `mero-mcp` command installed by `pip install .` imports the cached"
+        % mb(footprint["rss_installed"]),
+        "  bytecode instead. What is left even then is the standard library the protocol needs: `json` (which "
+        "imports `re`",
+        "  and `enum`), `threading` and `queue`.",
+        "- **Tool size**: a generated tool carries its name, its signature (the description), the two routing "
+        "properties",
+        "  `app_handle` and `_context` with a few words each, and the method's parameters; the routing and the JSON",
+        "  framing are most of a small tool.",
+    ]
+    return lines
+
+
+def print_readme_section(*figures):
+    print()
+    print("README.md, section \"Speed and footprint\" (paste it whole):")
+    print()
+    for line in readme_section(*figures):
+        print(line)
+
+
 def main():
+    if sys.argv[1:] == ["link"]:
+        return link_only()
     started = time.monotonic()
     answer_without_nagle()
     with tempfile.TemporaryDirectory(prefix="mero-bench-") as home:
@@ -740,14 +1075,21 @@ def main():
             print("catalog: %d apps x %d methods …" % (APPS, METHODS_PER_APP), flush=True)
             figures = bench_catalog(home, stderr)
             print("where a call's time goes: %d calls in process …" % OWN_WORK_CALLS, flush=True)
-            own_work = bench_own_work(home)
-            print("start-up footprint and imports …", flush=True)
-            footprint = bench_footprint(home, stderr)
-            installed_rss = installed_catalog_rss(home, stderr)
-            print("tool surface: the apps of %s …" % fixture_apps.SHARED_ABIS, flush=True)
-            surface = bench_tool_surface(home, stderr)
+            # to the end of the run: the in-process server's catalog poll outlives its node, and says so every 30 s
+            with server_log_to(Path(home) / "in-process.log"):
+                own_work = bench_own_work(home)
+                print("start-up footprint and imports …", flush=True)
+                footprint = bench_footprint(home, stderr)
+                installed_rss = installed_catalog_rss(home, stderr)
+                print("tool surface: the apps of %s …" % fixture_apps.SHARED_ABIS, flush=True)
+                surface = bench_tool_surface(home, stderr)
+                print("a node across a network: %.0f ms round trips through a delay proxy …" % (LINK_RTT * 1000),
+                      flush=True)
+                link_calls, link_spawn = bench_link_calls(home, stderr), bench_link_spawn(home, stderr)
     print_table(cold_start_rows(tool_count, cold) + system_cold_start_rows(system_cold) + catalog_rows(figures)
-                + own_work_rows(own_work) + footprint_rows(footprint, installed_rss) + tool_surface_rows(surface))
+                + own_work_rows(own_work) + footprint_rows(footprint, installed_rss) + tool_surface_rows(surface)
+                + link_rows(link_calls, link_spawn))
+    print_readme_section(tool_count, cold, system_cold, figures, own_work, footprint, installed_rss, surface)
     print("wall time %.0f s" % (time.monotonic() - started))
     return 0
 

@@ -14,7 +14,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(TESTS.parent))
 
-from mcp_client import McpServer, minimal_env  # noqa: E402
+from mcp_client import HANDSHAKE_VERSION, McpServer, minimal_env  # noqa: E402
 
 SHARED = TESTS.parents[1] / "shared"
 FIXTURES = SHARED / "fixtures"
@@ -104,7 +104,7 @@ def start_server():
     """Start servers on demand; each is closed at the end and its stdout checked for stray lines."""
     started = []
 
-    def start(env, args=(), initialize="2025-11-25"):
+    def start(env, args=(), initialize=HANDSHAKE_VERSION):
         server = McpServer(env, args)
         started.append(server)
         if initialize:
@@ -127,7 +127,7 @@ def serve(start_server, tmp_path):
     overrides variables."""
     doubles = []
 
-    def run(double, initialize="2025-11-25", **env):
+    def run(double, initialize=HANDSHAKE_VERSION, **env):
         if double not in doubles:
             doubles.append(double.start())
         settings = {"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",

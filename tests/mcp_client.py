@@ -15,6 +15,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "mero_mcp.py"
 DEFAULT_TIMEOUT = 15.0
 
+# The protocol versions as a client sends them (mcp-protocol.md): the one place the tests name them.
+HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")     # newest first
+HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[0]
+MODERN_VERSION = "2026-07-28"
+# What every request of the modern (per-request) era carries.
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+               "io.modelcontextprotocol/clientCapabilities": {}}
+
+# What a model reads of all fixed tools together (name + description + inputSchema, compact UTF-8 JSON), at most:
+# the tests and `make bench` read it from here.
+FIXED_TOOLS_BUDGET = 12000
+
+# The fixed tools' definitions as tools/list serves them, per toolset and in read-only mode: `make snapshot`
+# writes it from the live server; tests read counts and texts from it instead of repeating them.
+SNAPSHOT = ROOT / "tests" / "snapshots" / "fixed_tools.json"
+TOOLSETS = ("core", "blobs", "governance")
+
 
 class ServerTimeout(AssertionError):
     """The server did not answer in time: the test fails instead of hanging."""
@@ -60,8 +77,10 @@ class McpServer:
         self.notifications = []
         self.pending = {}                # responses read while waiting for another id
         self.ids = itertools.count(1)
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._readers = [threading.Thread(target=self._read_stdout, daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     # ---- plumbing ----
     def _read_stdout(self):
@@ -147,7 +166,7 @@ class McpServer:
             message["params"] = params
         self.send(message)
 
-    def initialize(self, version="2025-11-25"):
+    def initialize(self, version=HANDSHAKE_VERSION):
         result = self.result("initialize", {"protocolVersion": version, "capabilities": {},
                                             "clientInfo": {"name": "tests", "version": "0"}})
         self.notify("notifications/initialized")
@@ -184,8 +203,91 @@ class McpServer:
                 raise AssertionError("server did not exit within %ss of stdin closing" % timeout)
         return self.proc.returncode
 
+    def wait_output(self, timeout=5.0):
+        """After the process ended: wait until all it wrote to stdout and stderr has been read."""
+        for reader in self._readers:
+            reader.join(timeout)
+            assert not reader.is_alive(), "the server's output did not end within %ss" % timeout
+
     def assert_stdout_pure(self):
         for line in self.raw_lines:
             frame = json.loads(line)          # raises on anything that is not JSON
             assert isinstance(frame, (dict, list)), line
             assert line.endswith(b"\n") and line.count(b"\n") == 1
+
+
+# ---- the fixed tools' snapshot ----
+
+def fixed_tools_listed(home, extra=None):
+    """The fixed tools' definitions tools/list serves, from the real server over stdio, against a node double
+    with no apps (so every listed tool is fixed), in both eras; they must agree (fixed tools declare no output)."""
+    from node_double import NodeDouble
+    double = NodeDouble().start()
+    try:
+        env = minimal_env(home, dict({"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": Path(home) / "state",
+                                      "CALIMERO_NODE_HOME": Path(home) / "nodes"}, **(extra or {})))
+        server = McpServer(env)
+        try:
+            server.initialize()
+            handshake = server.result("tools/list")["tools"]
+            modern = server.result("tools/list", {"_meta": MODERN_META})["tools"]
+        finally:
+            server.close()
+    finally:
+        double.stop()
+    assert handshake == modern, "the fixed tools differ between the eras"
+    return handshake
+
+
+def live_snapshot(home):
+    """What SNAPSHOT holds: every fixed definition in tools/list order, and the names each toolset alone and
+    read-only mode list."""
+    from concurrent.futures import ThreadPoolExecutor
+    settings = dict({"all": {}, "read-only": {"CALIMERO_MCP_READ_ONLY": "1"}},
+                    **{toolset: {"CALIMERO_MCP_TOOLSETS": toolset} for toolset in TOOLSETS})
+    with ThreadPoolExecutor(len(settings)) as pool:          # one server each, side by side
+        listed = dict(zip(settings, pool.map(lambda name: fixed_tools_listed(Path(home) / name, settings[name]),
+                                             settings)))
+    names = {name: [t["name"] for t in tools] for name, tools in listed.items()}
+    return {"tools": listed["all"], "toolsets": {toolset: names[toolset] for toolset in TOOLSETS},
+            "read_only": names["read-only"]}
+
+
+def snapshot_text(snapshot):
+    return json.dumps(snapshot, indent=2, ensure_ascii=False) + "\n"
+
+
+def fixed_snapshot():
+    """The committed snapshot (make snapshot writes it)."""
+    return json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+
+
+def fixed_names(toolsets=TOOLSETS, read_only=False):
+    """The fixed tools tools/list carries with `toolsets` enabled (and in read-only mode), in its order."""
+    snapshot = fixed_snapshot()
+    enabled = {name for toolset in toolsets for name in snapshot["toolsets"][toolset]}
+    if read_only:
+        enabled &= set(snapshot["read_only"])
+    return [t["name"] for t in snapshot["tools"] if t["name"] in enabled]
+
+
+def fixed_definitions():
+    return fixed_snapshot()["tools"]
+
+
+def write_snapshot():
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="mero-snapshot-") as home:
+        text = snapshot_text(live_snapshot(home))
+    SNAPSHOT.parent.mkdir(exist_ok=True)
+    SNAPSHOT.write_text(text, encoding="utf-8")
+    snapshot = json.loads(text)
+    sys.stdout.write("wrote %s: %d fixed tools (%s)\n" % (SNAPSHOT.relative_to(ROOT), len(snapshot["tools"]), ", ".join(
+        "%s %d" % (name, len(names)) for name, names in snapshot["toolsets"].items())))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["snapshot"]:
+        sys.exit("usage: python3 tests/mcp_client.py snapshot   (rewrites %s; `make snapshot` runs it)"
+                 % SNAPSHOT.relative_to(ROOT))
+    write_snapshot()

@@ -1262,6 +1262,9 @@ class NodeDouble:
                          X-Blob-Source, rc.25's fresh-identity text; their older body keys are known
       fresh_identity  True: GET /identity is the 404 of a node that never took part in a namespace
       peer_count      what GET /peers counts;  dev_install_root: a path prefix, the node's MEROD_DEV_INSTALL_ROOT
+    slow          {path prefix: seconds}: requests under that prefix wait that long first (longest prefix wins;
+                  a slow route beside any fault, e.g. one context's reads while another's stay quick)
+    after_delete  faults that take effect once a DELETE has been carried out (a read failing after a delete)
     syncs lists every sync and resync asked ({context, force}; context None for "all").
       expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
       auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
@@ -1277,6 +1280,8 @@ class NodeDouble:
         self.log: List[Dict[str, Any]] = []
         self.faults: Dict[str, Any] = {}
         self.exec_delay = float(exec_delay)
+        self._held = threading.Condition()   # release() ends every exec_delay now running (a held call)
+        self._releases = 0
         self.max_inflight = 0
         self.executions: List[Dict[str, Any]] = []
         self.refresh_count = 0
@@ -1292,6 +1297,8 @@ class NodeDouble:
         self.peer_count = 0
         self.dev_install_root: Optional[str] = None
         self.syncs: List[Dict[str, Any]] = []
+        self.slow: Dict[str, float] = {}
+        self.after_delete: Optional[Dict[str, Any]] = None
         self.registry_mode = "http"
         self._invitations: Dict[str, Dict[str, Any]] = {}   # secret salt (hex) -> {"spent": bool}
         self.registry: Dict[str, Dict[str, Any]] = dict(registry or {})
@@ -1338,6 +1345,7 @@ class NodeDouble:
         server, self._server = self._server, None
         if server is None:
             return
+        self.release()                       # a call still held would keep its handler thread past the test
         server.shutdown()
         server.close_connections()
         server.server_close()
@@ -1604,14 +1612,33 @@ class NodeDouble:
         request = Request(handler.command, split.path, dict(parse_qsl(split.query, keep_blank_values=True)),
                           {k.lower(): v for k, v in handler.headers.items()}, body)
         ok, parsed = parse_json_body(body) if body else (False, None)
+        entry = {"method": request.method, "path": request.path, "query": dict(request.query),
+                 "headers": dict(request.headers), "json": parsed if ok else None, "body": body}
         with self._lock:
-            self.log.append({"method": request.method, "path": request.path, "query": dict(request.query),
-                             "headers": dict(request.headers), "json": parsed if ok else None, "body": body})
+            self.log.append(entry)
         try:
+            self._wait_if_slow(request.path)
             if not self._apply_fault(handler, request):
-                handler.send(self._answer(request))
+                reply = self._answer(request)
+                self._arm_after(request, reply)
+                handler.send(reply)
         except OSError:   # the client went away, or stop() shut the connection down
             handler.close_connection = True
+            entry["cut"] = True        # the answer was not all written: the client stopped reading
+        with self._lock:
+            entry["answered"] = True   # written out: a test waiting on a late answer waits for this
+
+    def _wait_if_slow(self, path: str) -> None:
+        with self._lock:
+            prefixes = [p for p in self.slow if path.startswith(p)]
+            seconds = self.slow[max(prefixes, key=len)] if prefixes else 0
+        if seconds:
+            time.sleep(float(seconds))
+
+    def _arm_after(self, request: Request, reply: Reply) -> None:
+        with self._lock:
+            if request.method == "DELETE" and 200 <= reply.status < 300 and self.after_delete is not None:
+                self.faults, self.after_delete = dict(self.after_delete), None
 
     def _answer(self, request: Request) -> Reply:
         if request.method == "OPTIONS":   # CORS preflight is never guarded (§1.3)
@@ -2464,7 +2491,10 @@ class NodeDouble:
     def _h_subgroups(self, request):
         with self._lock:
             self._group_or_404(request.params["group_id"])
-            return {"subgroups": self._child_groups(request.params["group_id"])}
+            # Restricted children are hidden unless this node's account is a member of them (§3.7 subgroups).
+            return {"subgroups": [row for row in self._child_groups(request.params["group_id"])
+                                  if self._groups[row["groupId"]]["visibility"] != "restricted"
+                                  or NODE_ACCOUNT in self._groups[row["groupId"]]["members"]]}
 
     def _require_member(self, group: Dict[str, Any]) -> None:
         if NODE_ACCOUNT not in group["members"]:
@@ -2736,12 +2766,31 @@ class NodeDouble:
             self.max_inflight = max(self.max_inflight, self._inflight)
         try:
             if self.exec_delay:
-                time.sleep(self.exec_delay)   # outside the lock, so concurrent calls overlap
+                self._hold(self.exec_delay)   # outside the lock, so concurrent calls overlap
             with self._lock:
                 return self._execute_in_app(self._contexts.get(context_id), params["method"], params["argsJson"])
         finally:
             with self._lock:
                 self._inflight -= 1
+
+    def _hold(self, seconds: float) -> None:
+        """exec_delay: sleep `seconds`, or less if release() is called meanwhile."""
+        deadline = time.monotonic() + seconds
+        with self._held:
+            releases = self._releases
+            while self._releases == releases and time.monotonic() < deadline:
+                self._held.wait(deadline - time.monotonic())
+
+    def release(self) -> None:
+        """End every exec_delay now running: the calls it holds are answered at once."""
+        with self._held:
+            self._releases += 1
+            self._held.notify_all()
+
+    def unanswered(self, method: Optional[str] = None, path_prefix: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The logged requests (as requests_to) whose answer is not written out yet."""
+        with self._lock:
+            return [entry for entry in self.requests_to(method, path_prefix) if not entry.get("answered")]
 
     def _execute_refusal(self, context_id: str) -> Optional[Dict[str, Any]]:
         """Errors the node returns before the app is reached (§4.2)."""

@@ -18,6 +18,8 @@ import random
 import time
 from collections import Counter
 
+from mcp_client import HANDSHAKE_VERSIONS, MODERN_META, MODERN_VERSION
+
 SEED = int(os.environ.get("MERO_MCP_FUZZ_SEED") or 20261129)
 MAIN_FRAMES = 8800
 BATCH_FRAMES = 1500
@@ -25,10 +27,7 @@ CHUNK = 200
 CHUNK_TIMEOUT = 120.0                 # a hang fails the test; generous for a loaded 2-core machine
 
 VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
-HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 BATCH_VERSION = "2025-03-26"
-MODERN_VERSION = "2026-07-28"
-MODERN_META = {VERSION_KEY: MODERN_VERSION, "io.modelcontextprotocol/clientCapabilities": {}}
 COMMON_METHODS = {"tools/list", "tools/call", "resources/list", "resources/read", "resources/templates/list",
                   "server/discover"}
 HANDSHAKE_METHODS = COMMON_METHODS | {"initialize", "ping"}

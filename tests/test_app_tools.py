@@ -22,11 +22,9 @@ import time
 import abi
 import pytest
 from conftest import shared_fixture
-from mcp_client import SERVER, McpServer, minimal_env
+from mcp_client import MODERN_META, SERVER, McpServer, minimal_env
 from node_double import SAMPLE_GUIDE, SAMPLE_SIGNER, NodeDouble, counter_spec, hex_id, kv_store_spec
 
-MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-               "io.modelcontextprotocol/clientCapabilities": {}}
 RETRY = "Call select_app for %s and retry with the returned app_handle."
 GENERIC_RETRY = "Call select_app for the application and retry with the returned app_handle."
 OTHER_APP = "This app_handle is for %s, not %s. " + RETRY
@@ -666,7 +664,9 @@ def test_handle_goes_stale_on_upgrade(own, fresh):
     before = executions(fresh)
     kv_refusal(own.call_tool("kv_store_len", {"app_handle": handle}))
     kv_refusal(own.call_tool("call", {"app_handle": handle, "method": "len"}))
-    assert executions(fresh) == before
+    # A [view] method on a context seen running this app may execute beside the admission read; its answer is not
+    # shown (the refusals above), and nothing else runs.
+    assert {e["method"] for e in fresh.double.executions[before:]} <= {"len"}
     assert not own.call_tool("kv_store_len", {"app_handle": handle_of(own, KV)}).get("isError")
 
 
@@ -678,7 +678,7 @@ def test_handle_goes_stale_when_the_guide_changes(own, fresh):
     for result in (own.call_tool("kv_store_len", {"app_handle": handle}),
                    own.call_tool("call", {"app_handle": handle, "method": "len"})):
         kv_refusal(result, version_guide="# KV Store, rewritten\n")
-    assert executions(fresh) == before
+    assert {e["method"] for e in fresh.double.executions[before:]} <= {"len"}     # as on an upgrade, above
     assert not own.call_tool("kv_store_len", {"app_handle": handle_of(own, KV)}).get("isError")
 
 
@@ -1346,7 +1346,7 @@ def test_context_and_underscore_context_must_name_one_context(start_server, tmp_
 def test_a_modern_client_that_never_discovers_still_gets_app_tools(start_server, server_env):
     """ts-sdk v2 probes server/discover on a throwaway process: the real one may first see tools/list."""
     server = start_server(server_env, initialize=None)
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    meta = MODERN_META
     names = [t["name"] for t in server.result("tools/list", {"_meta": meta})["tools"]]
     assert "kv_store_len" in names
     called = server.result("tools/call", {"name": "kv_store_len", "arguments": {"context": "demo"}, "_meta": meta})

@@ -418,6 +418,7 @@ def test_check_signs_in_afresh_so_a_cached_token_hides_no_wrong_password(tmp_pat
     done = run_check(wrong)
     assert done.returncode == 1, done.stdout
     assert "Auth:      failed: " in done.stdout and "Problems:\n  - " in done.stdout, done.stdout
+    assert done.stdout.count("\nAuth:") == 1, done.stdout              # the failed login is the one Auth line
     assert "Result:    the server cannot work" in done.stdout
     assert "not-the-password" not in done.stdout + done.stderr and PASSWORD not in done.stdout + done.stderr
     assert open(path, "rb").read() == cached

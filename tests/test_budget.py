@@ -15,7 +15,7 @@ import time
 import pytest
 
 import fixture_apps
-from mcp_client import ROOT, SERVER, minimal_env
+from mcp_client import ROOT, SERVER, fixed_names, minimal_env
 from node_double import NodeDouble
 
 KV_TOOLS = {"kv_store_clear", "kv_store_entries", "kv_store_get", "kv_store_get_or_insert", "kv_store_get_result",
@@ -56,7 +56,7 @@ def test_budget_by_name(start_server, server_env, value, expected):
     assert generated(server) == expected
     assert "CALIMERO_MCP_APPS" not in server.stderr
     fixed = [n for n in server.tool_names() if not n.startswith(("kv_store_", "counter_"))]
-    assert len(fixed) == 39, "the budget limits generated tools only"
+    assert fixed == fixed_names(), "the budget limits generated tools only"
 
 
 def test_budget_by_id(start_server, server_env, double):
@@ -162,12 +162,15 @@ def test_check_counts_what_tools_list_advertises(start_server, server_env, extra
 
 
 def test_check_says_how_to_trim_past_a_host_limit(server_env):
-    output = run_check(server_env)               # 39 fixed + kv-store 9 + counter 2
-    assert "Tools:     50 advertised (39 fixed, 11 for apps); over the limit of Cursor (40)\n" in output
-    assert ("  To trim: CALIMERO_MCP_TOOLSETS=core keeps 16 of the 39 fixed tools; CALIMERO_MCP_APPS=<app>,<app> "
-            "gives tools only to the apps named (call reaches every app).\n") in output
+    output = run_check(server_env)               # the fixed tools + kv-store 9 + counter 2
+    fixed, core = len(fixed_names()), len(fixed_names(["core"]))
+    assert "Tools:     %d advertised (%d fixed, 11 for apps); over the limit of Cursor (40)\n" % (fixed + 11, fixed) \
+        in output
+    assert ("  To trim: CALIMERO_MCP_TOOLSETS=core keeps %d of the %d fixed tools; CALIMERO_MCP_APPS=<app>,<app> "
+            "gives tools only to the apps named (call reaches every app).\n" % (core, fixed)) in output
     within = run_check(dict(server_env, CALIMERO_MCP_TOOLSETS="core"))
-    assert "Tools:     27 advertised (16 fixed, 11 for apps)\n" in within and "To trim" not in within
+    assert "Tools:     %d advertised (%d fixed, 11 for apps)\n" % (core + 11, core) in within
+    assert "To trim" not in within
 
 
 def test_check_honours_calimero_mcp_apps_and_names_a_typo(server_env):
@@ -175,7 +178,7 @@ def test_check_honours_calimero_mcp_apps_and_names_a_typo(server_env):
     assert "  - com.calimero.kv-store 1.0.0: 9 tools (left out by CALIMERO_MCP_APPS: call still reaches its methods)\n" \
         in output
     assert "  - com.example.counter 0.1.0: 2 tools\n" in output
-    assert check_count(output)[:3] == (41, 39, 2)
+    assert check_count(output)[:3] == (len(fixed_names()) + 2, len(fixed_names()), 2)
     assert ('  - CALIMERO_MCP_APPS names "kv-stor", which matches no installed application\n    Fix: Name an app by its '
             "id, package, last package segment or display name; installed: com.calimero.kv-store, "
             "com.example.counter.\n") in output

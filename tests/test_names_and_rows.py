@@ -9,6 +9,7 @@ import json
 import pytest
 
 from node_double import NodeDouble, counter_spec, hex_id, kv_store_spec
+from test_fixed_tools import made_by
 
 KV = "com.calimero.kv-store"
 COUNTER = "com.example.counter"
@@ -161,7 +162,9 @@ def test_a_namespace_argument_never_takes_a_subgroup_by_name(serve, node):
 
 def test_an_exact_name_wins_over_one_in_another_case(serve, node):
     server = serve(node.double)
-    assert server.tool_json("list_group_members", {"group": " Beta "})["members"]      # spaces, case: still beta
+    assert server.tool_json("list_group_members", {"group": "Beta"})["members"]        # another case: still beta
+    assert "Error: group: no namespace or group on this node is named \" beta\"" in error_text(
+        server.call_tool("list_group_members", {"group": " beta"}))                     # a name is taken as given
     assert node.double.requests_to("GET", "/admin-api/groups/%s/members" % node.beta)
     exact = node.double.add_group(namespace=node.team, name="Beta")
     server.tool_json("list_group_members", {"group": "Beta"})
@@ -332,17 +335,21 @@ def test_delete_alias(serve, node):
 # ── 6. create_group shows what it made ────────────────────────────────────────────────────────────
 
 def test_create_group_answers_where_it_sits_and_who_may_join(serve, node):
-    server = serve(node.double)
-    direct = server.tool_json("create_group", {"namespace": "team", "name": "open-one"})
-    assert direct == {"groupId": direct["groupId"], "parentId": node.team, "namespaceId": node.team,
-                      "visibility": "open"}
-    restricted = server.tool_json("create_group", {"namespace": "team", "visibility": "restricted"})
-    assert restricted["visibility"] == "restricted" == node.double._groups[restricted["groupId"]]["visibility"]
-    nested = server.tool_json("create_group", {"namespace": "team", "parent": "alpha"})
-    assert nested == {"groupId": nested["groupId"], "parentId": node.alpha, "namespaceId": node.team,
-                      "visibility": "restricted"}
-    opened = server.tool_json("create_group", {"namespace": "team", "parent": "alpha", "visibility": "open"})
-    assert opened["visibility"] == "open" == node.double._groups[opened["groupId"]]["visibility"]
+    server, groups = serve(node.double), node.double._groups
+    made, direct = made_by(node.double, lambda: server.tool_json("create_group", {"namespace": "team",
+                                                                                  "name": "open-one"}))
+    assert direct == {"groupId": made, "parentId": node.team, "namespaceId": node.team, "visibility": "open"}
+    assert groups[made]["parent"] == node.team and groups[made]["name"] == "open-one"
+    made, restricted = made_by(node.double, lambda: server.tool_json("create_group", {"namespace": "team",
+                                                                                      "visibility": "restricted"}))
+    assert restricted["groupId"] == made and restricted["visibility"] == "restricted" == groups[made]["visibility"]
+    made, nested = made_by(node.double, lambda: server.tool_json("create_group", {"namespace": "team",
+                                                                                  "parent": "alpha"}))
+    assert nested == {"groupId": made, "parentId": node.alpha, "namespaceId": node.team, "visibility": "restricted"}
+    assert groups[made]["parent"] == node.alpha
+    made, opened = made_by(node.double, lambda: server.tool_json("create_group", {
+        "namespace": "team", "parent": "alpha", "visibility": "open"}))
+    assert opened["groupId"] == made and opened["visibility"] == "open" == groups[made]["visibility"]
 
 
 def test_create_group_says_what_open_and_restricted_mean(serve, node):

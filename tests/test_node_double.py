@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from node_double import (AUTHORITY_NOT_YET, FRESH_IDENTITY, NODE_ACCOUNT, NodeDouble, TypeSystem, counter_spec,
-                         hex_id, kv_store_manifest, kv_store_spec, sample_double)
+from node_double import (AUTHORITY_NOT_YET, FRESH_IDENTITY, NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, TypeSystem,
+                         counter_spec, hex_id, kv_store_manifest, kv_store_spec, sample_double)
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent.parent / "shared" / "fixtures"
@@ -515,8 +515,8 @@ def test_group_members_visibility_metadata_and_inheritance(node):
     assert (refused.status, refused.json()) == (403, {"error": "identity not eligible for inheritance-based join"})
     assert (bad_visibility.status, bad_visibility.json()) == (400, {
         "error": "Field 'subgroup_visibility' has invalid format: must be 'open' or 'restricted'"})
-    assert joined == {"data": {"groupId": group_id, "memberPublicKey": joined["data"]["memberPublicKey"],
-                               "wasInherited": True}}
+    assert joined == {"data": {"groupId": group_id, "memberPublicKey": NODE_PUBLIC_KEY, "wasInherited": True}}
+    assert node._groups[group_id]["members"][NODE_ACCOUNT] == "Member"      # the join landed
     assert added.json() == {}
     assert "data" not in members and {"identity": hex_id("bob"), "role": "Member"} in members["members"]
     call(node, "PUT", base + "/metadata", {"name": "Ops", "data": {"a": "1", "b": "2"}})

@@ -17,18 +17,57 @@ from mcp_client import ROOT, McpServer, minimal_env, tuned_server
 OFFLINE_SIGNS = ("NewConnectionError", "No matching distribution", "Could not find a version", "Temporary failure")
 
 
+PROJECT_URL = "https://github.com/calimero-network/mero-mcp"
+BUILD_LEFTOVERS = ("build", "*.egg-info", "dist")
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """A fresh venv with this checkout installed (without requests/jsonschema: --no-deps)."""
+def built(tmp_path_factory):
+    """(the `mero-mcp` command, the checkout it was installed from): a fresh venv with a copy of this checkout
+    installed (without requests/jsonschema: --no-deps)."""
     home = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(with_pip=True).create(home)
+    copy = checkout_copy(tmp_path_factory)
     pip = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
-                          "--disable-pip-version-check", str(ROOT)],
+                          "--disable-pip-version-check", str(copy)],
                          capture_output=True, text=True, timeout=300)
     if pip.returncode != 0 and any(sign in pip.stdout + pip.stderr for sign in OFFLINE_SIGNS):
         pytest.skip("the package index is out of reach, so the build backend cannot be fetched")
     assert pip.returncode == 0, pip.stdout + pip.stderr
-    return home / "bin" / "mero-mcp"
+    return home / "bin" / "mero-mcp", copy
+
+
+@pytest.fixture(scope="module")
+def installed(built):
+    return built[0]
+
+
+def checkout_copy(tmp_path_factory):
+    """The checkout's files as a clone has them, without what an earlier build left in this one."""
+    import shutil
+    copy = tmp_path_factory.mktemp("checkout") / "mero-mcp"
+    shutil.copytree(str(ROOT), str(copy), ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".venv-oldest", "node_modules", "__pycache__", ".pytest_cache", *BUILD_LEFTOVERS))
+    return copy
+
+
+def test_pip_install_leaves_nothing_in_the_checkout(built):
+    """setup.py builds in a scratch folder it removes: the checkout gets no build/ or *.egg-info."""
+    copy = built[1]
+    assert (copy / "setup.cfg").is_file(), copy
+    left = sorted(str(path.relative_to(copy)) for pattern in BUILD_LEFTOVERS for path in copy.glob(pattern))
+    assert left == [], left
+
+
+def test_the_package_names_its_project_and_help_says_it(installed):
+    python = installed.parent / "python"
+    out = subprocess.run([str(python), "-c", "from importlib.metadata import metadata; m = metadata('mero-mcp'); "
+                          "print(m['Home-page']); print('\\n'.join(m.get_all('Project-URL')))"],
+                         capture_output=True, text=True, timeout=30, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [PROJECT_URL, "Source, " + PROJECT_URL, "Issues, %s/issues" % PROJECT_URL]
+    usage = subprocess.run([str(installed), "--help"], capture_output=True, text=True, timeout=30).stdout
+    assert "Project (README.md, bug reports): %s\n" % PROJECT_URL in usage, usage
 
 
 def test_the_command_exists_and_reports_its_version(installed):
@@ -58,8 +97,8 @@ def test_the_modules_are_installed_flat(installed):
 
 # ── a checkout run by a Python that lacks the runtime packages (issue: tools answered -32603, --check a traceback)
 
-APT = "apt install python3-requests python3-jsonschema"
-PIP = "pip install requests jsonschema"
+APT = ("sudo apt install python3-requests python3-jsonschema (Debian, Ubuntu), or sudo dnf install python3-requests "
+       "python3-jsonschema (Fedora, RHEL), or sudo pacman -S python-requests python-jsonschema (Arch)")
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +114,13 @@ def requests_only(tmp_path_factory):
     """PYTHONPATH for the bare venv that brings requests (and what it needs) but not jsonschema."""
     import importlib
     lib = tmp_path_factory.mktemp("requests-only")
-    for name in ("requests", "urllib3", "idna", "certifi", "charset_normalizer"):
-        module = importlib.import_module(name)
-        source = Path(module.__file__).parent
+    for name in ("requests", "urllib3", "idna", "certifi", "charset_normalizer", "chardet", "six"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:               # chardet or charset_normalizer, six only for Debian's urllib3 1.26
+            continue
+        source = Path(module.__file__)
+        source = source.parent if source.name == "__init__.py" else source
         (lib / source.name).symlink_to(source)
     return lib
 
@@ -104,7 +147,7 @@ def test_without_the_packages_tools_say_what_to_install(bare_python, double, tmp
             assert result.get("isError") is True, result
             assert text.startswith("Error: mero-mcp needs the Python packages requests and jsonschema, which %s "
                                    "cannot import (No module named " % bare_python), text
-            assert APT in text and PIP in text, text
+            assert text.endswith(". Install them: %s -m pip install requests jsonschema." % bare_python), text
     finally:
         server.close()
     assert "Traceback" not in server.stderr and "Internal error" not in b"".join(server.raw_lines).decode()
@@ -129,11 +172,30 @@ def test_a_missing_package_is_logged_once_however_often_the_catalog_retries(bare
 
 
 def test_without_the_packages_check_says_what_to_install(bare_python, double, tmp_path):
+    """One problem naming both packages, its fix this Python's: a venv installs with its own pip."""
     out = run_check(bare_python, bare_env(tmp_path, double))
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 1 and out.stderr == "", out.stderr
     assert "Python:    %s (requests missing, jsonschema missing)" % bare_python in out.stdout
-    assert "Problems:" in out.stdout and APT in out.stdout and PIP in out.stdout
-    assert "mero-mcp needs the Python packages requests and jsonschema" in out.stdout
+    problems = out.stdout[out.stdout.index("Problems:\n"):].splitlines()[1:-1]
+    assert problems == ["  - mero-mcp needs the Python packages requests and jsonschema, which %s cannot import (No "
+                        "module named 'requests')" % bare_python,
+                        "    Fix: %s -m pip install requests jsonschema" % bare_python], out.stdout
+
+
+@pytest.mark.parametrize("prefix, executable, advice", [
+    ("base", "/usr/bin/python3", APT),
+    ("base", "/usr/local/bin/python3.12", "/usr/local/bin/python3.12 -m pip install requests jsonschema"),
+    ("venv", "/usr/bin/python3", "/usr/bin/python3 -m pip install requests jsonschema"),
+])
+def test_the_install_advice_fits_the_python_it_runs_on(monkeypatch, prefix, executable, advice):
+    """The distribution's own Python (in /usr/bin, no venv): its packages, since its pip may be refused
+    (externally-managed-environment); a venv, or a Python of one's own: its pip."""
+    import node
+    monkeypatch.setattr(sys, "executable", executable)
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix if prefix == "base" else sys.base_prefix + "-venv")
+    assert node.install_advice(["requests", "jsonschema"]) == advice
+    assert node.install_advice(["jsonschema"]).count("jsonschema") == (3 if prefix == "base" and
+                                                                       executable.startswith("/usr/bin/") else 1)
 
 
 def test_with_requests_but_not_jsonschema_the_tools_name_jsonschema(bare_python, requests_only, double, tmp_path):
@@ -144,7 +206,8 @@ def test_with_requests_but_not_jsonschema_the_tools_name_jsonschema(bare_python,
         text = server.call_tool("list_namespaces")["content"][-1]["text"]
     finally:
         server.close()
-    assert text.startswith("Error: mero-mcp needs the Python package jsonschema, which ") and APT in text, text
+    assert text.startswith("Error: mero-mcp needs the Python package jsonschema, which ") and \
+        text.endswith(". Install it: %s -m pip install jsonschema." % bare_python), text
     check = run_check(bare_python, env)
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
     assert "jsonschema missing" in check.stdout and "Health:    alive" in check.stdout, check.stdout
@@ -225,6 +288,11 @@ def test_without_abi_py_check_fails_and_every_tool_names_it(double, tmp_path):
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
     assert "  - %s\n    Fix: %s" % (missing, TOGETHER) in check.stdout, check.stdout
     assert "Health:    alive" in check.stdout and "Result:    the server cannot work" in check.stdout
+    # said once: no second problem for the same file, and nothing of the tool count's catalog on stderr
+    problems = check.stdout[check.stdout.index("Problems:\n"):].splitlines()[1:-1]
+    assert problems == ["  - " + missing, "    Fix: " + TOGETHER], check.stdout
+    assert "  - com.calimero.kv-store 1.0.0: tools unknown\n" in check.stdout, check.stdout     # as the server has it
+    assert check.stderr == "", check.stderr
     server = McpServer(env, command=[sys.executable, str(script)])
     try:
         server.initialize()
@@ -284,3 +352,18 @@ def test_an_older_python_gets_one_line_naming_it(version, args, tmp_path):
     assert out.returncode == 1 and out.stdout == "", out
     assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(line), out.stderr
     assert "absolute path as the command" in out.stderr
+
+
+def test_python_2_gets_a_two_line_syntax_error(tmp_path):
+    """README: Python 2.7 reads the whole file before running any of it, so no guard of ours runs there."""
+    python = old_python("2.7")
+    if python is None:
+        pytest.skip("no Python 2.7 here (python2.7 on PATH or under pyenv)")
+    out = subprocess.run([python, str(ROOT / "mero_mcp.py"), "--check"], input="", capture_output=True, text=True,
+                         timeout=30, env=minimal_env(tmp_path / "home"))
+    lines = out.stderr.splitlines()
+    assert out.returncode == 1 and out.stdout == "" and len(lines) == 2, out
+    assert lines[0].startswith("  File ") and lines[1].startswith("SyntaxError: Non-ASCII character '\\xc2' in file "
+                                                                   ), lines
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "Python 2.7 reads the whole file before it runs any of it, so it prints a two-line `SyntaxError`" in readme

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from mcp_client import ROOT, SERVER, McpServer, minimal_env
+from mcp_client import MODERN_META, ROOT, SERVER, McpServer, minimal_env
+from node_double import NodeDouble
 
-MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-          "io.modelcontextprotocol/clientCapabilities": {}}
+MODERN = MODERN_META
 # reference-behaviour.md's instructions, exact: the critical part, so it comes first.
 FLOW = ("Calimero apps describe themselves. Do not read app source. To use an app: list_applications, then "
         "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call.")
@@ -209,7 +209,9 @@ def test_server_discover(bare):
     assert result["capabilities"] == {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
     assert result["instructions"].startswith(FLOW + "\n") and len(result["instructions"]) <= INSTRUCTIONS_LIMIT
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mero-mcp"
-    assert isinstance(result["ttlMs"], int) and result["cacheScope"] in ("public", "private")
+    # "private" as every list's: the instructions and capabilities describe this user's node, which no shared
+    # cache may hand to another (caching.mdx); the ttl is the lists' own, the catalog poll's 30 s.
+    assert result["ttlMs"] == 30000 and result["cacheScope"] == "private"
 
 
 def test_modern_requests_are_stateless_with_cache_hints(bare):
@@ -273,7 +275,7 @@ def test_exits_promptly_when_stdin_closes(offline_env):
     server.initialize()
     started = time.monotonic()
     assert server.close(timeout=5) == 0
-    assert time.monotonic() - started < 1.5   # generous: the rule is "within a second"
+    assert time.monotonic() - started < 1.5   # a deadline: "within a second", 0.5 s margin
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -282,7 +284,7 @@ def test_signals_exit_quietly(offline_env, sig):
     server.initialize()
     server.proc.send_signal(sig)
     server.proc.wait(5)
-    time.sleep(0.1)
+    server.wait_output()                  # stderr read to its end: a traceback would be in it now
     assert "Traceback" not in server.stderr
     assert server.proc.returncode == 0
 
@@ -482,19 +484,22 @@ def test_exits_within_a_second_of_eof_while_a_call_waits_on_the_node(offline_env
     server.initialize()
     server.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
                  "params": {"name": "list_namespaces", "arguments": {}}})
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while not double.requests_to("GET", "/admin-api/namespaces"):      # the call waits on the node now
+        assert time.monotonic() < deadline, server.stderr
+        time.sleep(0.02)
     started = time.monotonic()
     assert server.close(timeout=5) == 0
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 1.5   # a deadline: "within a second" (the node takes 8 s), 0.5 s margin
     server.assert_stdout_pure()
 
 
 # ── one nesting limit where a line is parsed (issue 19.6) ─────────────────────────────────────────
 
-def nested(depth):
+def nested_lists(depth):
     value = "x"
-    for level in range(depth):
-        value = [value] if level % 2 else {"d": value}
+    for _ in range(depth):
+        value = [value]
     return value
 
 
@@ -532,11 +537,28 @@ def test_other_frames_nested_past_the_limit_are_answered_by_their_id(server, dep
     assert server.request("ping", request_id="after") == {"jsonrpc": "2.0", "id": "after", "result": {}}
 
 
-def test_a_shallow_frame_is_unchanged(server):
-    result = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "set",
-                                       "args": {"key": "k", "value": nested(90)}})
-    assert result.get("isError") is not True or "nested more than" not in result["content"][-1]["text"], result
+def deep_app(depth):
+    """An app whose one method takes `rows`, lists nested `depth` deep around a string."""
+    rows = {"kind": "string"}
+    for _ in range(depth):
+        rows = {"kind": "list", "items": rows}
+    keep = {"name": "keep", "params": [{"name": "rows", "type": rows}], "returns": {"kind": "unit"},
+            "intent": "mutating"}
+    return {"package": "com.example.deep", "version": "1.0.0", "signer_id": "did:key:deep", "metadata": {},
+            "abi": {"schema_version": "wasm-abi/1", "types": {}, "methods": [keep]}}
 
+
+def test_a_shallow_frame_is_unchanged(serve):
+    """A frame 94 levels deep (the frame, params, arguments, args, then 90 lists) is within the limit of 100: the
+    call goes through and the node receives the value as sent."""
+    double = NodeDouble(apps=[deep_app(90)])
+    app_id = double._app_key("com.example.deep")
+    context = double.add_context(app_id, group_id=double.add_namespace(app_id, name="deep"), name="deep")
+    server, rows = serve(double), nested_lists(90)
+    result = server.call_tool("call", {"app": "com.example.deep", "context": context, "method": "keep",
+                                       "args": {"rows": rows}})
+    assert not result.get("isError"), result
+    assert double.executions == [{"contextId": context, "method": "keep", "argsJson": {"rows": rows}}]
 
 def test_a_forged_cursor_is_refused_naming_it(server):
     import base64

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from mcp_client import McpServer, tuned_server
+from mcp_client import HANDSHAKE_VERSION, MODERN_META, McpServer, tuned_server
 from node_double import counter_spec
 
 ITEMS = 32
@@ -83,7 +83,7 @@ def test_a_client_that_stops_reading_ends_the_server_quietly(server_env, double)
     def send(message):
         proc.stdin.write(json.dumps(dict(message, jsonrpc="2.0")).encode("utf-8") + b"\n")
         proc.stdin.flush()
-    send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+    send({"id": 1, "method": "initialize", "params": {"protocolVersion": HANDSHAKE_VERSION, "capabilities": {},
                                                       "clientInfo": {"name": "tests", "version": "0"}}})
     assert b'"id":1' in proc.stdout.readline()
     proc.stdout.close()                                  # the host stops reading; stdin stays open
@@ -106,16 +106,15 @@ def test_a_cancelled_initialize_is_answered_all_the_same(start_server, server_en
     call was skipped unanswered, so the session never opened. The call before it is held 3 s at the node."""
     server = start_server(server_env, initialize=None)
     double.faults = {"delay": 3.0, "paths": ["/jsonrpc"], "times": 1}
-    modern = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-              "io.modelcontextprotocol/clientCapabilities": {}}
+    modern = MODERN_META
     server.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": {
         "_meta": modern, "name": "call", "arguments": {"app": "kv-store", "context": "demo", "method": "len"}}})
     server.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tests", "version": "0"}}})
+        "protocolVersion": HANDSHAKE_VERSION, "capabilities": {}, "clientInfo": {"name": "tests", "version": "0"}}})
     server.notify("notifications/cancelled", {"requestId": "init"})
     assert server.result("ping") == {}                   # the cancel was read (pings come after it, at once)
     assert "result" in server.wait_for("slow", LONG)
-    assert server.wait_for("init", LONG)["result"]["protocolVersion"] == "2025-11-25"
+    assert server.wait_for("init", LONG)["result"]["protocolVersion"] == HANDSHAKE_VERSION
 
 
 @pytest.mark.parametrize("how", ["closed by the host", "closed at spawn"])
@@ -137,7 +136,7 @@ def test_a_closed_stderr_leaves_the_protocol_working(server_env, how):
         proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=write_end, env=env, cwd=str(ROOT))
         os.close(write_end)
-    requests = [{"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+    requests = [{"id": 1, "method": "initialize", "params": {"protocolVersion": HANDSHAKE_VERSION, "capabilities": {},
                                                              "clientInfo": {"name": "tests", "version": "0"}}},
                 {"id": 2, "method": "tools/list"},           # the catalog logs the unmatched CALIMERO_MCP_APPS name
                 {"id": 3, "method": "tools/call", "params": {"name": "call", "arguments": {

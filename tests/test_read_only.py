@@ -13,10 +13,10 @@ import sys
 import pytest
 
 import fixture_apps
-from mcp_client import SERVER, minimal_env
+from mcp_client import MODERN_META, SERVER, fixed_names, minimal_env
 from node_double import NodeDouble, sample_double
 
-MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+MODERN = MODERN_META
 ON = {"CALIMERO_MCP_READ_ONLY": "1"}
 READ_ONLY_SAYS = "this server runs read-only (CALIMERO_MCP_READ_ONLY)"
 HOW_TO_CHANGE = ("To allow changes, unset CALIMERO_MCP_READ_ONLY in this server's entry of the host configuration "
@@ -27,16 +27,11 @@ KV = "com.calimero.kv-store"
 BLOB = hashlib.sha256(b"hello calimero").hexdigest()
 
 # What read-only mode keeps on the sample node (python3 tests/node_double.py --sample), in tools/list order.
-KEPT_FIXED = ["node_status", "list_nodes", "list_applications", "list_namespaces", "list_contexts", "lookup_alias",
-              "list_registry", "list_blobs", "get_blob", "list_group_members", "describe_group", "describe_app", "select_app", "call",
-              "call_many"]
+# The fixed tools read-only mode keeps come from the snapshot (tests/snapshots/fixed_tools.json, `make snapshot`).
+KEPT_FIXED = fixed_names(read_only=True)
 KEPT_GENERATED = ["kv_store_entries", "kv_store_get", "kv_store_get_result", "kv_store_len", "counter_value"]
-DROPPED = {"create_context", "join_context", "delete_context", "create_alias", "delete_alias", "install_application",
-           "uninstall_application", "upload_blob", "delete_blob", "create_namespace", "delete_namespace",
-           "invite_to_namespace", "join_namespace", "leave_namespace", "add_group_members", "create_group",
-           "set_group_visibility", "set_group_metadata", "join_open_group", "sync_context", "remove_group_members",
-           "set_member_role", "delete_group", "upgrade_group", "counter_increment", "kv_store_clear",
-           "kv_store_get_or_insert", "kv_store_remove", "kv_store_set", "kv_store_update_if_exists"}
+DROPPED = set(fixed_names()) - set(KEPT_FIXED) | {"counter_increment", "kv_store_clear", "kv_store_get_or_insert",
+                                                  "kv_store_remove", "kv_store_set", "kv_store_update_if_exists"}
 GATED = {"call", "call_many"}            # offered: they refuse a method that is not [view] themselves
 
 
@@ -281,13 +276,6 @@ def fixture_abis():
     return paths + fixture_apps.manifest_paths(fixture_apps.OWN_ABIS)
 
 
-def view_tool_count(paths):
-    import abi
-    return sum(len([m for m in abi.tool_methods(abi.parse_manifest(json.loads(p.read_text(encoding="utf-8")),
-                                                                   p.name)) if abi.is_read_only(m)])
-               for p in paths)
-
-
 @pytest.mark.parametrize("modern", [False, True], ids=["handshake", "2026-07-28"])
 def test_every_generated_tool_of_the_fixture_abis_is_left_out_or_a_view(serve, modern):
     paths = fixture_abis()
@@ -299,7 +287,7 @@ def test_every_generated_tool_of_the_fixture_abis_is_left_out_or_a_view(serve, m
     generated = {name: t for name, t in everything.items() if "_meta" in t and "intent" in t["_meta"]}
     assert len(generated) == fixture_apps.tool_count(paths)
     offered = [name for name in generated if name in kept]
-    assert len(offered) == view_tool_count(paths) > 0
+    assert len(offered) == fixture_apps.tool_count(paths, read_only=True) > 0
     for name, definition in generated.items():
         is_view = definition["_meta"]["intent"] == "read_only"
         assert (name in kept) == is_view, name

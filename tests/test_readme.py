@@ -77,6 +77,7 @@ class HandSession:
     def __init__(self, tmp_path):
         self.port = free_port()
         self.env = minimal_env(tmp_path / "home")
+        (tmp_path / "home").mkdir(exist_ok=True)          # a reader's home exists: step 5 writes a file there
         self.node = None
 
     def localise(self, text):
@@ -240,6 +241,8 @@ README_NODE = "http://localhost:2528"
 CURSOR_LIMIT = 40
 CURSOR_COUNT = re.compile(r"Cursor count: (\w[\w,]*) keeps (\d+) fixed tools, and the sample node's two apps add "
                           r"(\d+), so (\d+) of Cursor's 40\.")
+CURSOR_MORE = re.compile(r'"CALIMERO_MCP_TOOLSETS": "([\w,]+)"`: (\d+) fixed tools, and (\d+) with\s+the sample\'s (\d+), '
+                         r'past 40\)')
 
 
 def section(heading):
@@ -335,6 +338,7 @@ def test_every_host_snippet_starts_the_server_as_pasted(host, sample_node):
     assert "kv_store_get" in names and "counter_increment" in names, names
     if host == "Cursor":
         assert_cursor_count(env, tools)
+        assert_cursor_more(sample_node, command, env)
 
 
 def assert_cursor_count(env, tools):
@@ -348,6 +352,22 @@ def assert_cursor_count(env, tools):
     assert (fixed, generated, total) == (live_fixed, len(tools) - live_fixed, len(tools)), \
         "README: %s = %d + %d; live: %d + %d" % (said.group(0), fixed, generated, live_fixed, len(tools) - live_fixed)
     assert fixed + generated == total <= CURSOR_LIMIT
+
+
+def assert_cursor_more(sample_node, command, env):
+    """The toolsets the Cursor part names for the governance tools add up as it says, past Cursor's 40."""
+    said = CURSOR_MORE.search(section(REGISTER))
+    assert said, "the Cursor part says what the governance toolset adds up to"
+    toolsets, fixed, total, generated = said.group(1), int(said.group(2)), int(said.group(3)), int(said.group(4))
+    server = McpServer(dict(sample_node.env, **dict(env, CALIMERO_MCP_TOOLSETS=toolsets)), command=command)
+    try:
+        server.initialize()
+        tools = server.result("tools/list")["tools"]
+    finally:
+        server.close()
+    live_fixed = sum(1 for tool in tools if "_meta" not in tool)
+    assert (fixed, generated, total) == (live_fixed, len(tools) - live_fixed, len(tools)), said.group(0)
+    assert fixed + generated == total > CURSOR_LIMIT
 
 
 # ── The rest a newcomer runs first ─────────────────────────────────────────────────────────────────────────
@@ -394,3 +414,43 @@ def test_the_matcher_fails_where_it_should():
     for printed, wanted in (("a\nb", "a"), ("a", "a\nb"), ("a\nb", "b"), ("abc", "abd…")):
         with pytest.raises(AssertionError):
             assert_lines_match(printed, wanted)
+
+
+# ── Without a package index: the README's offline commands, with pip pointed at a closed port ────────────────
+
+OFFLINE = "### Without a package index"
+
+
+def offline_commands():
+    """The command lines of the offline block (the apt line left out: it installs what this Python has)."""
+    body = re.split(r"^#{2,3} ", section(OFFLINE)[len(OFFLINE):], flags=re.M)[0]      # to the next heading
+    blocks = re.findall(r"^```sh\n(.*?)^```", body, re.S | re.M)
+    assert len(blocks) == 1, blocks
+    lines = [line.split("  #")[0].strip() for line in blocks[0].splitlines()]
+    assert lines[0].startswith("sudo apt install python3-requests python3-jsonschema python3-pytest"), lines
+    return lines[1:]
+
+
+def test_the_offline_block_names_the_demo_and_the_suite():
+    assert offline_commands() == ["python3 tests/demo.py", "python3 -m pytest -q"]
+
+
+def test_the_offline_demo_runs_as_written(tmp_path):
+    from test_demo import DEMO_HEADINGS, no_index_env
+    demo = offline_commands()[0]
+    done = subprocess.run(shlex.split(HandSession(tmp_path).localise(demo)), capture_output=True, text=True,
+                          cwd=str(ROOT), env=no_index_env(), timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(heading in done.stdout for heading in DEMO_HEADINGS), done.stdout
+
+
+def test_the_offline_suite_command_collects_every_test(tmp_path):
+    """The suite itself is this run: the README's command, with --collect-only, must import every test module on
+    this interpreter's own packages with no index (nothing it needs is fetched at collection)."""
+    from test_demo import no_index_env
+    suite = HandSession(tmp_path).localise(offline_commands()[1])
+    done = subprocess.run(shlex.split(suite) + ["--collect-only", "-p", "no:cacheprovider"], capture_output=True,
+                          text=True, cwd=str(ROOT), env=no_index_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    collected = re.fullmatch(r"(\d+) tests collected in [\d.]+s", done.stdout.splitlines()[-1])   # no ", N errors"
+    assert collected and int(collected.group(1)) > 1000, done.stdout[-500:]

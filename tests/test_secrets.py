@@ -174,7 +174,9 @@ def test_wrong_password_error_leaks_nothing(tmp_path, authed):
         result = server.call_tool("list_applications")
         assert result.get("isError") is True and "Authentication failed" in result["content"][-1]["text"], result
         status = server.tool_json("node_status")
-        assert status["health"]["status"] == "error" or "Authentication failed" in json.dumps(status)
+        # the node answered (HTTP 401 to the login): "error", not "unreachable", and the reason in its words
+        assert status["health"]["status"] == "error", status
+        assert status["health"]["error"].startswith("Authentication failed"), status
     finally:
         server.close()
     places = {"stdout": b"".join(server.raw_lines).decode("utf-8"), "stderr": server.stderr,

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_client import McpServer, minimal_env, tuned_server
+from mcp_client import MODERN_META, McpServer, minimal_env, tuned_server
 from node_double import NodeDouble, counter_spec, kv_store_spec, sample_double
 
-MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-          "io.modelcontextprotocol/clientCapabilities": {}}
+MODERN = MODERN_META
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 TOOLS_CHANGED, RESOURCES_CHANGED = "notifications/tools/list_changed", "notifications/resources/list_changed"

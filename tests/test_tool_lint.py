@@ -20,11 +20,9 @@ import pytest
 from jsonschema import Draft202012Validator
 
 import fixture_apps
-from mcp_client import McpServer, minimal_env
+from mcp_client import MODERN_META, McpServer, minimal_env
 from node_double import NodeDouble
 
-MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-               "io.modelcontextprotocol/clientCapabilities": {}}
 TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 PROPERTY_KEY = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 HOST_PREFIX = len("mcp__calimero__")          # 15: the desktop app registers the server as `calimero`

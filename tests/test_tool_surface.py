@@ -11,11 +11,9 @@ import unicodedata
 import pytest
 import abi
 
-from mcp_client import ROOT, McpServer, minimal_env
+from mcp_client import MODERN_META, ROOT, McpServer, minimal_env
 from node_double import NodeDouble, kv_store_spec
 
-MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-               "io.modelcontextprotocol/clientCapabilities": {}}
 S = {"kind": "string"}
 NULLS_ABI = {"schema_version": "wasm-abi/1", "types": {
     "Profile": {"kind": "record", "fields": [{"name": "name", "type": S}]}}, "methods": [

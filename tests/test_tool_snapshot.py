@@ -1,0 +1,39 @@
+"""The fixed tools' definitions, pinned once: the live tools/list against tests/snapshots/fixed_tools.json.
+
+Other tests read names, counts and texts from the snapshot (mcp_client.fixed_names, fixed_definitions) instead of
+repeating them; a change of a fixed tool is one `make snapshot` and a reviewable diff of that file."""
+import difflib
+import json
+
+from mcp_client import FIXED_TOOLS_BUDGET, SNAPSHOT, TOOLSETS, fixed_names, fixed_snapshot, live_snapshot, \
+    snapshot_text
+
+
+def test_the_live_fixed_tools_are_the_snapshot(tmp_path):
+    live, committed = snapshot_text(live_snapshot(tmp_path)), SNAPSHOT.read_text(encoding="utf-8")
+    if live != committed:
+        diff = "".join(difflib.unified_diff(committed.splitlines(True), live.splitlines(True),
+                                            "%s (committed)" % SNAPSHOT.name, "tools/list (live)", n=2))
+        raise AssertionError("The fixed tools tools/list serves differ from %s. If the change is meant, run "
+                             "`make snapshot` and commit the file.\n%s" % (SNAPSHOT.name, diff))
+
+
+def test_the_toolsets_divide_the_fixed_tools():
+    """Every fixed tool is listed by some toolset, in tools/list order; the application tools by every one, and
+    read-only mode keeps call and call_many and leaves writes out."""
+    snapshot = fixed_snapshot()
+    names = [t["name"] for t in snapshot["tools"]]
+    assert fixed_names() == names and len(set(names)) == len(names)
+    assert set().union(*(snapshot["toolsets"][t] for t in TOOLSETS)) == set(names)
+    for toolset in TOOLSETS:
+        assert {"describe_app", "select_app", "call", "call_many"} <= set(snapshot["toolsets"][toolset]), toolset
+    assert {"call", "call_many", "node_status"} <= set(snapshot["read_only"]) < set(names)
+    assert "delete_context" not in snapshot["read_only"]
+
+
+def test_what_a_model_reads_of_the_fixed_tools_stays_within_the_budget():
+    """name + description + inputSchema of all fixed tools together, as compact UTF-8 JSON."""
+    size = sum(len(json.dumps({k: t[k] for k in ("name", "description", "inputSchema")}, separators=(",", ":"),
+                              ensure_ascii=False).encode("utf-8")) for t in fixed_snapshot()["tools"])
+    assert size <= FIXED_TOOLS_BUDGET, "the fixed tools take %d B of a model's context, over %d" % (
+        size, FIXED_TOOLS_BUDGET)
