@@ -2815,7 +2815,9 @@ class NodeDouble:
         method = find_method(manifest, method_name)
         if method is None:
             return rpc_error("FunctionCallError", 'method "{}" not found'.format(method_name))
-        context["version"] = None             # execute upgrades the context lazily before it runs (§0.7)
+        # Execute upgrades a lagging context before it runs (§0.7): it then runs its app's version. A context that
+        # never lagged keeps no key, so a [view] call leaves the record as it was.
+        context.pop("version", None)
         store = dict(context["kv"])
         try:
             output = run_guest(record["behaviour"], manifest, method, args, store)

@@ -21,8 +21,9 @@ ON = {"CALIMERO_MCP_READ_ONLY": "1"}
 READ_ONLY_SAYS = "this server runs read-only (CALIMERO_MCP_READ_ONLY)"
 HOW_TO_CHANGE = ("To allow changes, unset CALIMERO_MCP_READ_ONLY in this server's entry of the host configuration "
                  "(its env) and restart the server.")
+# Issue 26: the instruction says how writes come back, in the words the refusals use.
 INSTRUCTION = ("This server runs read-only (CALIMERO_MCP_READ_ONLY): it offers only tools that cannot change the "
-               "node, and call and call_many run [view] methods only.")
+               "node, and call and call_many run [view] methods only. " + HOW_TO_CHANGE)
 KV = "com.calimero.kv-store"
 BLOB = hashlib.sha256(b"hello calimero").hexdigest()
 
@@ -255,9 +256,13 @@ def test_call_and_call_many_refuse_every_method_that_is_not_view_per_item(serve,
 def test_a_read_write_server_still_runs_every_method(serve):
     double = sample_double()
     server = serve(double)
-    assert server.tool_json("call", {"app": "kv-store", "context": "demo", "method": "set",
-                                     "args": {"key": "k", "value": "v"}}) is None
+    result = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "set",
+                                       "args": {"key": "k", "value": "v"}})
     assert [e["method"] for e in double.executions] == ["set"]
+    demo = double.executions[0]["contextId"]
+    # set returns unit: the JSON null, then what ran where (issue 26)
+    assert result["content"] == [{"type": "text", "text": "null"}, {
+        "type": "text", "text": 'set ran in context %s (alias "demo"); it returns nothing.' % demo}], result
 
 
 def test_select_app_names_only_the_tools_offered(serve):
