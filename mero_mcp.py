@@ -50,12 +50,14 @@ SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 # characters, so the critical part comes first. One line per topic; a mode adds its own line at the end (Server).
 INSTRUCTION_LINES = (
     "Calimero apps describe themselves. Do not read app source. To use an app: list_applications, then "
-    "describe_app to plan or select_app to act, then pass the returned app_handle to app tools.",
+    "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call.",
     "call runs any method of any installed app by name (args keyed by parameter name), and call_many runs up to "
     "32 calls at once: they reach every method even when no tool for it is listed, as for an app installed during "
     "this session or a host that caps or defers tools. describe_app lists an app's methods.",
-    "An app tool needs app_handle or _context (a context id or alias): either is enough, and a handle's tool runs "
-    "in the context it names. Without a handle, call takes app and context instead.",
+    # The first line is reference-behaviour.md's, exact; this one says what stands in when no handle is at hand,
+    # so the two agree (issue 26).
+    "A handle's tool runs in the context the handle names. Without a handle, an app tool takes _context (a context "
+    "id or alias) instead, and call takes app and context.",
     "Name an app by its id, package, last package segment or display name, a context by its id or an alias, and a "
     "namespace or group by its id or name.",
     "App tools are named <app>_<method> (<app>_<service>_<method> for a multi-service app); each description "

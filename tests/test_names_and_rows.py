@@ -390,6 +390,6 @@ def test_upload_blob_says_what_hash_and_context_are_for(serve, node):
 def test_the_instructions_say_how_app_tools_route_and_how_groups_are_named(serve, node):
     server = serve(node.double, initialize=None)
     instructions = server.initialize()["instructions"]
-    assert "An app tool needs app_handle or _context (a context id or alias): either is enough" in instructions
+    assert "Without a handle, an app tool takes _context (a context id or alias) instead" in instructions
     assert "a namespace or group by its id or name" in instructions
     assert len(instructions) <= 2048

@@ -258,7 +258,9 @@ def test_read_only_instructions_say_how_writes_come_back(start_server, server_en
     instructions = server.result("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
                                                 "clientInfo": {"name": "t", "version": "1"}})["instructions"]
     assert "unset CALIMERO_MCP_READ_ONLY" in instructions and "restart the server" in instructions
-    assert "on every app tool call" not in instructions
+    # the flow (reference-behaviour.md's exact line) and the routing line agree: a handle, else _context
+    assert "either is enough" not in instructions
+    assert "Without a handle, an app tool takes _context (a context id or alias) instead" in instructions
 
 
 def test_create_context_uses_the_apps_only_namespace_or_says_what_comes_first(server, double):

@@ -58,9 +58,10 @@ def test_instructions_carry_the_session(bare):
     assert "even when no tool for it is listed" in reach
     assert "an app installed during this session" in reach and "caps or defers tools" in reach
     routing = next(line for line in lines if "_context" in line)
-    assert "needs app_handle or _context" in routing and "either is enough" in routing
-    assert "a context id or alias" in routing
-    assert "Without a handle, call takes app and context instead." in routing
+    # what stands in for a handle, said as the exception to the flow's "on every app tool call" (issue 26: the
+    # instructions agree with themselves; "either is enough" contradicted the flow)
+    assert routing == ("A handle's tool runs in the context the handle names. Without a handle, an app tool takes "
+                       "_context (a context id or alias) instead, and call takes app and context.")
     assert any("Name an app by its id, package, last package segment or display name" in line for line in lines)
     assert any("a namespace or group by its id or name" in line for line in lines)
     # the flow's tools are named before anything else
