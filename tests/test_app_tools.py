@@ -709,8 +709,9 @@ def test_handles_survive_a_restart(start_server, fresh, tmp_path):
 
 def test_call_by_handle_and_by_context(own, fresh):
     handle = handle_of(own, KV)
+    # a method returning unit: the JSON null, then what ran where (issue 26); a handle names no alias
     assert texts(own.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}})) \
-        == ["null"]
+        == ["null", "set ran in context %s; it returns nothing." % fresh.kv_ctx]
     result = own.call_tool("call", {"app": KV, "context": "demo", "method": "get", "args": {"key": "a"}})
     assert texts(result) == ["1"] and "structuredContent" not in result      # strings raw, no structuredContent
     result = own.call_tool("call", {"app": "KV Store", "context": fresh.kv_ctx, "method": "entries"})
@@ -828,14 +829,19 @@ def test_call_many_runs_in_order_and_one_failure_does_not_fail_the_batch(own, fr
     result = own.call_tool("call_many", {"calls": calls})
     assert not result.get("isError")
     items = json.loads(result["content"][0]["text"])
-    assert items[0] == {"ok": True, "result": None}
-    assert items[1] == {"ok": False, "error": "Error: key not found: zz"}
+    # each item names its place and the app, context and method it was given (issue 26)
+    assert items[0] == {"index": 0, "method": "set", "ok": True, "result": None}
+    assert items[1] == {"index": 1, "app": KV, "context": "demo", "method": "get_result", "ok": False,
+                        "error": "Error: key not found: zz"}
     assert items[2]["ok"] is False and items[2]["error"].startswith('Error: Method "nope" not found on')
-    assert items[3] == {"ok": False, "error": GENERIC_RETRY}
-    assert items[4] == {"ok": False, "error": "Error: Invalid arguments for set:\n- key: expected string, got 1\n"
-                                              "- value: missing required parameter"}
-    assert items[5] == {"ok": True, "result": 0}                 # a fresh counter reads 0
-    assert items[6] == {"ok": False, "error": INIT_REFUSAL}
+    assert (items[2]["index"], items[2]["method"]) == (2, "nope")
+    assert items[3] == {"index": 3, "method": "len", "ok": False, "error": GENERIC_RETRY}
+    assert items[4] == {"index": 4, "method": "set", "ok": False,
+                        "error": "Error: Invalid arguments for set:\n- key: expected string, got 1\n"
+                                 "- value: missing required parameter"}
+    assert items[5] == {"index": 5, "app": COUNTER, "context": fresh.counter_ctx[0], "method": "value", "ok": True,
+                        "result": 0}                              # a fresh counter reads 0
+    assert items[6] == {"index": 6, "method": "init", "ok": False, "error": INIT_REFUSAL}
     assert sorted(e["method"] for e in fresh.double.executions) == ["get_result", "set", "value"]
 
 
@@ -846,10 +852,12 @@ def test_call_many_item_of_the_wrong_shape_fails_alone(own, fresh):
                                                   {"app_handle": handle, "method": "len", "args": "nope"}, 7]})
     assert not result.get("isError"), result
     items = json.loads(result["content"][0]["text"])
-    assert items[0]["ok"] is False and "method" in items[0]["error"]
-    assert items[1] == {"ok": True, "result": 0}
-    assert items[2] == {"ok": False, "error": "Error: args must be an object keyed by parameter name, not a str."}
-    assert items[3]["ok"] is False and "object" in items[3]["error"]
+    assert items[0]["ok"] is False and "method" in items[0]["error"] and items[0]["index"] == 0
+    assert items[1] == {"index": 1, "method": "len", "ok": True, "result": 0}
+    assert items[2] == {"index": 2, "method": "len", "ok": False,
+                        "error": "Error: args must be an object keyed by parameter name, not a str."}
+    # an item that is no object still carries its index, and nothing it did not give
+    assert items[3]["ok"] is False and "object" in items[3]["error"] and set(items[3]) == {"index", "ok", "error"}
     assert [e["method"] for e in fresh.double.executions] == ["len"]
 
 
@@ -871,7 +879,9 @@ def test_call_many_runs_concurrently_and_reports_progress(start_server, tmp_path
         server = start_server(env_for(double.url, tmp_path))
         calls = [{"app": KV, "context": context, "method": "len"}] * 32
         result = server.call_tool("call_many", {"calls": calls}, meta={"progressToken": "batch-1"})
-        assert json.loads(result["content"][0]["text"]) == [{"ok": True, "result": 0}] * 32
+        assert json.loads(result["content"][0]["text"]) == [
+            {"index": index, "app": KV, "context": context, "method": "len", "ok": True, "result": 0}
+            for index in range(32)]
         assert len(double.executions) == 32 and double.max_inflight >= 8
         progress = [n["params"] for n in server.notifications if n["method"] == "notifications/progress"]
         assert [p["progress"] for p in progress] == list(range(1, 33))
