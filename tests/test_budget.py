@@ -106,8 +106,10 @@ def test_left_out_apps_stay_reachable(start_server, server_env, double):
     assert summary["tools"] == [], "no generated tools for an app outside the budget"
     handle = summary["app_handle"]
 
-    assert server.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}}) \
-        == {"content": [{"type": "text", "text": "null"}]}
+    ran = server.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}})
+    demo = double.executions[-1]["contextId"]
+    assert ran == {"content": [{"type": "text", "text": "null"},        # unit: null, then what ran where (issue 26)
+                               {"type": "text", "text": "set ran in context %s; it returns nothing." % demo}]}
     got = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "a"}})
     assert got == {"content": [{"type": "text", "text": "1"}]}
     refused = server.call_tool("call", {"app_handle": handle, "method": "get", "args": {"key": 5}})
