@@ -347,7 +347,7 @@ def without_leading_bom(lines):
     for line in lines:
         if first and line is not None and line.startswith(UTF8_BOM):
             line = line[len(UTF8_BOM):]
-        first = first and line is not None and not line.strip()
+        first = first and line is not None and not line.strip(JSON_WHITESPACE)
         yield line
 
 
@@ -374,6 +374,7 @@ def parse_line(raw):
     return message
 
 
+JSON_WHITESPACE = b" \t\r\n"     # RFC 8259's; a line of nothing else carries no message
 MAX_NESTING = 100            # levels of JSON in one message: well under the recursion limit of everything after
 TOO_DEEP = "nested more than %d levels deep (the message's own levels included), more than this server reads" % (
     MAX_NESTING)
@@ -569,7 +570,7 @@ class Scheduler:
         """Parse one line; a cancellation or a ping is dealt with at once (never behind a slow call); anything
         else is returned for the loop, each request with its ticket, made now so that a cancellation arriving
         while it waits its turn still reaches it."""
-        if raw is not None and not raw.strip():
+        if raw is not None and not raw.strip(JSON_WHITESPACE):
             return None                      # an empty line carries no message: nothing to answer
         try:
             message = parse_line(raw)

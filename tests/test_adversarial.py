@@ -156,6 +156,8 @@ def expect_request(message, annotation, state, in_batch):
 def expect_frame(raw, parsed, state):
     """Every answer one stdin line is owed, as (id, outcome) pairs, and whether they come as one batch answer.
     `parsed` is (object, annotation) as generated, or None to parse `raw` the way RFC 8259 says."""
+    if not raw.strip(b" \t\r\n"):
+        return [], False                             # a line of JSON whitespace alone carries no message
     if parsed is None:
         try:
             obj = deep_loads(raw)
