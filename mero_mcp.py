@@ -1449,12 +1449,10 @@ def resolved_ids(apps, t, arguments, call):
     if not named or not any(isinstance(arguments.get(argument), str) for argument in named):
         return arguments
     resolved = dict(arguments)
-    # A destructive tool never acts on a name matched only without case: it could be another's.
-    exact = bool(t.annotations.get("destructiveHint"))
     with call.reading():                     # two arguments naming groups share one walk of the node's groups
         for argument, kind in named.items():
             if isinstance(arguments.get(argument), str):
-                carrier = apps.resolve_group(arguments[argument], argument, kind, exact)
+                carrier = apps.resolve_group(arguments[argument], argument, kind)
                 resolved[argument] = carrier.id
                 call.named[argument] = carrier
     return resolved
@@ -2074,7 +2072,7 @@ def delete_context(args, call):
         except node_module().NodeError as error:
             raise ToolError("Context %s was deleted, but not its aliases %s: %s Retry delete_alias for each."
                             % (context_id, ", ".join(naming[index:]), node_error_text(error).rstrip(".") + "."))
-    return dict(answer, aliasesDeleted=naming)
+    return dict(answer, contextId=context_id, aliasesDeleted=naming)
 
 
 @tool("create_alias", "Create an alias for a context.",
@@ -2479,6 +2477,9 @@ def namesakes_of(apps, name, call, namespaces_only=False):
 
 
 def with_namesakes(created, name, namesakes):
+    """What a create made, with the name it was given (when one was), and a note when another carries it too."""
+    if name is not None:
+        created = dict(created, name=name)
     if not namesakes:
         return created
     return dict(created, note='The name "%s" is also carried by %s: a name names one thing only while it is '
@@ -3762,11 +3763,12 @@ class Apps:
         return 'Contexts for "%s": %s' % (label, some_contexts(ids, label) or "(none)")
 
     # ---- namespaces and groups ----
-    def resolve_group(self, value, argument, kind="group", exact=False):
+    def resolve_group(self, value, argument, kind="group"):
         """The Carrier (its 64-hex id; name and kind when read) a namespace (`kind` "namespace") or group argument
         names: an id as given, without a read; else the one namespace, or with "group" the one namespace or
-        subgroup, whose name it is, compared as given (exact, else without case unless `exact`). None or several
-        is a ToolError naming the argument, and nothing is done."""
+        subgroup, whose name it is, compared exactly as given, for every tool: a name in another case is refused
+        naming the spellings there are (a destructive tool must never act on another's). None or several is a
+        ToolError naming the argument, and nothing is done."""
         name = value
         if not name.strip():
             raise ToolError("%s must name a %s: its id or its name." % (argument, GROUP_KINDS[kind]))
@@ -3781,7 +3783,7 @@ class Apps:
             if groups:                           # a subgroup's name where a namespace is asked: never the subgroup
                 raise ToolError('%s: "%s" is the name of %s, not of a namespace. Pass a namespace id or name; '
                                 "list_namespaces lists them." % (argument, name, carriers_text(groups)))
-        if exact and found and all(c.name != name for c in found):
+        if found and all(c.name != name for c in found):
             raise ToolError('%s: no %s is named exactly "%s"; %s. Nothing was done; pass the name as it is spelled, '
                             "or the id." % (argument, GROUP_KINDS[kind], name, "named in another case: "
                                             + carriers_text(found)))

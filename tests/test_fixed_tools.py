@@ -429,7 +429,8 @@ def test_join_context_by_id_and_by_alias(server, double):
 
 def test_delete_context_resolves_an_alias_first(server, double):
     context_id = context_of(double)
-    assert server.tool_json("delete_context", {"context": "demo"}) == {"isDeleted": True, "aliasesDeleted": ["demo"]}
+    assert server.tool_json("delete_context", {"context": "demo"}) == {"isDeleted": True, "contextId": context_id,
+                                                                       "aliasesDeleted": ["demo"]}
     assert [e["path"] for e in double.requests_to("DELETE")] == ["/admin-api/contexts/" + context_id]
     missing = error_text(server.call_tool("delete_context", {"context": "gone"}))
     assert missing == 'Error: Context "gone" is neither a context id nor an alias on this node.'
@@ -670,7 +671,8 @@ def made_by(double, call):
 def test_create_group_in_a_namespace_defaults_to_open(server, double):
     namespace = namespace_of(double)
     made, answer = made_by(double, lambda: server.tool_json("create_group", {"namespace": namespace, "name": "ops"}))
-    assert answer == {"groupId": made, "parentId": namespace, "namespaceId": namespace, "visibility": "open"}
+    assert answer == {"groupId": made, "parentId": namespace, "namespaceId": namespace, "visibility": "open",
+                      "name": "ops"}
     assert double._groups[made]["parent"] == namespace and double._groups[made]["name"] == "ops"
     assert double._groups[made]["visibility"] == "open"
     server.tool_json("create_group", {"namespace": namespace, "visibility": "restricted"})
@@ -683,7 +685,8 @@ def test_create_nested_group_takes_the_parents_application(server, double):
     parent = double.add_group(namespace=namespace, name="parent")
     group_id, answer = made_by(double, lambda: server.tool_json("create_group", {
         "namespace": namespace, "parent": parent, "name": "kid", "visibility": "open"}))
-    assert answer == {"groupId": group_id, "parentId": parent, "namespaceId": namespace, "visibility": "open"}
+    assert answer == {"groupId": group_id, "parentId": parent, "namespaceId": namespace, "visibility": "open",
+                      "name": "kid"}
     assert double.requests_to("GET", "/admin-api/groups/" + parent)
     assert bodies(double, "POST", "/admin-api/groups") == [
         {"applicationId": double._app_key(KV), "name": "kid", "parentGroupId": parent}]

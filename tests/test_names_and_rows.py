@@ -160,12 +160,16 @@ def test_a_namespace_argument_never_takes_a_subgroup_by_name(serve, node):
     assert "2 namespaces and groups are named" in error_text(server.call_tool("list_group_members", {"group": "lab"}))
 
 
-def test_an_exact_name_wins_over_one_in_another_case(serve, node):
+def test_a_name_is_taken_exactly_as_given_by_every_tool(serve, node):
     server = serve(node.double)
-    assert server.tool_json("list_group_members", {"group": "Beta"})["members"]        # another case: still beta
+    refused = error_text(server.call_tool("list_group_members", {"group": "Beta"}))    # a read refuses it too
+    assert refused == ('Error: group: no namespace or group is named exactly "Beta"; named in another case: '
+                       'subgroup %s ("beta", in namespace %s). Nothing was done; pass the name as it is spelled, or '
+                       'the id.' % (node.beta, node.lab))
     assert "Error: group: no namespace or group on this node is named \" beta\"" in error_text(
         server.call_tool("list_group_members", {"group": " beta"}))                     # a name is taken as given
-    assert node.double.requests_to("GET", "/admin-api/groups/%s/members" % node.beta)
+    assert not node.double.requests_to("GET", "/admin-api/groups/%s/members" % node.beta)
+    assert server.tool_json("list_group_members", {"group": "beta"})["members"]
     exact = node.double.add_group(namespace=node.team, name="Beta")
     server.tool_json("list_group_members", {"group": "Beta"})
     assert node.double.requests_to("GET", "/admin-api/groups/%s/members" % exact)
@@ -304,7 +308,7 @@ def test_delete_context_deletes_the_aliases_naming_it(serve, rows):
     node.double.add_alias("other", node.plain)
     server = serve(node.double)
     answer = server.tool_json("delete_context", {"context": "kv-main"})
-    assert answer == {"isDeleted": True, "aliasesDeleted": ["kv-main", "notes-too"]}
+    assert answer == {"isDeleted": True, "contextId": node.notes, "aliasesDeleted": ["kv-main", "notes-too"]}
     for gone in ("kv-main", "notes-too"):
         assert text_of(server.call_tool("lookup_alias", {"name": gone})) == 'No alias named "%s" on this node.' % gone
     assert server.tool_json("lookup_alias", {"name": "other"})["contextId"] == node.plain
@@ -340,7 +344,8 @@ def test_create_group_answers_where_it_sits_and_who_may_join(serve, node):
     server, groups = serve(node.double), node.double._groups
     made, direct = made_by(node.double, lambda: server.tool_json("create_group", {"namespace": "team",
                                                                                   "name": "open-one"}))
-    assert direct == {"groupId": made, "parentId": node.team, "namespaceId": node.team, "visibility": "open"}
+    assert direct == {"groupId": made, "parentId": node.team, "namespaceId": node.team, "visibility": "open",
+                      "name": "open-one"}
     assert groups[made]["parent"] == node.team and groups[made]["name"] == "open-one"
     made, restricted = made_by(node.double, lambda: server.tool_json("create_group", {"namespace": "team",
                                                                                       "visibility": "restricted"}))
