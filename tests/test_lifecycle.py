@@ -1,4 +1,4 @@
-"""Issue 18, every create has its undo: the lifecycle tools (sync_context, get_blob, describe_group,
+"""Every create has its undo: the lifecycle tools (sync_context, get_blob, describe_group,
 remove_group_members, set_member_role, delete_group, upgrade_group), install from a path, describe_app's versions and
 node_status's peers and identity, through the real server against the double: what reached the node (`double.log`)
 and what came back, on the newest nodes and on the older forms node-api.md §0.6 names (`legacy_lifecycle`)."""

@@ -1,4 +1,4 @@
-"""Issue 17, "A model finishes the task on the first try": namespaces and groups by name wherever an id is asked,
+"""Names and rows a model can use on the first try: namespaces and groups by name wherever an id is asked,
 list rows a model can read without matching hashes, results that show what happened (create_context's alias,
 delete_context's alias cleanup, delete_alias, create_group's answer, describe_app for a multi-service app,
 upload_blob's text), and the words that say so. Through the real server against the double."""

@@ -1,4 +1,4 @@
-"""No argument silently overridden (issue 11, point 6): create_context's group of another application, create_group's
+"""No argument silently overridden: create_context's group of another application, create_group's
 parent outside its namespace, select_app's service beside a context that runs another. Each refusal happens before
 the node is asked to create anything, which the double's log shows."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Read-only mode (CALIMERO_MCP_READ_ONLY, issue 12): the one least-privilege switch an agent's admin credential can
+"""Read-only mode (CALIMERO_MCP_READ_ONLY): the one least-privilege switch an agent's admin credential can
 have. Tool by tool, through the real server against the node double: every tool is either left out of tools/list
 (and refused by name, nothing reaching the node) or proven harmless (called, the double's log shows only reads);
 call and call_many refuse, per item, every method that is not [view]. Both protocol eras.

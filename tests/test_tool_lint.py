@@ -1,4 +1,4 @@
-"""Every tool definition, in both protocol eras, against the rules the real hosts apply (issue 11 "Portable schemas"),
+"""Every tool definition, in both protocol eras, against the rules the real hosts apply (portable schemas),
 with every manifest of tests/manifests/ and of ../shared/fixtures/abi/ (skipped when absent) installed in the double:
 
 - a name matches ^[A-Za-z_][A-Za-z0-9_-]*$ and fits 64 behind a 15-character `mcp__<server>__` prefix (Gemini's rules

@@ -1,4 +1,4 @@
-"""The tool surface as a host carries it (issue 11), through the real server against the node double: no argument
+"""The tool surface as a host carries it, through the real server against the node double: no argument
 silently ignored, structured results that validate even when a value is null, app-authored names made fit for
 titles and rows, and a tool list that needs no validator library.
 """

@@ -1,4 +1,4 @@
-"""One call, one state (issue 24): what a call reads or decides is its own, a cancelled call sends no change it
+"""One call, one state: what a call reads or decides is its own, a cancelled call sends no change it
 had not sent when the cancel came, and destructive tools act on exactly what was named.
 
 Every test drives the real server over stdio against the node double; a slow route (`NodeDouble.slow`) holds a

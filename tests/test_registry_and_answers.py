@@ -1,4 +1,4 @@
-"""What a model asks next is already answered (issue 26): the registry browsable, what ran where, renames that hold,
+"""What a model asks next is already answered: the registry browsable, what ran where, renames that hold,
 subgroups found, the invitation's hand-over, one version story, writes that name what they did, call_many items
 named, instructions that agree, create_context finding its namespace. Through the real server against the double."""
 from __future__ import annotations
