@@ -1843,7 +1843,8 @@ def after_key(row, key, new_key, value):
     return placed
 
 
-@tool("list_contexts", "Contexts on this node, of every application or of one.",
+@tool("list_contexts", "Contexts on this node, of every application or of one; each row says the version it runs "
+      "and whether it is behind its namespace's.",
       {"application": text_property("Only this app's."),
        "verbose": flag_property("Also state hash and DAG heads."),
        "cursor": CURSOR},
@@ -2506,7 +2507,8 @@ def invite_to_namespace(args, call):
         app = None                          # the invitation exists: the note names the app in general words
     runs = ("install_application %s@%s if it lacks it" % (app.package, app.version) if app
             else "install the namespace's app if it lacks it")
-    note = ("Hand over this invitation object unchanged and namespace id %s. The other node then runs: %s; "
+    note = ("Hand over the JSON below whole (join_namespace's invitation, unchanged) and namespace id %s. The "
+            "other node then runs: %s; "
             "join_namespace with both; join_context for each context (list_contexts there shows them)."
             % (namespace, runs))
     # Compact: the signed object's byte arrays take a line per byte when indented.

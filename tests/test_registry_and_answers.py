@@ -143,7 +143,8 @@ def test_an_invitation_says_what_to_hand_over_and_what_the_other_node_runs(serve
     invited = server.call_tool("invite_to_namespace", {"namespace": "demo-team"})
     assert not invited.get("isError"), invited
     note = invited["content"][0]["text"]
-    assert note == ("Hand over this invitation object unchanged and namespace id %s. The other node then runs: "
+    assert note == ("Hand over the JSON below whole (join_namespace's invitation, unchanged) and namespace id %s. "
+                    "The other node then runs: "
                     "install_application com.calimero.kv-store@1.0.0 if it lacks it; join_namespace with both; "
                     "join_context for each context (list_contexts there shows them)." % namespace)
     assert json.loads(invited["content"][-1]["text"]) == invited["structuredContent"]
