@@ -66,6 +66,25 @@ def tuned_server(env, setup, python=sys.executable, check="hasattr(mero_mcp, 'ma
     return McpServer(env, command=[str(python), "-c", script])
 
 
+def responses_to(server, request_id):
+    """Every response `server` has sent for `request_id` so far (in a batch answer too)."""
+    found = []
+    for line in server.raw_lines:
+        frame = json.loads(line)
+        for item in frame if isinstance(frame, list) else [frame]:
+            if item.get("id") == request_id and ("result" in item or "error" in item):
+                found.append(item)
+    return found
+
+
+def wait_until(predicate, what, timeout=60.0):
+    """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds (a "did not hang" bound)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.01)
+
+
 class McpServer:
     def __init__(self, env, args=(), command=None):
         self.proc = subprocess.Popen(

@@ -5,12 +5,11 @@ while every other request still waits its turn (one request handled at a time).
 """
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from mcp_client import MODERN_META, tuned_server
+from mcp_client import MODERN_META, responses_to, tuned_server, wait_until
 from node_double import sample_double
 
 ITEMS = 32
@@ -54,29 +53,12 @@ def handle_of():
     return select
 
 
-def wait_until(predicate, what, timeout=LONG):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting for " + what
-        time.sleep(0.01)
-
-
 def assert_no_late_answer(server, double, request_id):
     """Once the node has answered every call it was sent (the cancelled one's too) and a ping has gone round
     after that, a cancelled request's answer would have been written: there is none."""
     wait_until(lambda: double.unanswered("POST", "/jsonrpc") == [], "the node to answer every call")
     assert server.result("ping") == {}
-    assert frames_with_id(server, request_id) == [], "a cancelled request must get no response"
-
-
-def frames_with_id(server, request_id):
-    found = []
-    for line in server.raw_lines:
-        frame = json.loads(line)
-        for item in frame if isinstance(frame, list) else [frame]:
-            if item.get("id") == request_id and ("result" in item or "error" in item):
-                found.append(item)
-    return found
+    assert responses_to(server, request_id) == [], "a cancelled request must get no response"
 
 
 def test_cancelled_call_many_stops_what_has_not_started(slow_env, slow_double, handle_of):
@@ -96,7 +78,7 @@ def test_cancelled_call_many_stops_what_has_not_started(slow_env, slow_double, h
         ran = len(slow_double.executions) - before
         assert 0 < ran < ITEMS, "cancel stopped nothing: %d of %d items ran" % (ran, ITEMS)
         assert ran <= ITEMS // 2, "%d items ran although the cancel came while %d were running" % (ran, WORKERS)
-        assert frames_with_id(server, "many") == [], "a cancelled request must get no response"
+        assert responses_to(server, "many") == [], "a cancelled request must get no response"
         progress = [n for n in server.notifications if n.get("method") == "notifications/progress"]
         assert len(progress) <= ran and all(n["params"]["progressToken"] == "p" for n in progress)
         assert server.result("ping") == {}
@@ -116,7 +98,7 @@ def test_cancelled_call_gets_no_response(start_server, slow_env, slow_double, ha
     wait_until(lambda: len(slow_double.executions) > before, "the call to reach the node")
     server.notify("notifications/cancelled", {"requestId": 41})
     assert server.request("tools/list", request_id=42, timeout=LONG)["id"] == 42
-    assert frames_with_id(server, 41) == []
+    assert responses_to(server, 41) == []
     # The same id type, a different value, is not affected; and the id may be reused for a new request.
     assert server.request("ping", request_id=41)["result"] == {}
 
@@ -165,7 +147,7 @@ def test_cancelling_a_finished_request_is_ignored(start_server, server_env):
     server.notify("notifications/cancelled", {"requestId": 7})
     again = server.request("tools/call", {"name": "list_applications", "arguments": {}}, request_id=8)
     assert not again["result"].get("isError")
-    assert len(frames_with_id(server, 7)) == 1 and len(frames_with_id(server, 8)) == 1
+    assert len(responses_to(server, 7)) == 1 and len(responses_to(server, 8)) == 1
 
 
 def test_cancel_sent_as_a_request_is_answered(start_server, server_env):
@@ -213,7 +195,7 @@ def test_a_request_cancelled_while_it_waits_never_runs(start_server, slow_env, s
                                      "args": {"key": "cancelled-key"}})["content"][0]["text"] == "null"
     methods = [e["method"] for e in slow_double.executions[before:]]
     assert methods == ["len", "len", "get"], methods
-    assert len(frames_with_id(server, "queued")) == 1
+    assert len(responses_to(server, "queued")) == 1
 
 
 def test_a_request_cancelled_while_it_waits_stays_cancelled_when_its_id_returns(
@@ -230,7 +212,7 @@ def test_a_request_cancelled_while_it_waits_stays_cancelled_when_its_id_returns(
     assert server.result("ping") == {}
     writes = [e["argsJson"]["key"] for e in slow_double.executions[before:] if e["method"] == "set"]
     assert writes == ["second"]
-    assert len(frames_with_id(server, 9)) == 1
+    assert len(responses_to(server, 9)) == 1
 
 
 def test_a_batch_item_cancelled_while_it_waits_never_runs(start_server, slow_env, slow_double, handle_of):
@@ -243,7 +225,7 @@ def test_a_batch_item_cancelled_while_it_waits_never_runs(start_server, slow_env
     assert server.result("ping") == {}
     writes = [e["argsJson"]["key"] for e in slow_double.executions[before:] if e["method"] == "set"]
     assert writes == ["kept"]
-    assert frames_with_id(server, "b") == []
+    assert responses_to(server, "b") == []
 
 
 HELD = 2 * LONG                  # a node call held this long is still running when the test looks (it releases it)
@@ -272,7 +254,7 @@ def test_cancelling_a_running_call_frees_the_server_at_once(start_server, slow_e
     assert len(slow_double.unanswered("POST", "/jsonrpc")) == 1, "the queue waited for the cancelled call"
     slow_double.release()                          # the cancelled node request ends now: its answer is dropped
     assert_no_late_answer(server, slow_double, "stuck")
-    assert len(frames_with_id(server, "queued")) == 1
+    assert len(responses_to(server, "queued")) == 1
 
 
 def test_each_cancel_of_a_running_call_hands_the_server_on(start_server, slow_env, slow_double, handle_of):

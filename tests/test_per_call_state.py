@@ -13,6 +13,7 @@ import time
 import pytest
 
 import node
+from mcp_client import responses_to, wait_until
 from node_double import sample_double
 
 LONG = 30.0
@@ -21,24 +22,6 @@ KV = "com.calimero.kv-store"
 
 def text_of(result):
     return result["content"][-1]["text"]
-
-
-def answers_to(server, request_id):
-    """Every response the server sent for `request_id` so far."""
-    found = []
-    for line in server.raw_lines:
-        frame = json.loads(line)
-        for item in frame if isinstance(frame, list) else [frame]:
-            if item.get("id") == request_id and ("result" in item or "error" in item):
-                found.append(item)
-    return found
-
-
-def wait_until(predicate, what, timeout=LONG):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting for " + what
-        time.sleep(0.01)
 
 
 def send_call(server, request_id, name, arguments):
@@ -83,7 +66,7 @@ def test_after_a_cancelled_slow_call_a_new_alias_resolves(serve, kv):
     assert not done.get("isError"), done
     assert [e["contextId"] for e in executions(kv, "set")] == [other]
     time.sleep(1.2)                                 # the cancelled call's read comes back now
-    assert answers_to(server, "slow") == []
+    assert responses_to(server, "slow") == []
     assert executions(kv, "len") == []              # an execute is a POST: cancelled before it left
 
 
@@ -102,7 +85,7 @@ def test_after_a_cancelled_slow_call_a_second_namespace_makes_the_name_ambiguous
     assert {first, second} <= set(kv._groups), "nothing may be deleted on an ambiguous name"
     assert [e for e in kv.log if e["method"] == "DELETE"] == []
     time.sleep(1.2)
-    assert answers_to(server, "slow") == []
+    assert responses_to(server, "slow") == []
 
 
 # ---- 2. a cancel stops node writes ----
@@ -123,7 +106,7 @@ def test_a_cancelled_write_is_never_sent_and_the_next_write_stands(serve, kv):
     time.sleep(0.3)
     assert [e["argsJson"]["value"] for e in executions(kv, "set")] == ["new"]
     assert kv._contexts[kv.demo]["kv"]["k"] == "new"
-    assert answers_to(server, "old") == []
+    assert responses_to(server, "old") == []
 
 
 def test_a_cancelled_delete_context_deletes_nothing(serve, kv):
@@ -137,7 +120,7 @@ def test_a_cancelled_delete_context_deletes_nothing(serve, kv):
     assert kv.demo in kv._contexts
     assert [e for e in kv.log if e["method"] == "DELETE"] == []
     assert server.result("ping") == {}
-    assert answers_to(server, "del") == []
+    assert responses_to(server, "del") == []
 
 
 def test_200_requests_with_cancels_mixed_in(serve, kv):
@@ -171,9 +154,9 @@ def test_200_requests_with_cancels_mixed_in(serve, kv):
         server.wait_for(request_id, timeout=LONG)
     time.sleep(0.8)                                 # the slow reads of the cancelled calls have all come back
     for request_id in kept:
-        assert len(answers_to(server, request_id)) == 1, request_id
-        assert "error" not in answers_to(server, request_id)[0]
-    assert [r for r in cancelled if answers_to(server, r)] == []
+        assert len(responses_to(server, request_id)) == 1, request_id
+        assert "error" not in responses_to(server, request_id)[0]
+    assert [r for r in cancelled if responses_to(server, r)] == []
     assert [e for e in executions(kv, "set") if e["contextId"] == slow_context] == []
     assert kv._contexts[slow_context]["kv"] == {}
     written = sorted(kv._contexts[kv.demo]["kv"])
