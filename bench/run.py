@@ -29,7 +29,7 @@ import requests  # noqa: E402
 import node  # noqa: E402
 
 import fixture_apps  # noqa: E402
-from mcp_client import FIXED_TOOLS_BUDGET, minimal_env  # noqa: E402
+from mcp_client import FIXED_TOOL_BYTES, minimal_env  # noqa: E402
 import node_double  # noqa: E402
 from node_double import NodeDouble, sample_double  # noqa: E402
 from synthetic import APPS, METHODS_PER_APP, bench_app_specs  # noqa: E402
@@ -645,8 +645,9 @@ def tool_surface_rows(f):
         row("generated tool, name+description+inputSchema", "%d B" % f["median"], "<= 300 B", f["median"] <= 300),
         row("  p90", "%d B" % f["p90"], "", None),
         row("  whole tools/list entry", "%d B" % f["entry_median"], "", None),
-        row("fixed tools (%d) together, name+description+inputSchema" % f["fixed"], "%d B" % f["fixed_total"],
-            "<= %d B" % FIXED_TOOLS_BUDGET, f["fixed_total"] <= FIXED_TOOLS_BUDGET),
+        row("fixed tools (%d), name+description+inputSchema, mean" % f["fixed"], "%d B (%d B together)" % (
+            f["fixed_total"] / f["fixed"], f["fixed_total"]), "<= %d B" % FIXED_TOOL_BYTES,
+            f["fixed_total"] <= FIXED_TOOL_BYTES * f["fixed"]),
         row("  whole tools/list entries", "%d B" % f["fixed_entries"], "", None),
     ]
 
@@ -1002,9 +1003,9 @@ def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_r
                  ("what a model reads of one generated tool (name + description + inputSchema), median",
                   "%d B (p90 %d B)" % (surface["median"], surface["p90"]),
                   target("≤ 300 B", surface["median"] <= 300, why=True)),
-                 ("the same for all %d fixed tools together" % surface["fixed"], "{:,} B".format(
-                     surface["fixed_total"]), target("≤ {:,} B".format(FIXED_TOOLS_BUDGET),
-                                                  surface["fixed_total"] <= FIXED_TOOLS_BUDGET))]
+                 ("the same for a fixed tool, on average over all %d" % surface["fixed"], "{:,} B ({:,} B together)"
+                  .format(surface["fixed_total"] // surface["fixed"], surface["fixed_total"]),
+                  target("≤ %d B" % FIXED_TOOL_BYTES, surface["fixed_total"] <= FIXED_TOOL_BYTES * surface["fixed"]))]
     added = f["via_server"] - f["direct"]
     many = f["many_handle"] / f["one_handle"]
     rows += [("`tools/list` with {:,} tools".format(f["listed"]), rms(f["list"]),

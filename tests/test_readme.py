@@ -3,7 +3,7 @@ double on a free port, with the output the README shows.
 
 Substitutions, and only these: `python3` becomes this interpreter (it has requests and jsonschema), the README's
 port 2530 a free one, `/path/to/mero-mcp` this checkout. A command block followed by a `text` block must print
-those lines: a line `…` stands for any lines, a line ending in `…` for any line that starts so.
+those lines: a line `…` stands for any lines, a `…` within a line for any text there.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from mcp_client import ROOT, McpServer, minimal_env
+from mcp_client import APP_TOOLS, ROOT, McpServer, fixed_names, fixed_snapshot, minimal_env
 
 README = ROOT / "README.md"
 SECTION = "## Try it by hand"
@@ -52,7 +52,7 @@ def free_port():
 
 
 def assert_lines_match(actual, expected):
-    """`expected` in order; a line `…` skips any number of lines, a line ending in `…` matches by prefix."""
+    """`expected` in order; a line `…` skips any number of lines, a `…` within a line matches any text there."""
     actual = actual.splitlines()
     position, skipping = 0, False
     for wanted in expected.splitlines():
@@ -63,7 +63,7 @@ def assert_lines_match(actual, expected):
             assert position < len(actual), "README line not printed: %r\nprinted:\n%s" % (wanted, "\n".join(actual))
             line = actual[position]
             position += 1
-            matched = line.startswith(wanted[:-1]) if wanted.endswith(ELLIPSIS) else line == wanted
+            matched = re.fullmatch(".*".join(map(re.escape, wanted.split(ELLIPSIS))), line) is not None
             if matched:
                 break
             assert skipping, "README says %r, printed %r\nprinted:\n%s" % (wanted, line, "\n".join(actual))
@@ -239,10 +239,10 @@ REGISTER = "## Register it with your agent"
 HOSTS = ("Claude Code", "Claude Desktop", "Cursor", "VS Code", "Codex", "Gemini CLI")
 README_NODE = "http://localhost:2528"
 CURSOR_LIMIT = 40
-CURSOR_COUNT = re.compile(r"Cursor count: (\w[\w,]*) keeps (\d+) fixed tools, and the sample node's two apps add "
-                          r"(\d+), so (\d+) of Cursor's 40\.")
-CURSOR_MORE = re.compile(r'"CALIMERO_MCP_TOOLSETS": "([\w,]+)"`: (\d+) fixed tools, and (\d+) with\s+the sample\'s (\d+), '
-                         r'past 40\)')
+# Counts a new fixed tool leaves true: each toolset's own count is stated once, in "What the agent sees".
+CURSOR_COUNT = re.compile(r"Cursor count: `(\w[\w,]*)` and the sample node's two apps \((\d+) tools\) stay within "
+                          r"Cursor's 40\.")
+CURSOR_MORE = re.compile(r'"CALIMERO_MCP_TOOLSETS": "([\w,]+)"`, past 40 with the sample\'s\s+(\d+)\)')
 
 
 def section(heading):
@@ -342,23 +342,22 @@ def test_every_host_snippet_starts_the_server_as_pasted(host, sample_node):
 
 
 def assert_cursor_count(env, tools):
-    """The README's Cursor arithmetic is the live tool list's: the toolsets it names, the fixed tools they keep, the
-    sample's app tools, the total, within 40."""
+    """The README's Cursor claim is the live tool list's: the toolsets it names, the sample's app tools, and the
+    whole list within 40."""
     said = CURSOR_COUNT.search(section(REGISTER))
     assert said, "the Cursor part states no count a test can check"
-    toolsets, fixed, generated, total = said.group(1), int(said.group(2)), int(said.group(3)), int(said.group(4))
+    toolsets, generated = said.group(1), int(said.group(2))
     live_fixed = sum(1 for tool in tools if "_meta" not in tool)
     assert env.get("CALIMERO_MCP_TOOLSETS") == toolsets, env
-    assert (fixed, generated, total) == (live_fixed, len(tools) - live_fixed, len(tools)), \
-        "README: %s = %d + %d; live: %d + %d" % (said.group(0), fixed, generated, live_fixed, len(tools) - live_fixed)
-    assert fixed + generated == total <= CURSOR_LIMIT
+    assert generated == len(tools) - live_fixed, "README: %s; live: %d app tools" % (said.group(0), len(tools) - live_fixed)
+    assert len(tools) <= CURSOR_LIMIT, "%d tools with %s, past Cursor's 40" % (len(tools), toolsets)
 
 
 def assert_cursor_more(sample_node, command, env):
     """The toolsets the Cursor part names for the governance tools add up as it says, past Cursor's 40."""
     said = CURSOR_MORE.search(section(REGISTER))
     assert said, "the Cursor part says what the governance toolset adds up to"
-    toolsets, fixed, total, generated = said.group(1), int(said.group(2)), int(said.group(3)), int(said.group(4))
+    toolsets, generated = said.group(1), int(said.group(2))
     server = McpServer(dict(sample_node.env, **dict(env, CALIMERO_MCP_TOOLSETS=toolsets)), command=command)
     try:
         server.initialize()
@@ -366,8 +365,8 @@ def assert_cursor_more(sample_node, command, env):
     finally:
         server.close()
     live_fixed = sum(1 for tool in tools if "_meta" not in tool)
-    assert (fixed, generated, total) == (live_fixed, len(tools) - live_fixed, len(tools)), said.group(0)
-    assert fixed + generated == total > CURSOR_LIMIT
+    assert generated == len(tools) - live_fixed, said.group(0)
+    assert len(tools) > CURSOR_LIMIT, "%d tools with %s: README says past 40" % (len(tools), toolsets)
 
 
 # ── The rest a newcomer runs first ─────────────────────────────────────────────────────────────────────────
@@ -411,7 +410,9 @@ def test_make_run_writes_only_the_protocol_to_stdout(tmp_path):
 def test_the_matcher_fails_where_it_should():
     assert_lines_match("a\nb\nc", "a\n…\nc")
     assert_lines_match("abc\nx", "ab…\nx")
-    for printed, wanted in (("a\nb", "a"), ("a", "a\nb"), ("a\nb", "b"), ("abc", "abd…")):
+    assert_lines_match("Tools: 50 (39 fixed)", "Tools: … (… fixed)")
+    for printed, wanted in (("a\nb", "a"), ("a", "a\nb"), ("a\nb", "b"), ("abc", "abd…"), ("a (1 b)", "a (… c)"),
+                            ("xa", "a…")):
         with pytest.raises(AssertionError):
             assert_lines_match(printed, wanted)
 
@@ -454,3 +455,40 @@ def test_the_offline_suite_command_collects_every_test(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
     collected = re.fullmatch(r"(\d+) tests collected in [\d.]+s", done.stdout.splitlines()[-1])   # no ", N errors"
     assert collected and int(collected.group(1)) > 1000, done.stdout[-500:]
+
+
+# ── What the agent sees: the toolsets as the README lists them, against the fixed tools' snapshot ──────────
+
+AGENT_SEES = "## What the agent sees"
+TOOLSET_BULLET = re.compile(r"^- \*\*(\w+)\*\* \(([^)]*?)(\d+) tools\):(.*?)(?=^- \*\*|\Z)", re.S | re.M)
+
+
+def toolset_parts():
+    """{bullet title: the tools it lists}: core's own, each other toolset's beyond core, the application tools."""
+    toolsets = fixed_snapshot()["toolsets"]
+    parts = {"Application": set(APP_TOOLS), "Core": set(toolsets["core"]) - APP_TOOLS}
+    parts.update({name.capitalize(): set(names) - set(toolsets["core"]) for name, names in toolsets.items()
+                  if name != "core"})
+    return parts
+
+
+def test_each_toolset_is_listed_whole_with_its_count():
+    """The one place the README counts fixed tools: each toolset's bullet names all its tools, and no other."""
+    tools, parts = set(fixed_names()), toolset_parts()
+    listed = {}
+    for title, _, count, body in TOOLSET_BULLET.findall(section(AGENT_SEES)):
+        names = set(re.findall(r"`([a-z]+(?:_[a-z]+)*)`", body))
+        unknown = {n for n in names if "_" in n and n not in tools}
+        assert not unknown, "README's %s names tools there are not: %s" % (title, sorted(unknown))
+        listed[title] = names & tools
+        assert int(count) == len(listed[title]), "README's %s says %s tools, lists %d" % (title, count,
+                                                                                         len(listed[title]))
+    assert listed == parts, "README lists %s; tools/list carries %s" % (listed, parts)
+
+
+def test_read_only_mode_offers_what_the_readme_says():
+    offered = next(line for line in section("### Read-only mode").split("\n- ") if line.startswith("Offered:"))
+    offered = offered.split(", and the generated tools")[0]
+    named = re.findall(r"`([a-z_]+)(…)?`", offered)
+    said = {name for name in fixed_names() if any(name == n or (more and name.startswith(n)) for n, more in named)}
+    assert said == set(fixed_names(read_only=True)), said ^ set(fixed_names(read_only=True))

@@ -5,7 +5,7 @@ repeating them; a change of a fixed tool is one `make snapshot` and a reviewable
 import difflib
 import json
 
-from mcp_client import FIXED_TOOLS_BUDGET, SNAPSHOT, TOOLSETS, fixed_names, fixed_snapshot, live_snapshot, \
+from mcp_client import APP_TOOLS, FIXED_TOOL_BYTES, SNAPSHOT, TOOLSETS, fixed_names, fixed_snapshot, live_snapshot, \
     snapshot_text
 
 
@@ -26,14 +26,16 @@ def test_the_toolsets_divide_the_fixed_tools():
     assert fixed_names() == names and len(set(names)) == len(names)
     assert set().union(*(snapshot["toolsets"][t] for t in TOOLSETS)) == set(names)
     for toolset in TOOLSETS:
-        assert {"describe_app", "select_app", "call", "call_many"} <= set(snapshot["toolsets"][toolset]), toolset
+        assert APP_TOOLS <= set(snapshot["toolsets"][toolset]), toolset
     assert {"call", "call_many", "node_status"} <= set(snapshot["read_only"]) < set(names)
     assert "delete_context" not in snapshot["read_only"]
 
 
 def test_what_a_model_reads_of_the_fixed_tools_stays_within_the_budget():
-    """name + description + inputSchema of all fixed tools together, as compact UTF-8 JSON."""
+    """name + description + inputSchema of all fixed tools together, as compact UTF-8 JSON, within the budget of
+    their count."""
+    tools = fixed_snapshot()["tools"]
     size = sum(len(json.dumps({k: t[k] for k in ("name", "description", "inputSchema")}, separators=(",", ":"),
-                              ensure_ascii=False).encode("utf-8")) for t in fixed_snapshot()["tools"])
-    assert size <= FIXED_TOOLS_BUDGET, "the fixed tools take %d B of a model's context, over %d" % (
-        size, FIXED_TOOLS_BUDGET)
+                              ensure_ascii=False).encode("utf-8")) for t in tools)
+    assert size <= FIXED_TOOL_BYTES * len(tools), "the %d fixed tools take %d B of a model's context, over %d" % (
+        len(tools), size, FIXED_TOOL_BYTES * len(tools))
