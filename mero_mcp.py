@@ -662,7 +662,7 @@ class Scheduler:
             reply = self.on_this_thread(message, tickets)
         if reply:                            # None, or a batch whose items all went unanswered
             server.channel.send(reply)
-        server.apps.start()                  # after the first answer of either era: off the answer path
+        server.apps.catalog.start()                  # after the first answer of either era: off the answer path
 
     def refused_batch(self, batch, tickets):
         """An empty batch, or one in a session that did not negotiate batches, answered with one error."""
@@ -2167,7 +2167,7 @@ def install_application(args, call):
         answer = install_from_registry(server, *package_and_version(coords))
     else:
         answer = server.node.install_dev_application(bundle_path(server.node, path))
-    server.apps.refresh()                   # logs, never raises: the install itself succeeded
+    server.apps.catalog.refresh()                   # logs, never raises: the install itself succeeded
     summary = installed_summary(server.apps, answer["applicationId"], coords)
     if before is not None:
         summary = what_changed(server.apps, before.get(answer["applicationId"]), summary)
@@ -2280,7 +2280,7 @@ def installed_summary(apps, app_id, coords):
         app = None
     package, version = package_and_version(coords) if coords is not None else (None, None)
     return {"applicationId": app_id, "package": app.package if app else package,
-            "version": app.version if app else version, "tools": apps.tool_count_of(app_id), "note": INSTALLED_NOTE}
+            "version": app.version if app else version, "tools": apps.catalog.tool_count_of(app_id), "note": INSTALLED_NOTE}
 
 
 def bundle_path(node, path):
@@ -2313,7 +2313,7 @@ def package_and_version(coords):
 def uninstall_application(args, call):
     app = call.server.apps.resolve(args["application"])
     answer = call.server.node.uninstall_application(app.id)
-    call.server.apps.refresh()
+    call.server.apps.catalog.refresh()
     return dict(answer, package=app.package, version=app.version, uninstalled=True)
 
 
@@ -2873,7 +2873,7 @@ def app_summary(apps, app, service, contexts, handle_context):
                "contextServices": context_services}
     if service is None and not contexts and not apps.services_listed(app):   # nothing to read a service from
         summary["serviceNote"] = SERVICE_NOTE
-    if apps.served_guide_uri(app):
+    if apps.catalog.served_guide_uri(app):
         summary["guide"] = app.guide_uri
     summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context))
     return summary
@@ -2902,7 +2902,7 @@ def method_references(unit):
 def with_guide(apps, app, summary, always, methods_from=None):
     """The summary as JSON, then the guide (always, or the first time this session meets this version).
     `methods_from(offset)` is the cursor of describe_app's next methods, when it pages them."""
-    uri = apps.served_guide_uri(app)
+    uri = apps.catalog.served_guide_uri(app)
     if not app.guide:
         guide = [{"type": "text", "text": "This app ships no guide."}] if always else []
     elif always or uri is None or uri not in apps.shown_guides:
@@ -2959,8 +2959,8 @@ def describe_app(args, call):
                             % ", ".join(app.services))
         return describe_services(apps, app)
     service = require_service(apps, app, args.get("service"))
-    unit = apps.unit_for(app, service)
-    apps.ensure_in_catalog(app)
+    unit = apps.catalog.unit_for(app, service)
+    apps.catalog.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, apps.contexts_of(app), None)
     summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
     summary["versions"] = installed_versions(apps.node, app)
@@ -2995,15 +2995,15 @@ SERVICES_NOTE = "A handle names one service: pass service (%s) to describe_app o
 def describe_services(apps, app):
     """A multi-service app asked about whole: every service with its methods, and no handle (one names a
     service)."""
-    apps.ensure_in_catalog(app)
+    apps.catalog.ensure_in_catalog(app)
     contexts = apps.contexts_of(app)
     summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": None,
                "contextServices": sorted({c.get("serviceName") for c in contexts if c.get("serviceName")})}
-    if apps.served_guide_uri(app):
+    if apps.catalog.served_guide_uri(app):
         summary["guide"] = app.guide_uri
     summary["name"] = app.name
     summary["versions"] = installed_versions(apps.node, app)
-    summary["services"] = [{"service": service, "methods": method_references(apps.unit_for(app, service))}
+    summary["services"] = [{"service": service, "methods": method_references(apps.catalog.unit_for(app, service))}
                            for service in app.services]
     summary["note"] = SERVICES_NOTE % ", ".join(app.services)
     return with_guide(apps, app, summary, always=True)
@@ -3036,12 +3036,12 @@ def select_app(args, call):
         raise ToolError('Context %s runs %s, not "%s". Services of "%s": %s. Omit service, or choose a context that '
                         'runs it.' % (context["id"], "service " + service if service else "no named service",
                                       args["service"], label, ", ".join(app.services) or "(none)"))
-    unit = apps.unit_for(app, service)
-    apps.ensure_in_catalog(app)
+    unit = apps.catalog.unit_for(app, service)
+    apps.catalog.ensure_in_catalog(app)
     summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
     if args.get("verbose"):
         summary["methods"] = method_references(unit)
-    summary["tools"] = apps.tool_names_of(app, service)
+    summary["tools"] = apps.catalog.tool_names_of(app, service)
     summary["toolsNote"] = TOOLS_NOTE
     summary["context"] = context["id"] if context else None
     if context is None:
@@ -3114,7 +3114,7 @@ def what_ran(call, args):
 def run_call(apps, args, cancelled=None):
     early = ahead(apps, *call_reads(apps, args))
     admitted = admit_call(apps, args)
-    apps.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
+    apps.catalog.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
     method_args = args.get("args")
     if method_args is not None and not isinstance(method_args, dict):
@@ -3135,7 +3135,7 @@ def admit_call(apps, args):
         if not isinstance(context_value, str):
             raise refusal_for(apps, app)
         context_id, service = admit_by_context(apps, app, named, context_value)
-        return Admitted(apps.unit_for(app, service), context_id)
+        return Admitted(apps.catalog.unit_for(app, service), context_id)
     if named is not None:
         try:
             other = apps.resolve(named)
@@ -3148,7 +3148,7 @@ def admit_call(apps, args):
         raise Refusal(GENERIC_RETRY)
     context_value = agreed_context(apps, app, [args.get("context"), args.get("_context")])
     context_id = admit_handle(apps, handle, app, handle.service, context_value, named)
-    return Admitted(apps.unit_for(app, handle.service), context_id)
+    return Admitted(apps.catalog.unit_for(app, handle.service), context_id)
 
 
 @tool("call_many", "Run up to 32 calls at once, each like call and with its own result. They run concurrently: "
@@ -3676,40 +3676,6 @@ class Apps:
             found = self.validators[key] = heavy("abi").Validator(unit.manifest, method)
         return found
 
-    # ---- the catalog's, for the tools and admission (Catalog holds them) ----
-    @property
-    def snapshot(self):
-        return self.catalog.snapshot
-
-    @property
-    def budget(self):
-        return self.catalog.budget
-
-    def start(self):
-        self.catalog.start()
-
-    def refresh(self, settled=None):
-        self.catalog.refresh(settled)
-
-    def first_read_here(self):
-        self.catalog.first_read_here()
-
-    def ensure_in_catalog(self, app):
-        self.catalog.ensure_in_catalog(app)
-
-    def unit_for(self, app, service):
-        return self.catalog.unit_for(app, service)
-
-    def tool_names_of(self, app, service):
-        return self.catalog.tool_names_of(app, service)
-
-    def tool_count_of(self, app_id):
-        return self.catalog.tool_count_of(app_id)
-
-    def served_guide_uri(self, app):
-        return self.catalog.served_guide_uri(app)
-
-    # ---- contexts ----
     def contexts_of(self, app):
         return self.node.contexts_of(app.id)
 
@@ -3825,7 +3791,7 @@ class Apps:
             return []
         label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
                  % (app.key, app.signer_id or "unknown")}
-        uri = self.served_guide_uri(app)
+        uri = self.catalog.served_guide_uri(app)
         if len(app.guide) > GUIDE_BOUND:         # the rest of an answer keeps its room
             return [label, {"type": "text", "text": long_guide(app.guide, uri)}]
         if uri is None:
@@ -4231,10 +4197,10 @@ def call_reads(apps, args):
         reads.append(partial(apps.app_by_id, handle.app))
         if handle.context:
             reads.append(partial(apps.context_by_id, handle.context))
-        units = [u for u in apps.snapshot.units if u.app.id == handle.app and u.service == handle.service]
+        units = [u for u in apps.catalog.snapshot.units if u.app.id == handle.app and u.service == handle.service]
     else:
         app = catalog_app(apps, named)
-        units = [u for u in apps.snapshot.units if app is not None and u.app.id == app.id]
+        units = [u for u in apps.catalog.snapshot.units if app is not None and u.app.id == app.id]
     target = early_target(handle.context if handle is not None else None, values)
     method_args = args.get("args") if args.get("args") is not None else {}
     return reads, early_view(apps, units, args.get("method"), method_args, target)
@@ -4245,7 +4211,7 @@ def catalog_app(apps, name):
     if not isinstance(name, str) or not name.strip():
         return None
     try:
-        return resolve_among(list({u.app.id: u.app for u in apps.snapshot.units}.values()), name.strip())
+        return resolve_among(list({u.app.id: u.app for u in apps.catalog.snapshot.units}.values()), name.strip())
     except ToolError:
         return None
 
@@ -4254,7 +4220,7 @@ def catalog_app(apps, name):
 
 def invoke_generated(name, args, call):
     apps = call.server.apps
-    binding = apps.snapshot.bindings.get(name)
+    binding = apps.catalog.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
     early = ahead(apps, *generated_reads(apps, binding, args))
@@ -4269,12 +4235,12 @@ def current_binding(apps, binding):
     unit = binding.unit
     live = apps.app_by_id(unit.app.id)
     if live is None:
-        apps.refresh()
+        apps.catalog.refresh()
         raise refusal_for(apps, unit.app)
     if live.blob == unit.app.blob and live.version == unit.app.version and live.guide_hash == unit.app.guide_hash:
         return binding
-    apps.refresh()
-    for fresh in apps.snapshot.bindings.values():
+    apps.catalog.refresh()
+    for fresh in apps.catalog.snapshot.bindings.values():
         if (fresh.unit.app.id == live.id and fresh.unit.service == unit.service and fresh.unit.app.blob == live.blob
                 and fresh.method.name == binding.method.name):
             return fresh
@@ -4373,13 +4339,13 @@ def count_tools(env, node):
     server._node = node
     apps = server.apps
     installed = apps.installed()
-    unmatched = apps.budget.unmatched(installed)
-    apps.budget.warned.update(unmatched)          # --check reports them itself, not as a log line too
-    apps.first_read_here()
+    unmatched = apps.catalog.budget.unmatched(installed)
+    apps.catalog.budget.warned.update(unmatched)          # --check reports them itself, not as a log line too
+    apps.catalog.first_read_here()
     tools = server.tool_definitions(Request(server, None, {}, None, None))
     fewest = Server(None, dict(env, CALIMERO_MCP_TOOLSETS="core")).fixed_definitions
     return ToolCount(len(tools), sum(1 for t in tools if "_meta" not in t), len(fewest),
-                     [app.id for app in installed if not apps.budget.admits(app)], unmatched)
+                     [app.id for app in installed if not apps.catalog.budget.admits(app)], unmatched)
 
 
 USAGE = """usage: mero-mcp [--check | --version | --help]

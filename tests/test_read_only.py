@@ -141,15 +141,15 @@ def test_instructions_say_it_in_one_line_in_both_eras(serve):
 
 # ── every tool offered is harmless; every tool left out is refused ───────────────────────────────
 
-def valid_arguments(double):
-    """Arguments that make each offered tool do its job on sample_with_counter_context()."""
+def valid_arguments(double, tools):
+    """Arguments that make each offered tool do its job on sample_with_counter_context(): a tool's required
+    properties from what each name takes on that node, and more for the tools whose options lead elsewhere."""
     namespace = next(g["id"] for g in double._groups.values() if g["name"] == "demo-team")
+    by_property = {"context": "demo", "app": "kv-store", "application": "kv-store", "group": namespace,
+                   "blob": BLOB, "name": "demo"}
     on_kv = {"app": "kv-store", "context": "demo"}
-    return {
-        "node_status": {}, "list_nodes": {}, "list_applications": {"verbose": True}, "list_namespaces": {},
-        "list_contexts": {"application": "kv-store", "verbose": True}, "lookup_alias": {"name": "demo"},
-        "list_registry": {}, "list_blobs": {}, "list_group_members": {"group": namespace}, "describe_app": {"app": "kv-store"},
-        "get_blob": {"blob": BLOB}, "describe_group": {"group": namespace},
+    arguments = {
+        "list_applications": {"verbose": True}, "list_contexts": {"application": "kv-store", "verbose": True},
         "select_app": {"app": "kv-store", "verbose": True},
         "call": dict(on_kv, method="get", args={"key": "k"}),
         "call_many": {"calls": [dict(on_kv, method="len"), dict(on_kv, method="entries"),
@@ -158,14 +158,22 @@ def valid_arguments(double):
         "kv_store_get_result": {"context": "demo", "key": "k"}, "kv_store_len": {"context": "demo"},
         "counter_value": {"context": "tally"},
     }
+    for name, tool in tools.items():
+        required = tool["inputSchema"].get("required", [])
+        unknown = [p for p in required if p not in by_property]
+        if name not in arguments:
+            assert not unknown, "%s requires %s: valid_arguments does not know what to pass" % (name, unknown)
+            arguments[name] = {p: by_property[p] for p in required}
+    return arguments
 
 
 @pytest.mark.parametrize("modern", [False, True], ids=["handshake", "2026-07-28"])
 def test_every_tool_offered_changes_nothing_on_the_node(serve, modern):
     double = sample_with_counter_context().start()
     server = serve(double, CALIMERO_REGISTRY_URL=double.registry_url, **ON)
-    arguments = valid_arguments(double)
-    assert sorted(tools_of(server, modern)) == sorted(arguments)     # a new tool needs its arguments here
+    offered = tools_of(server, modern)
+    arguments = valid_arguments(double, offered)
+    assert sorted(offered) == sorted(arguments)
     before = node_state(double)
     views = {"get", "len", "entries", "get_result", "value"}
     for name, args in arguments.items():

@@ -168,6 +168,9 @@ def test_an_alias_repointed_between_two_calls_is_followed(server, world, tool, a
 def test_a_context_moved_to_another_app_is_refused_without_its_answer(server, world, tool, args):
     assert answer(server.call_tool(tool, dict(args, context=world.first))) == "from the first"
     world.move(world.first, world.copy)
+    # The context's read is held, so the early execute decides on what the last read showed (the kv store):
+    # overlapped, the read could otherwise land first and nothing would go out early.
+    world.double.slow["/admin-api/contexts/" + world.first] = 0.5
     executed = len(world.double.executions)
     refused = server.call_tool(tool, dict(args, context=world.first))
     assert refused["isError"] and text_of(refused).startswith(
