@@ -55,7 +55,7 @@ INSTRUCTION_LINES = (
     "32 calls at once: they reach every method even when no tool for it is listed, as for an app installed during "
     "this session or a host that caps or defers tools. describe_app lists an app's methods.",
     # The first line is reference-behaviour.md's, exact; this one says what stands in when no handle is at hand,
-    # so the two agree (issue 26).
+    # so the two agree.
     "A handle's tool runs in the context the handle names. Without a handle, an app tool takes _context (a context "
     "id or alias) instead, and call takes app and context.",
     "Name an app by its id, package, last package segment or display name, a context by its id or an alias, and a "

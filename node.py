@@ -3100,7 +3100,7 @@ def _report_apps(report, node, apps, read_only=False, left_out=(), abi_named=Fal
         report.out.write("  - %s: %s\n" % (label, shown))
 
 
-# Hosts that pass only so many tools to the model (issue 11): Cursor sends the first 40, VS Code at most 128.
+# Hosts that pass only so many tools to the model: Cursor sends the first 40, VS Code at most 128.
 TOOL_LIMITS = (("Cursor", 40), ("VS Code", 128))
 
 
