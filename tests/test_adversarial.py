@@ -178,7 +178,7 @@ def expect_frame(raw, parsed, state):
     return ([due] if due is not None else []), False
 
 
-MAX_NESTING = 100                     # levels of JSON the server reads in one message (issue 19.6)
+MAX_NESTING = 100                     # levels of JSON the server reads in one message
 
 
 def deep_loads(raw):
@@ -395,7 +395,7 @@ class Generator:
         how = rng.choice(options)
         if how == "wrong-type":
             prop = rng.choice(typed)
-            # An optional argument given as null is absent (issue 19.10): null is wrong only where required.
+            # An optional argument given as null is absent: null is wrong only where required.
             arguments = {prop: self.wrong_value(properties[prop], prop in (schema.get("required") or ()))}
             for other in rng.sample(typed, min(len(typed), 2)):
                 if other != prop and rng.random() < 0.5:

@@ -1,5 +1,5 @@
-"""Bounded answers: no fixed tool answers more than 60,000 characters of text; the list tools page with a cursor
-(issue 11, point 5). Through the real server, against a double holding thousands of rows."""
+"""Bounded answers: no fixed tool answers more than 60,000 characters of text; the list tools page with a cursor.
+Through the real server, against a double holding thousands of rows."""
 from __future__ import annotations
 
 import base64
@@ -246,7 +246,7 @@ def test_describe_app_of_a_huge_abi_and_guide_fits(start_server, tmp_path):
                 assert summary["omitted"] == ("%d of the 1500 methods are left out: one answer carries at most "
                                               "60000 characters. call reaches every method by name."
                                               % (1500 - len(kept)))
-            else:                                   # describe_app pages them (issue 19.12)
+            else:                                   # describe_app pages them
                 assert summary["omitted"] == (
                     '%d of the 1500 methods are left out: one answer carries at most 60000 characters. For the next '
                     'ones, call describe_app again with the same arguments and cursor "%s"; call reaches every '
@@ -323,8 +323,8 @@ WALKED = {  # rows key: how the double drops one row of that list (as deleting i
 @pytest.mark.parametrize("tool,extra,rows_key,id_key", [t for t in LISTS if not t[1].get("verbose")],
                          ids=[t[0] for t in LISTS if not t[1].get("verbose")])
 def test_a_walk_deleting_each_page_as_it_goes_lists_every_row_once(serve, tool, extra, rows_key, id_key):
-    """Issue 19.1: the page's last row gone before the next page is asked for (an agent deleting what it listed)
-    left the next page starting as many rows late (400 contexts: 195 never listed, and no nextCursor)."""
+    """An agent deleting each page's rows before it asks for the next still sees every row once: the next page
+    starts where the deleted rows left off, not as many rows late."""
     double, namespace = crowded_double()
     server = serve(double)
     arguments = {key: (namespace if value is None else value) for key, value in extra.items()}
@@ -350,7 +350,7 @@ def test_a_walk_deleting_each_page_as_it_goes_lists_every_row_once(serve, tool, 
     assert at_start <= set(seen), "%d rows never listed" % len(at_start - set(seen))
 
 
-# ── every answer bounded: an app's result, call_many's errors (issue 19.9); "" visible (issue 17.7) ─────────
+# ── every answer bounded: an app's result, call_many's errors; "" visible ───────────────────────────────────
 
 def kv_call(method, **args):
     return {"app": "kv-store", "context": "demo", "method": method, "args": args}
@@ -375,7 +375,7 @@ def test_an_app_result_past_the_bound_is_an_error_carrying_its_start_and_size(se
     items = json.loads(many["content"][0]["text"])
     assert items[0]["ok"] is False and items[0]["error"].startswith("Error: The result of get is 72000 characters")
     assert items[1] == {"index": 1, "app": "kv-store", "context": "demo", "method": "get", "ok": True,
-                        "result": "fine"}                          # named as given (issue 26)
+                        "result": "fine"}                          # named as given
     assert text_length(many) <= BOUND
 
 
@@ -413,7 +413,7 @@ def test_call_many_of_long_errors_stays_within_the_bound(serve):
 
 
 def test_an_empty_string_result_is_shown_as_two_quotes(serve):
-    """Issue 17.7: a method returning "" showed as no text at all in call; the model retried, twice."""
+    """A method returning "" shows as a visible empty string, not as no text: in call, call_many and its tool."""
     double = sample_double()
     server = serve(double)
     assert not server.call_tool("call", kv_call("set", key="blank", value="")).get("isError")
@@ -422,7 +422,7 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
     assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"}]}
     many = server.call_tool("call_many", {"calls": [kv_call("get", key="blank"), kv_call("get", key="word")]})
     assert '"result": ""' in many["content"][0]["text"]
-    named = {"app": "kv-store", "context": "demo", "method": "get"}          # as given (issue 26)
+    named = {"app": "kv-store", "context": "demo", "method": "get"}          # as given
     assert json.loads(many["content"][0]["text"]) == [dict(named, index=0, ok=True, result=""),
                                                       dict(named, index=1, ok=True, result="raw text")]
     handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
@@ -431,7 +431,7 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
 
 
 def test_a_cursor_continues_with_arguments_equal_to_their_defaults(start_server, tmp_path, crowded):
-    """Issue 19.10: page 2 with verbose: false after page 1 without it was refused as other arguments."""
+    """Page 2 with verbose: false, or an optional as null, continues page 1 without it; verbose: true does not."""
     double, _ = crowded
     server = start_server(minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
                                                           "CALIMERO_MCP_STATE_DIR": tmp_path / "state"}))
@@ -444,7 +444,7 @@ def test_a_cursor_continues_with_arguments_equal_to_their_defaults(start_server,
 
 
 def test_describe_app_pages_the_methods_of_a_huge_abi(start_server, tmp_path):
-    """Issue 19.12: an app with hundreds of documented methods showed the first ones only, with no way on."""
+    """An app with hundreds of documented methods: describe_app pages them, and its cursor reaches every one."""
     double = NodeDouble(apps=[kv_store_spec(), huge_app(1500, 1000)]).start()
     try:
         server = start_server(huge_env(tmp_path, double))
@@ -470,7 +470,7 @@ def test_describe_app_pages_the_methods_of_a_huge_abi(start_server, tmp_path):
 
 
 def test_select_app_verbose_on_a_huge_abi_keeps_both_notes(serve):
-    """Issue 19.12: the tools' note overwrote the methods' one."""
+    """The methods' note and the tools' note both stand: neither overwrites the other."""
     double = NodeDouble(apps=[huge_app(2500, 1000, name_length=40)])
     double.add_context("com.example.huge")
     server = serve(double)

@@ -108,7 +108,7 @@ def test_left_out_apps_stay_reachable(start_server, server_env, double):
 
     ran = server.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}})
     demo = double.executions[-1]["contextId"]
-    assert ran == {"content": [{"type": "text", "text": "null"},        # unit: null, then what ran where (issue 26)
+    assert ran == {"content": [{"type": "text", "text": "null"},        # unit: null, then what ran where
                                {"type": "text", "text": "set ran in context %s; it returns nothing." % demo}]}
     got = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "a"}})
     assert got == {"content": [{"type": "text", "text": "1"}]}
@@ -125,7 +125,7 @@ def test_left_out_apps_stay_reachable(start_server, server_env, double):
     assert len(double.requests_to("POST", "/jsonrpc")) == 4
 
 
-# ── --check tells the tool budget up front (issue 11) ────────────────────────────────────────────
+# ── --check tells the tool budget up front ───────────────────────────────────────────────────────
 
 TOOLS_LINE = re.compile(r"^Tools: +(\d+) advertised \((\d+) fixed, (\d+) for apps\)(.*)$", re.M)
 

@@ -233,8 +233,8 @@ HELD = 2 * LONG                  # a node call held this long is still running w
 
 @pytest.mark.parametrize("tool", ["kv_store_len", "call"])
 def test_cancelling_a_running_call_frees_the_server_at_once(start_server, slow_env, slow_double, handle_of, tool):
-    """Issue 19.5: the next request waited for the cancelled call's node request (up to 65 s for a join). Now it
-    is answered while that node request still runs; the cancelled call finishes in the background, its answer
+    """The next request does not wait for the cancelled call's node request (up to 65 s for a join): it is
+    answered while that node request still runs; the cancelled call finishes in the background, its answer
     dropped."""
     server = start_server(slow_env)
     handle = handle_of(server)

@@ -363,7 +363,7 @@ def test_toolset_lists_with_spaces_empty_items_or_repeats_are_read_as_meant(tmp_
 @pytest.mark.parametrize("value", ["http://local\thost:2528", "http://localhost:25\n28", "http://localhost\x1b:2528",
                                    "http://localhost:2528/\x7f"])
 def test_a_node_url_with_a_control_character_is_refused_naming_the_variable(tmp_path, value):
-    """Issue 19.12: urlsplit drops a tab or line break silently, so the server talked to another address."""
+    """urlsplit drops a tab or line break silently, which would point the server at another address."""
     env = home_env(tmp_path, CALIMERO_NODE_URL=value)
     done = run_check(env)
     assert done.returncode == 1 and "CALIMERO_NODE_URL holds a control character" in done.stdout, done.stdout
@@ -373,8 +373,8 @@ def test_a_node_url_with_a_control_character_is_refused_naming_the_variable(tmp_
 
 
 def test_check_says_each_warning_once_and_ends_quietly_into_head(tmp_path, double):
-    """Issue 19.12: --check repeated setting warnings on stderr (once per server it built to count tools), and
-    `--check | head` ended in a BrokenPipeError traceback."""
+    """--check says each setting warning once, not once per server it builds to count tools, and `--check | head`
+    ends with no BrokenPipeError traceback."""
     from mcp_client import SERVER
     env = home_env(tmp_path, CALIMERO_NODE_URL=double.url, CALIMERO_MCP_TIMEOUT="abc", CALIMERO_MCP_READ_ONLY="ture",
                    CALIMERO_MCP_TOOLSETS="Core", CALIMERO_MCP_MAX_RESPONSE_BYTES="x",

@@ -252,7 +252,7 @@ def test_a_too_deep_output_fails_only_its_call_many_item(session, double):
     double.faults.update({"paths": ["/jsonrpc"], "times": 1, "raw": '{"jsonrpc":"2.0","id":1,"result":'
                           '{"output":%s%s}}' % ("[" * DEEP, "]" * DEEP)})
     items = json.loads(text_of(server.call_tool("call_many", {"calls": [{"app_handle": handle, "method": "entries"}]})))
-    assert items == [{"index": 0, "method": "entries", "ok": False,     # named as given (issue 26)
+    assert items == [{"index": 0, "method": "entries", "ok": False,     # named as given
                       "error": "Error: entries ran, but its output is nested too deeply to decode (more levels "
                                "than Python's JSON decoder allows)"}]
 # ── answers of the wrong shape: an error naming the request, never an empty or made-up result ─────
@@ -495,7 +495,7 @@ def test_dag_heads_of_another_shape_are_listed_as_the_node_sent_them(session, do
     assert not listed.get("isError"), listed
     assert listed["structuredContent"]["contexts"] == [
         # the order: application after its id; a row naming no group and no version has no version story to
-        # tell (issue 26's namespaceVersion and behind, null: not known)
+        # tell (namespaceVersion and behind, null: not known)
         dict(row, application="com.calimero.kv-store", aliases=["demo"], namespaceVersion=None, behind=None)]
     assert list(listed["structuredContent"]["contexts"][0])[:3] == ["id", "applicationId", "application"]
     assert "Traceback" not in server.stderr
@@ -746,7 +746,7 @@ def test_check_still_passes_a_healthy_node(server_env, double):
     assert done.returncode == 0 and "Result:    OK, the server can work with this node." in done.stdout, done.stdout
 
 
-# ── a node that drips, a node that floods, a write that went out and got no answer (issue 19.3, 19.4) ─────
+# ── a node that drips, a node that floods, a write that went out and got no answer ────────────────────────
 
 DRIP = 0.3                       # seconds between bytes: far inside any idle timeout, far too slow for an answer
 

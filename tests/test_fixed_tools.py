@@ -25,7 +25,7 @@ READ_ONLY = {"node_status", "list_nodes", "list_applications", "list_namespaces"
 DESTRUCTIVE = {"delete_context", "uninstall_application", "delete_blob", "delete_namespace", "leave_namespace",
                "remove_group_members", "delete_group", "upgrade_group"}
 IDEMPOTENT_WRITES = set()
-IDEMPOTENT = {"delete_alias", "sync_context"}     # sync_context's force overwrites local state (issue 24)
+IDEMPOTENT = {"delete_alias", "sync_context"}     # sync_context's force overwrites local state
 KV = "com.calimero.kv-store"
 MISSING = hex_id("no such thing")
 # install_application's note, as written here (neither tools.md, reference-behaviour.md nor the README gives its
@@ -131,7 +131,7 @@ def test_annotations_follow_tools_md(server):
             assert annotations == {"readOnlyHint": False, "destructiveHint": False}, name
 
 
-# Properties whose name says what they take: a description would only repeat it (issue 11, "Lean"). How apps and
+# Properties whose name says what they take: a description would only repeat it. How apps and
 # contexts are named is said once, in the server's instructions.
 SELF_EXPLAINING = {"application", "app", "group", "namespace", "name", "service", "context", "contextId", "blob", "package",
                    "method", "visibility", "members", "alias", "force", "offset", "cascade", "role"}
@@ -329,7 +329,7 @@ def test_create_context_takes_namespace_as_an_older_name_for_group(server, doubl
     both = error_text(server.call_tool("create_context", {"application": KV, "namespace": namespace,
                                                           "group": MISSING}))
     assert both == 'Error: Pass group or namespace, not both: they differ ("%s" and "%s").' % (MISSING, namespace)
-    # neither: the app's only namespace (issue 26), the same one
+    # neither: the app's only namespace, the same one
     server.tool_json("create_context", {"application": KV})
     assert [b["groupId"] for b in bodies(double, "POST", "/admin-api/contexts")] == [namespace] * 3
 
@@ -798,8 +798,8 @@ def test_list_group_members_reads_every_page(server, double):
 
 
 def test_an_optional_argument_given_as_null_is_absent_for_every_tool(server, double):
-    """Issue 19.10: hosts in strict function-calling mode send null for omitted optionals; generated tools and
-    call took it, list_applications {"verbose": null} and select_app {"service": null} refused it."""
+    """Hosts in strict function-calling mode send null for omitted optionals: every tool takes it as absent, as
+    generated tools and call do; a required argument stays required."""
     for name, arguments in [("list_applications", {"verbose": None, "cursor": None}),
                             ("list_contexts", {"application": None, "verbose": None}),
                             ("select_app", {"app": "kv-store", "service": None, "context": None}),

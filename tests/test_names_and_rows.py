@@ -293,7 +293,7 @@ def test_a_context_whose_alias_failed_stays_and_the_answer_names_it(serve, node)
 def test_create_context_says_what_name_and_group_are(serve, node):
     properties = tools_by_name(serve(node.double))["create_context"]["inputSchema"]["properties"]
     assert properties["name"]["description"] == "A label list_contexts shows; not an alias."
-    # issue 26: group is optional in the schema, and the description says what it defaults to
+    # group is optional in the schema, and the description says what it defaults to
     assert properties["group"]["description"] == "Namespace or subgroup. Default: the app's only namespace."
     assert "group" not in tools_by_name(serve(node.double))["create_context"]["inputSchema"].get("required", [])
     assert properties["alias"] == {"type": "string"}

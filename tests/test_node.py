@@ -975,8 +975,8 @@ def test_execute_sends_the_envelope_and_returns_the_output(tmp_path, plain):
 
 
 def test_arguments_too_deep_to_encode_are_not_sent_and_say_so(tmp_path, plain):
-    """Issue 19.7: json.dumps giving up on the request body was reported as "put ran, but its output is nested
-    too deeply", though nothing had reached the node. (The server's nesting limit keeps such arguments from
+    """Arguments json.dumps gives up on are not sent, and the error says so, not "put ran, but its output is
+    nested too deeply": nothing reached the node. (The server's nesting limit keeps such arguments from
     reaching node.py; this is its own guard.)"""
     client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
     context = client.get("/admin-api/contexts")["contexts"][0]["id"]

@@ -95,7 +95,7 @@ def test_the_modules_are_installed_flat(installed):
     assert "site-packages" in out.stdout
 
 
-# ── a checkout run by a Python that lacks the runtime packages (issue: tools answered -32603, --check a traceback)
+# ── a checkout run by a Python that lacks the runtime packages: tools and --check say what to install
 
 APT = ("sudo apt install python3-requests python3-jsonschema (Debian, Ubuntu), or sudo dnf install python3-requests "
        "python3-jsonschema (Fedora, RHEL), or sudo pacman -S python-requests python-jsonschema (Arch)")
@@ -233,7 +233,7 @@ def test_mero_mcp_py_copied_alone_says_its_siblings_are_missing(bare_python, tmp
     assert text == "Error: Missing beside mero_mcp.py: node.py and abi.py (in %s). %s" % (tmp_path, TOGETHER), text
 
 
-# ── the three files as a set (issue 20): every missing one named, a copy from another release named
+# ── the three files as a set: every missing one named, a copy from another release named
 
 TOGETHER = ("mero_mcp.py, node.py and abi.py travel together: copy the three, from one release, into one folder, or "
             "install the checkout with pip.")

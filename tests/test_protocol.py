@@ -58,8 +58,8 @@ def test_instructions_carry_the_session(bare):
     assert "even when no tool for it is listed" in reach
     assert "an app installed during this session" in reach and "caps or defers tools" in reach
     routing = next(line for line in lines if "_context" in line)
-    # what stands in for a handle, said as the exception to the flow's "on every app tool call" (issue 26: the
-    # instructions agree with themselves; "either is enough" contradicted the flow)
+    # what stands in for a handle, said as the exception to the flow's "on every app tool call", so the
+    # instructions agree with themselves
     assert routing == ("A handle's tool runs in the context the handle names. Without a handle, an app tool takes "
                        "_context (a context id or alias) instead, and call takes app and context.")
     assert any("Name an app by its id, package, last package segment or display name" in line for line in lines)
@@ -240,7 +240,7 @@ def test_unsupported_version_lists_only_what_is_served(bare, requested):
     error = reply["error"]
     assert error["code"] == -32022 and error["data"]["requested"] == requested
     assert requested not in error["data"]["supported"]
-    # Issue 19.12: only what a per-request call accepts (handshake versions listed there were refused in turn).
+    # only what a per-request call accepts: a handshake version listed there would be refused in turn.
     assert error["data"]["supported"] == ["2026-07-28"] and "2026-07-28" in served
     if requested in served:                  # a handshake version: the message says how to get it
         assert error["message"] == ("Unsupported protocol version: %s is negotiated with initialize, not per "
@@ -495,7 +495,7 @@ def test_exits_within_a_second_of_eof_while_a_call_waits_on_the_node(offline_env
     server.assert_stdout_pure()
 
 
-# ── one nesting limit where a line is parsed (issue 19.6) ─────────────────────────────────────────
+# ── one nesting limit where a line is parsed ──────────────────────────────────────────────────────
 
 def nested_lists(depth):
     value = "x"

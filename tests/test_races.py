@@ -119,9 +119,9 @@ def test_a_cancelled_initialize_is_answered_all_the_same(start_server, server_en
 
 @pytest.mark.parametrize("how", ["closed by the host", "closed at spawn"])
 def test_a_closed_stderr_leaves_the_protocol_working(server_env, how):
-    """A host that closed its end of our stderr: the first log line ('ready on stdio') was a BrokenPipeError that
-    killed the server before it read a line, and any later log line would have ended the call writing it. Spawned
-    with stderr closed (`2>&-`, issue 19.11), sys.stderr is None: the first log line was an AttributeError."""
+    """A host that closed its end of our stderr, or spawned the server with stderr closed (`2>&-`, sys.stderr is
+    None): no log line, from the first ('ready on stdio') on, is a BrokenPipeError or AttributeError that kills
+    the server or ends the call writing it."""
     import os
     import subprocess
     import sys

@@ -21,7 +21,7 @@ ON = {"CALIMERO_MCP_READ_ONLY": "1"}
 READ_ONLY_SAYS = "this server runs read-only (CALIMERO_MCP_READ_ONLY)"
 HOW_TO_CHANGE = ("To allow changes, unset CALIMERO_MCP_READ_ONLY in this server's entry of the host configuration "
                  "(its env) and restart the server.")
-# Issue 26: the instruction says how writes come back, in the words the refusals use.
+# The instruction says how writes come back, in the words the refusals use.
 INSTRUCTION = ("This server runs read-only (CALIMERO_MCP_READ_ONLY): it offers only tools that cannot change the "
                "node, and call and call_many run [view] methods only. " + HOW_TO_CHANGE)
 KV = "com.calimero.kv-store"
@@ -97,8 +97,8 @@ def test_read_only_keeps_the_harmless_tools_and_drops_the_rest(serve, modern):
 
 
 def test_the_values_that_turn_it_on_and_a_bad_one(serve):
-    """Issue 19.2: it fails safe. Off only when unset, blank, 0, false, no or off; `on`, `y`, `enabled` or `ture`
-    gave full admin (one stderr line) and now turn it on, saying the value was read as on."""
+    """It fails safe: off only when unset, blank, 0, false, no or off; any other value turns it on. One that is
+    not 1, true, yes or on (`y`, `enabled`, `ture`) gets one stderr line saying it was read as on."""
     double = sample_double()
     for value in ("1", "true", "TRUE", "Yes", " yes ", "on", "ON", "ture", "y", "enabled", "maybe"):
         server = serve(double, CALIMERO_MCP_READ_ONLY=value)
@@ -268,7 +268,7 @@ def test_a_read_write_server_still_runs_every_method(serve):
                                        "args": {"key": "k", "value": "v"}})
     assert [e["method"] for e in double.executions] == ["set"]
     demo = double.executions[0]["contextId"]
-    # set returns unit: the JSON null, then what ran where (issue 26)
+    # set returns unit: the JSON null, then what ran where
     assert result["content"] == [{"type": "text", "text": "null"}, {
         "type": "text", "text": 'set ran in context %s (alias "demo"); it returns nothing.' % demo}], result
 
@@ -345,6 +345,6 @@ def test_check_prints_the_mode_and_counts_what_it_offers(tmp_path):
         assert lines[lines.index("Problems:") + 1:lines.index("Problems:") + 3] == [
             "  - " + said, "    Fix: Set CALIMERO_MCP_READ_ONLY to 1 for read-only mode, or to 0 (or unset it) for "
             "read-write."]
-        assert sum(said in line for line in lines) == 1          # said once (issue 19.12), not once per reader
+        assert sum(said in line for line in lines) == 1          # said once, not once per reader
         code, lines = run_check(double, tmp_path, CALIMERO_MCP_READ_ONLY="off")
         assert code == 0 and lines[2].startswith("Mode:      read-write") and "Problems:" not in lines

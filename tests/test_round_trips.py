@@ -1,5 +1,6 @@
-"""What one app call sends the node, and the freshness rules its overlapped requests keep (issue: a node across a
-network). Counts come from the double's request log; how long a call waits is bench/'s to measure.
+"""What one app call sends the node, and the freshness rules its overlapped requests keep: round trips count
+when the node is across a network. Counts come from the double's request log; how long a call waits is bench/'s
+to measure.
 
 Contract: node-api.md §0.7 (what a call needs); tools.md (handles, aliases read live); reference-behaviour.md §3.8,
 §3.14 (the refusals). A [view] method's execute may go out beside the admission reads, for a context this server

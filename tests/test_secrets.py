@@ -292,7 +292,7 @@ def encoded_forms(secret):
 
 
 def test_a_login_refusal_quoting_the_password_encoded_quotes_none_of_it(tmp_path, authed):
-    """Issue 19.8: URL-encoded, base64 or \\u-escaped, the password was quoted as it was, by tools and --check."""
+    """URL-encoded, base64 or \\u-escaped, the password is quoted by neither the tools nor --check."""
     forms = encoded_forms(PASSWORD) | encoded_forms("admin:" + PASSWORD)
     env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
                                           "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": PASSWORD})
@@ -313,7 +313,7 @@ def test_a_login_refusal_quoting_the_password_encoded_quotes_none_of_it(tmp_path
 
 
 def test_an_execute_error_echoing_the_token_quotes_none_of_it(tmp_path, authed):
-    """Issue 19.8: the admin routes were redacted, a JSON-RPC execute error echoing Authorization was not."""
+    """A JSON-RPC execute error echoing Authorization is redacted, as the admin routes' errors are."""
     env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
                                           "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": PASSWORD})
     server = McpServer(env)
