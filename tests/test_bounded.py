@@ -396,7 +396,7 @@ def test_the_result_bound_is_configurable_and_0_lifts_it(serve):
 
 
 def test_call_many_of_long_errors_stays_within_the_bound(serve):
-    """32 items whose own errors are long returned 646,402 characters; each error is now cut to its share."""
+    """call_many of 32 items with long errors stays within the bound: each error is cut to its share."""
     double = sample_double()
     server = serve(double)
     long_error = "the app refused: " + "z" * 20000
