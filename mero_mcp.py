@@ -3471,9 +3471,9 @@ def handle_for(app, service, context_id):
 
 POLL_SECONDS = 30.0
 FIRST_LOAD_WAIT = 5.0        # tools/list waits this long for the first catalog read, then answers anyway
-# Each app's catalog reads go out together with the others': latency a remote node hides; on loopback, where
-# requests' CPU under the GIL is the cost, more than 4 at once cost more than they save.
-CATALOG_READERS = 4
+# Each app's catalog reads (its record, then its ABIs) go out beside the other apps': a remote node's round trips
+# are paid once for up to this many apps, not once per wave; on loopback 16 at once cost no more than 4.
+CATALOG_READERS = 16
 
 Unit = namedtuple("Unit", "app service manifest")
 Binding = namedtuple("Binding", "unit method has_output wraps")   # wraps: handshake output rides as {result}

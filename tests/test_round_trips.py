@@ -9,6 +9,8 @@ has already seen running the tool's app, and its answer is shown only once admis
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 from node_double import NodeDouble, counter_spec, kv_store_spec
@@ -211,3 +213,35 @@ def test_wrong_arguments_send_no_early_execute(server, world):
     result = server.call_tool("kv_store_get", {"context": world.first, "key": 5})
     assert result["isError"] and "Invalid arguments for get" in text_of(result)
     assert len(world.double.executions) == executed
+
+
+class CountingDouble(NodeDouble):
+    """Holds each app record read a moment and counts how many are at the node at once."""
+
+    HOLD = 0.5
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.at_once = self.most_at_once = 0
+        self.counting = threading.Lock()
+
+    def _wait_if_slow(self, path):
+        if not path.startswith("/admin-api/applications/") or path.count("/") != 3:
+            return super()._wait_if_slow(path)
+        with self.counting:
+            self.at_once += 1
+            self.most_at_once = max(self.most_at_once, self.at_once)
+        time.sleep(self.HOLD)
+        with self.counting:
+            self.at_once -= 1
+
+
+def test_the_first_catalog_read_reads_every_app_at_once(serve):
+    """A remote node's round trips are paid once for all of a node's apps (up to 16), not once per few: every app's
+    record is at the node together."""
+    apps = [dict(kv_store_spec(), package="com.example.kv-%d" % index) for index in range(12)]
+    double = CountingDouble(apps=apps)
+    server = serve(double)
+    names = server.tool_names()
+    assert sum(name.startswith("kv_") and name.endswith("_get") for name in names) == len(apps), names
+    assert double.most_at_once == len(apps), "%d of %d app records read at once" % (double.most_at_once, len(apps))
