@@ -4114,7 +4114,9 @@ def ahead(apps, reads, early=None):
     request = current_request()
     if request is None or request.reads is None:
         reads = ()                      # no memo to read into: admission reads as it goes
-    return together(*[quietly(read) for read in reads] + [early or nothing])[-1]
+    thunks = [quietly(read) for read in reads] + ([early] if early else [])
+    done = together(*thunks)
+    return done[-1] if early else None
 
 
 def quietly(read):
@@ -4124,10 +4126,6 @@ def quietly(read):
         except Exception:
             pass                        # the memo keeps it: admission raises it where it asks
     return run
-
-
-def nothing():
-    return None
 
 
 def early_view(apps, units, method_name, args, context_value):
