@@ -2268,6 +2268,8 @@ def registry_row(row, installed):
 
 INSTALLED_NOTE = ("A host that does not reload its tool list (Claude Code does not) shows no tools for it until "
                   "restarted: call and describe_app reach its methods now.")
+UNINSTALLED_NOTE = ("Its %d tools leave the tool list. A host that does not reload its tool list (Claude Code does "
+                    "not) shows them until restarted; they answer an error now.")
 
 
 def installed_summary(apps, app_id, coords):
@@ -2311,10 +2313,15 @@ def package_and_version(coords):
       {"application": STRING},
       required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
 def uninstall_application(args, call):
-    app = call.server.apps.resolve(args["application"])
+    apps = call.server.apps
+    app = apps.resolve(args["application"])
+    tools = apps.catalog.tool_count_of(app.id)
     answer = call.server.node.uninstall_application(app.id)
-    call.server.apps.catalog.refresh()
-    return dict(answer, package=app.package, version=app.version, uninstalled=True)
+    apps.catalog.refresh()
+    said = dict(answer, package=app.package, version=app.version, uninstalled=True)
+    if tools:
+        said["note"] = UNINSTALLED_NOTE % tools
+    return said
 
 
 @tool("upload_blob", "Upload a blob (a file's bytes) to this node. At most %d bytes fit in one request."
@@ -3094,7 +3101,7 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
       CALL_PROPERTIES, required=["method"], toolset="app", kind="app-call", synonyms=["_context"],
       annotations=APP_CALL)
 def call_tool(args, call):
-    value = run_call(call.server.apps, args)
+    value = run_call(call.server.apps, args).value
     text = plain_text(value)
     refuse_oversized(args.get("method"), text, call.server.config.result_bound)
     if value is None:
@@ -3111,7 +3118,11 @@ def what_ran(call, args):
         method, context_id, ' (alias "%s")' % alias if alias else "")}
 
 
+Ran = namedtuple("Ran", "context_id value")
+
+
 def run_call(apps, args, cancelled=None):
+    """What `call` runs, and where: a Ran of the context it was admitted to and the method's value."""
     early = ahead(apps, *call_reads(apps, args))
     admitted = admit_call(apps, args)
     apps.catalog.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
@@ -3121,7 +3132,7 @@ def run_call(apps, args, cancelled=None):
         raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
     if cancelled is not None and cancelled.is_set():
         raise Cancelled()
-    return execute(apps, admitted, method, method_args or {}, early)
+    return Ran(admitted.context_id, execute(apps, admitted, method, method_args or {}, early))
 
 
 def admit_call(apps, args):
@@ -3231,9 +3242,11 @@ def call_many_item(call, item):
         server = call.server
         refuse_unknown_arguments(server.fixed_tools["call"], item)
         with server.node.scope(call.traceparent, call.ticket):
-            value = run_call(server.apps, item, call.ticket)
-        refuse_oversized(item.get("method"), plain_text(value), server.config.result_bound)
-        return {"ok": True, "result": value}
+            ran = run_call(server.apps, item, call.ticket)
+        refuse_oversized(item.get("method"), plain_text(ran.value), server.config.result_bound)
+        # The context it ran in, where the item named it otherwise (an alias, a handle): the next call can use it.
+        named = {item.get(key) for key in ("context", "_context")}
+        return dict({} if ran.context_id in named else {"contextId": ran.context_id}, ok=True, result=ran.value)
     except Cancelled:
         return {"ok": False, "error": "Cancelled before it ran."}
     except Exception as error:

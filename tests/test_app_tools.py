@@ -829,8 +829,9 @@ def test_call_many_runs_in_order_and_one_failure_does_not_fail_the_batch(own, fr
     result = own.call_tool("call_many", {"calls": calls})
     assert not result.get("isError")
     items = json.loads(result["content"][0]["text"])
-    # each item names its place and the app, context and method it was given
-    assert items[0] == {"index": 0, "method": "set", "ok": True, "result": None}
+    # each item names its place and the app, context and method it was given; one that ran, the context it ran in
+    # unless the item gave that id (a handle's context here)
+    assert items[0] == {"index": 0, "method": "set", "contextId": fresh.kv_ctx, "ok": True, "result": None}
     assert items[1] == {"index": 1, "app": KV, "context": "demo", "method": "get_result", "ok": False,
                         "error": "Error: key not found: zz"}
     assert items[2]["ok"] is False and items[2]["error"].startswith('Error: Method "nope" not found on')
@@ -845,6 +846,14 @@ def test_call_many_runs_in_order_and_one_failure_does_not_fail_the_batch(own, fr
     assert sorted(e["method"] for e in fresh.double.executions) == ["get_result", "set", "value"]
 
 
+def test_call_many_items_say_the_context_an_alias_named(own, fresh):
+    calls = [{"app": KV, "context": "demo", "method": "len"}, {"app": KV, "context": fresh.kv_ctx, "method": "len"}]
+    items = json.loads(own.call_tool("call_many", {"calls": calls})["content"][0]["text"])
+    assert items == [{"index": 0, "app": KV, "context": "demo", "method": "len", "contextId": fresh.kv_ctx,
+                      "ok": True, "result": 0},
+                     {"index": 1, "app": KV, "context": fresh.kv_ctx, "method": "len", "ok": True, "result": 0}]
+
+
 def test_call_many_item_of_the_wrong_shape_fails_alone(own, fresh):
     """Only the batch size is checked up front (reference §3.13); each item fails on its own."""
     handle = handle_of(own, KV)
@@ -853,7 +862,7 @@ def test_call_many_item_of_the_wrong_shape_fails_alone(own, fresh):
     assert not result.get("isError"), result
     items = json.loads(result["content"][0]["text"])
     assert items[0]["ok"] is False and "method" in items[0]["error"] and items[0]["index"] == 0
-    assert items[1] == {"index": 1, "method": "len", "ok": True, "result": 0}
+    assert items[1] == {"index": 1, "method": "len", "contextId": fresh.kv_ctx, "ok": True, "result": 0}
     assert items[2] == {"index": 2, "method": "len", "ok": False,
                         "error": "Error: args must be an object keyed by parameter name, not a str."}
     # an item that is no object still carries its index, and nothing it did not give

@@ -374,8 +374,9 @@ def test_an_app_result_past_the_bound_is_an_error_carrying_its_start_and_size(se
     many = server.call_tool("call_many", {"calls": [kv_call("get", key="big"), kv_call("get", key="small")]})
     items = json.loads(many["content"][0]["text"])
     assert items[0]["ok"] is False and items[0]["error"].startswith("Error: The result of get is 72000 characters")
-    assert items[1] == {"index": 1, "app": "kv-store", "context": "demo", "method": "get", "ok": True,
-                        "result": "fine"}                          # named as given
+    demo = double._aliases["context"]["demo"]
+    assert items[1] == {"index": 1, "app": "kv-store", "context": "demo", "method": "get", "contextId": demo,
+                        "ok": True, "result": "fine"}              # named as given, and where it ran
     assert text_length(many) <= BOUND
 
 
@@ -422,7 +423,7 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
     assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"}]}
     many = server.call_tool("call_many", {"calls": [kv_call("get", key="blank"), kv_call("get", key="word")]})
     assert '"result": ""' in many["content"][0]["text"]
-    named = {"app": "kv-store", "context": "demo", "method": "get"}          # as given
+    named = {"app": "kv-store", "context": "demo", "method": "get", "contextId": double._aliases["context"]["demo"]}
     assert json.loads(many["content"][0]["text"]) == [dict(named, index=0, ok=True, result=""),
                                                       dict(named, index=1, ok=True, result="raw text")]
     handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]

@@ -178,6 +178,15 @@ def test_uninstall_names_what_went(server):
     answer = server.call_tool("uninstall_application", {"application": "counter"})["structuredContent"]
     assert {k: answer[k] for k in ("package", "version", "uninstalled")} == {
         "package": "com.example.counter", "version": "0.1.0", "uninstalled": True}
+    assert answer["note"].startswith("Its 2 tools leave the tool list. "), answer
+    assert "counter_value" not in server.tool_names()
+
+
+def test_uninstalling_an_app_with_no_tools_listed_says_nothing_of_tools(serve):
+    """An app CALIMERO_MCP_APPS leaves out has no tools to leave the list."""
+    server = serve(sample_double(), CALIMERO_MCP_APPS="kv-store")
+    answer = server.call_tool("uninstall_application", {"application": "counter"})["structuredContent"]
+    assert answer["uninstalled"] is True and "note" not in answer, answer
 
 
 def test_install_says_new_new_version_or_the_same_bundle_and_what_changed(serve):
