@@ -580,6 +580,11 @@ def _return_schema(manifest: Manifest, method: Method, builder: _SchemaBuilder) 
     return _nullable(schema) if method.returns_nullable else schema
 
 
+def returns_unit(manifest: Manifest, method: Method) -> bool:
+    """Whether the method returns nothing (no return type, or one that resolves to unit): its null is no value."""
+    return _returns_unit(manifest.types, method.returns)
+
+
 def _returns_unit(types: Mapping, returns: Optional[dict]) -> bool:
     resolved, _ = _resolve_payload(types, returns, 0)
     return returns is None or (resolved is not None and resolved.get("kind") == "unit")

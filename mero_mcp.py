@@ -3101,10 +3101,10 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
       CALL_PROPERTIES, required=["method"], toolset="app", kind="app-call", synonyms=["_context"],
       annotations=APP_CALL)
 def call_tool(args, call):
-    value = run_call(call.server.apps, args).value
-    text = plain_text(value)
+    ran = run_call(call.server.apps, args)
+    text = plain_text(ran.value)
     refuse_oversized(args.get("method"), text, call.server.config.result_bound)
-    if value is None:
+    if ran.value is None and ran.returns_nothing:     # a null of a method that returns a value is that value
         return {"content": [{"type": "text", "text": "null"}, what_ran(call, args)]}
     return text
 
@@ -3118,11 +3118,12 @@ def what_ran(call, args):
         method, context_id, ' (alias "%s")' % alias if alias else "")}
 
 
-Ran = namedtuple("Ran", "context_id value")
+Ran = namedtuple("Ran", "context_id returns_nothing value")
 
 
 def run_call(apps, args, cancelled=None):
-    """What `call` runs, and where: a Ran of the context it was admitted to and the method's value."""
+    """What `call` runs, and where: a Ran of the context it was admitted to, whether the method returns unit, and
+    its value."""
     early = ahead(apps, *call_reads(apps, args))
     admitted = admit_call(apps, args)
     apps.catalog.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
@@ -3132,7 +3133,8 @@ def run_call(apps, args, cancelled=None):
         raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
     if cancelled is not None and cancelled.is_set():
         raise Cancelled()
-    return Ran(admitted.context_id, execute(apps, admitted, method, method_args or {}, early))
+    value = execute(apps, admitted, method, method_args or {}, early)
+    return Ran(admitted.context_id, heavy("abi").returns_unit(admitted.unit.manifest, method), value)
 
 
 def admit_call(apps, args):
@@ -3244,9 +3246,10 @@ def call_many_item(call, item):
         with server.node.scope(call.traceparent, call.ticket):
             ran = run_call(server.apps, item, call.ticket)
         refuse_oversized(item.get("method"), plain_text(ran.value), server.config.result_bound)
-        # The context it ran in, where the item named it otherwise (an alias, a handle): the next call can use it.
-        named = {item.get(key) for key in ("context", "_context")}
-        return dict({} if ran.context_id in named else {"contextId": ran.context_id}, ok=True, result=ran.value)
+        # The id of the context an alias named: what the next call, or the user, may need. (A handle's context id
+        # came with the handle, from select_app.)
+        aliased = [item.get(key) for key in ("context", "_context") if item.get(key) not in (None, ran.context_id)]
+        return dict({"contextId": ran.context_id} if aliased else {}, ok=True, result=ran.value)
     except Cancelled:
         return {"ok": False, "error": "Cancelled before it ran."}
     except Exception as error:
@@ -4302,7 +4305,7 @@ def generated_result(binding, value, call):
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     refuse_oversized(binding.method.name, text, call.server.config.result_bound)
     result = {"content": [{"type": "text", "text": text}]}
-    if value is None and binding.method.returns is None:
+    if value is None and heavy("abi").returns_unit(binding.unit.manifest, binding.method):
         result["content"].append(what_ran(call, {"method": binding.method.name}))
     if binding.has_output:
         wrapped = binding.wraps and call.server.wraps_output(call)

@@ -2970,9 +2970,7 @@ Call `remove` with the `key`; it returns the value it held.
 
 ## Notes
 
-```markdown
-### Not a procedure: headings inside fences are ignored
-```
+`get` answers null for a key that holds no value; `get_result` answers an error instead.
 """
 
 COUNTER_MANIFEST = {

@@ -237,6 +237,14 @@ def test_a_unit_method_answers_null_and_says_what_ran_where(server, double):
         "null", 'set ran in context %s (alias "demo"); it returns nothing.' % demo]
 
 
+def test_a_null_a_method_returns_is_its_value_not_nothing(server):
+    """get of a key with no value answers null, its Option's None: no line saying the method returns nothing."""
+    result = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "zz"}})
+    assert result == {"content": [{"type": "text", "text": "null"}]}
+    generated = server.call_tool("kv_store_get", {"context": "demo", "key": "zz"})
+    assert generated["content"] == [{"type": "text", "text": "null"}]
+
+
 def test_call_many_items_name_their_call(server):
     answer = server.tool_json("call_many", {"calls": [
         {"app": "kv-store", "context": "demo", "method": "len"}, {"app": "kv-store", "context": "nowhere",
