@@ -102,8 +102,8 @@ def session(env, double, mode):
             assert time.monotonic() < deadline, server.stderr
             time.sleep(0.1)
         handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
-        assert server.call_tool("kv_store_set", {"app_handle": handle, "key": "k", "value": "v"}) \
-            == {"content": [{"type": "text", "text": "null"}]}
+        stored = server.call_tool("kv_store_set", {"app_handle": handle, "key": "k", "value": "v"})["content"]
+        assert stored[0] == {"type": "text", "text": "null"} and stored[1]["text"].startswith("set ran in context ")
         failing = server.call_tool("kv_store_get_result", {"app_handle": handle, "key": "missing"})
         assert failing.get("isError") is True and "key not found: missing" in failing["content"][-1]["text"]
         refused = server.call_tool("call", {"app": "kv-store", "context": "nope", "method": "len"})
