@@ -662,7 +662,7 @@ class Scheduler:
             reply = self.on_this_thread(message, tickets)
         if reply:                            # None, or a batch whose items all went unanswered
             server.channel.send(reply)
-        server.apps.catalog.start()                  # after the first answer of either era: off the answer path
+        server.apps.catalog.start()          # after the first answer of either era: off the answer path
 
     def refused_batch(self, batch, tickets):
         """An empty batch, or one in a session that did not negotiate batches, answered with one error."""
@@ -733,7 +733,6 @@ class Request:
         self.ticket = ticket                 # set once the client cancels the request
         self.reads = None                    # a Reads while a scope of this call shares its node reads
         self.named = {}                      # argument -> the Carrier a namespace or group name resolved to
-        self.ran = None                      # (context id, method) of the app method this call ran last
 
     @property
     def modern(self):
@@ -2167,7 +2166,7 @@ def install_application(args, call):
         answer = install_from_registry(server, *package_and_version(coords))
     else:
         answer = server.node.install_dev_application(bundle_path(server.node, path))
-    server.apps.catalog.refresh()                   # logs, never raises: the install itself succeeded
+    server.apps.catalog.refresh()           # logs, never raises: the install itself succeeded
     summary = installed_summary(server.apps, answer["applicationId"], coords)
     if before is not None:
         summary = what_changed(server.apps, before.get(answer["applicationId"]), summary)
@@ -2282,7 +2281,8 @@ def installed_summary(apps, app_id, coords):
         app = None
     package, version = package_and_version(coords) if coords is not None else (None, None)
     return {"applicationId": app_id, "package": app.package if app else package,
-            "version": app.version if app else version, "tools": apps.catalog.tool_count_of(app_id), "note": INSTALLED_NOTE}
+            "version": app.version if app else version, "tools": apps.catalog.tool_count_of(app_id),
+            "note": INSTALLED_NOTE}
 
 
 def bundle_path(node, path):
@@ -3104,29 +3104,28 @@ def call_tool(args, call):
     ran = run_call(call.server.apps, args)
     text = plain_text(ran.value)
     refuse_oversized(args.get("method"), text, call.server.config.result_bound)
-    if ran.value is None and ran.returns_nothing:     # a null of a method that returns a value is that value
-        return {"content": [{"type": "text", "text": "null"}, what_ran(call, args)]}
+    if ran.unit_null:                           # a null of a method that returns a value is that value
+        return {"content": [{"type": "text", "text": "null"}, what_ran(ran.context_id, args.get("method"), args)]}
     return text
 
 
-def what_ran(call, args):
-    """A method that returns nothing answers null; this block says that it ran, and where."""
-    context_id, method = call.ran or (None, args.get("method"))
+def what_ran(context_id, method, args):
+    """A method that returns nothing answers null; this block says that it ran, and where (`args` the call's, for
+    the alias it named)."""
     named = [args.get(key) for key in ("_context", "context") if isinstance(args.get(key), str)]
     alias = next((value for value in named if value != context_id), None)
     return {"type": "text", "text": "%s ran in context %s%s; it returns nothing." % (
         method, context_id, ' (alias "%s")' % alias if alias else "")}
 
 
-Ran = namedtuple("Ran", "context_id returns_nothing value")
+Ran = namedtuple("Ran", "context_id unit_null value")     # unit_null: the value is the null of a unit method
 
 
 def run_call(apps, args, cancelled=None):
-    """What `call` runs, and where: a Ran of the context it was admitted to, whether the method returns unit, and
-    its value."""
+    """What `call` runs, and where: a Ran of the context it was admitted to and the method's value."""
     early = ahead(apps, *call_reads(apps, args))
     admitted = admit_call(apps, args)
-    apps.catalog.ensure_in_catalog(admitted.unit.app)   # tools.md: a catalog miss makes call read the list again too
+    apps.catalog.ensure_in_catalog(admitted.unit.app)     # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
     method_args = args.get("args")
     if method_args is not None and not isinstance(method_args, dict):
@@ -3134,7 +3133,8 @@ def run_call(apps, args, cancelled=None):
     if cancelled is not None and cancelled.is_set():
         raise Cancelled()
     value = execute(apps, admitted, method, method_args or {}, early)
-    return Ran(admitted.context_id, heavy("abi").returns_unit(admitted.unit.manifest, method), value)
+    unit_null = value is None and heavy("abi").returns_unit(admitted.unit.manifest, method)
+    return Ran(admitted.context_id, unit_null, value)
 
 
 def admit_call(apps, args):
@@ -3248,7 +3248,7 @@ def call_many_item(call, item):
         refuse_oversized(item.get("method"), plain_text(ran.value), server.config.result_bound)
         # The id of the context an alias named: what the next call, or the user, may need. (A handle's context id
         # came with the handle, from select_app.)
-        aliased = [item.get(key) for key in ("context", "_context") if item.get(key) not in (None, ran.context_id)]
+        aliased = any(item.get(key) not in (None, ran.context_id) for key in ("context", "_context"))
         return dict({"contextId": ran.context_id} if aliased else {}, ok=True, result=ran.value)
     except Cancelled:
         return {"ok": False, "error": "Cancelled before it ran."}
@@ -4091,9 +4091,6 @@ def execute(apps, admitted, method, args, early=None):
     (early_view) stands for the execute only when it was this very request."""
     refuse_unless_view(apps, method, admitted.unit.app)
     wire_args = wire_arguments(apps, admitted.unit, method, args)
-    request = current_request()
-    if request is not None:
-        request.ran = (admitted.context_id, method.name)     # what_ran says it for a method returning unit
     if early is not None and early[:3] == (admitted.context_id, method.name, wire_args):
         if early.error is not None:
             raise early.error
@@ -4241,7 +4238,7 @@ def invoke_generated(name, args, call):
     binding = current_binding(apps, binding)
     admitted = admit_generated(apps, binding.unit, binding.method, args)
     value = execute(apps, admitted, binding.method, strip_injected(binding.method, args), early)
-    return generated_result(binding, value, call)
+    return generated_result(binding, value, call, admitted.context_id)
 
 
 def current_binding(apps, binding):
@@ -4300,13 +4297,13 @@ def strip_injected(method, args):
     return {k: v for k, v in args.items() if declared(method, k) or k not in abi.INJECTED_NAMES}
 
 
-def generated_result(binding, value, call):
+def generated_result(binding, value, call, context_id):
     """Compact JSON text, plus structuredContent for a method that returns something (reference §3.14)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     refuse_oversized(binding.method.name, text, call.server.config.result_bound)
     result = {"content": [{"type": "text", "text": text}]}
-    if value is None and heavy("abi").returns_unit(binding.unit.manifest, binding.method):
-        result["content"].append(what_ran(call, {"method": binding.method.name}))
+    if value is None and not binding.has_output:                # a unit method: has_output is its return type's
+        result["content"].append(what_ran(context_id, binding.method.name, {}))
     if binding.has_output:
         wrapped = binding.wraps and call.server.wraps_output(call)
         result["structuredContent"] = {"result": value} if wrapped else value
@@ -4354,7 +4351,7 @@ def count_tools(env, node):
     apps = server.apps
     installed = apps.installed()
     unmatched = apps.catalog.budget.unmatched(installed)
-    apps.catalog.budget.warned.update(unmatched)          # --check reports them itself, not as a log line too
+    apps.catalog.budget.warned.update(unmatched)  # --check reports them itself, not as a log line too
     apps.catalog.first_read_here()
     tools = server.tool_definitions(Request(server, None, {}, None, None))
     fewest = Server(None, dict(env, CALIMERO_MCP_TOOLSETS="core")).fixed_definitions
