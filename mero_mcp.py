@@ -726,7 +726,7 @@ class Request:
     that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
     or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
 
-    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "ran")
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named")
 
     def __init__(self, server, request_id, meta, version, ticket):
         self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
@@ -1356,13 +1356,18 @@ def read_only_refusal(name):
             "node. %s" % (name, READ_ONLY_VARIABLE, READ_ONLY_UNSET))
 
 
-def refuse_unless_view(apps, method, app):
+def refuse_unless_view(apps, method, app, listed=None):
     """Read-only mode runs [view] methods only, whichever tool asks (call, call_many, a generated tool whose app
-    was upgraded meanwhile); an intent left unspecified could write, so it is refused too."""
-    if apps.server.config.read_only and not heavy("abi").is_read_only(method):
-        raise ToolError("Method %s of %s is not [view] (intent %s): this server runs read-only (%s), so only [view] "
-                        "methods run. %s" % (method.name, app.key, method.intent or "unspecified", READ_ONLY_VARIABLE,
-                                             READ_ONLY_UNSET))
+    was upgraded meanwhile), by the ABI of the build installed now (`app`, read live by this call; `listed`: the
+    method as its tool was listed, when that was another build); an intent left unspecified could write, so it
+    is refused too."""
+    is_view = heavy("abi").is_read_only
+    if apps.server.config.read_only and not is_view(method):
+        was = ("; it was [view] when this tool was listed" if listed is not None and is_view(listed) else "")
+        raise ToolError("Method %s of %s is not [view] in the installed build (version %s, intent %s%s): this server "
+                        "runs read-only (%s), so only [view] methods run. %s"
+                        % (method.name, app.key, app.version or "unknown", method.intent or "unspecified", was,
+                           READ_ONLY_VARIABLE, READ_ONLY_UNSET))
 
 
 # ---- arguments: one reader for every fixed tool ----
@@ -3105,15 +3110,15 @@ def call_tool(args, call):
     text = plain_text(ran.value)
     refuse_oversized(args.get("method"), text, call.server.config.result_bound)
     if ran.unit_null:                           # a null of a method that returns a value is that value
-        return {"content": [{"type": "text", "text": "null"}, what_ran(ran.context_id, args.get("method"), args)]}
+        return {"content": [{"type": "text", "text": "null"}, what_ran(
+            ran.context_id, args.get("method"), [args.get(key) for key in ("_context", "context")])]}
     return text
 
 
-def what_ran(context_id, method, args):
-    """A method that returns nothing answers null; this block says that it ran, and where (`args` the call's, for
-    the alias it named)."""
-    named = [args.get(key) for key in ("_context", "context") if isinstance(args.get(key), str)]
-    alias = next((value for value in named if value != context_id), None)
+def what_ran(context_id, method, named):
+    """A method that returns nothing answers null; this block says that it ran, and where: the context id, and
+    the alias the call named it by (`named`: the call's context arguments)."""
+    alias = next((value for value in named if isinstance(value, str) and value.strip() != context_id), None)
     return {"type": "text", "text": "%s ran in context %s%s; it returns nothing." % (
         method, context_id, ' (alias "%s")' % alias if alias else "")}
 
@@ -3123,7 +3128,7 @@ Ran = namedtuple("Ran", "context_id unit_null value")     # unit_null: the value
 
 def run_call(apps, args, cancelled=None):
     """What `call` runs, and where: a Ran of the context it was admitted to and the method's value."""
-    early = ahead(apps, *call_reads(apps, args))
+    ahead(apps, call_reads(apps, args))
     admitted = admit_call(apps, args)
     apps.catalog.ensure_in_catalog(admitted.unit.app)     # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
@@ -3132,7 +3137,7 @@ def run_call(apps, args, cancelled=None):
         raise ToolError("args must be an object keyed by parameter name, not a %s." % type(method_args).__name__)
     if cancelled is not None and cancelled.is_set():
         raise Cancelled()
-    value = execute(apps, admitted, method, method_args or {}, early)
+    value = execute(apps, admitted, method, method_args or {})
     unit_null = value is None and heavy("abi").returns_unit(admitted.unit.manifest, method)
     return Ran(admitted.context_id, unit_null, value)
 
@@ -3303,6 +3308,11 @@ class AppRecord(namedtuple("AppRecord", "id package version signer_id name descr
     @property
     def key(self):
         return self.package or self.id
+
+    @property
+    def build(self):
+        """What identifies the build this record names: an ABI read for one build is never used for another."""
+        return (self.id, self.blob, self.version)
 
     @property
     def label(self):
@@ -3605,11 +3615,10 @@ class Apps:
 
     def __init__(self, server):
         self.server = server
-        self.manifests = {}                       # (blob id, service) -> abi.Manifest
-        self.validators = {}                      # (blob id, service, method) -> abi.Validator
+        self.manifests = {}                       # (AppRecord.build, service) -> abi.Manifest
+        self.validators = {}                      # (AppRecord.build, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
         self.shown_guides = set()                 # guide uris this session has already shown in full
-        self.seen_contexts = {}                   # context id -> (applicationId, serviceName) its last read gave
         self._handle_key = None
         self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
         self.catalog = Catalog(self)
@@ -3673,7 +3682,7 @@ class Apps:
 
     def manifest(self, app, service=None):
         abi = own_module("abi")          # every app tool reads a manifest: a missing abi.py is said here, by name
-        key = (app.blob or app.id, service)
+        key = (app.build, service)
         cached = self.manifests.get(key)
         if cached is not None:
             return cached
@@ -3686,7 +3695,7 @@ class Apps:
         return manifest
 
     def validator(self, unit, method):
-        key = (unit.app.blob or unit.app.id, unit.service, method.name)
+        key = (unit.app.build, unit.service, method.name)
         found = self.validators.get(key)
         if found is None:
             found = self.validators[key] = heavy("abi").Validator(unit.manifest, method)
@@ -3696,22 +3705,7 @@ class Apps:
         return self.node.contexts_of(app.id)
 
     def context_by_id(self, context_id):
-        return self.memo(("context", context_id), lambda: self.read_context(context_id))
-
-    def read_context(self, context_id):
-        context = self.node.context(context_id)
-        if context is None:
-            self.seen_contexts.pop(context_id, None)
-        else:
-            if len(self.seen_contexts) >= SEEN_CONTEXTS:
-                self.seen_contexts.clear()
-            self.seen_contexts[context_id] = (context.get("applicationId"), context.get("serviceName"))
-        return context
-
-    def seen_running(self, context_id, unit):
-        """Whether this context's last read showed it running the unit's app and service (early_view)."""
-        seen = self.seen_contexts.get(context_id)
-        return seen is not None and seen[0] == unit.app.id and (seen[1] or unit.app.sole_service) == unit.service
+        return self.memo(("context", context_id), lambda: self.node.context(context_id))
 
     def read_named_context(self, value):
         """What admission reads for a context argument, into the call's memo: its alias's lookup, its record."""
@@ -3738,9 +3732,21 @@ class Apps:
             raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
                             % (value, self.candidates(app, label, value)))
         if context.get("applicationId") != app.id:
-            raise ToolError('Context "%s" does not belong to "%s". %s' % (value, label,
-                                                                          self.candidates(app, label, value)))
+            raise ToolError('Context "%s" %s. %s' % (value, self.runs_other(context, app, label),
+                                                     self.candidates(app, label, value)))
         return context
+
+    def runs_other(self, context, app, label=None):
+        """What a context that does not run `app` runs instead, both named: `now runs com.b (application <id>),
+        not "com.a"` (its group may have been moved to another application since it was picked)."""
+        other_id = context.get("applicationId")
+        try:
+            other = self.app_by_id(other_id) if is_hex_id(other_id) else None
+        except Exception:                # the refusal stands without the other app's name
+            other = None
+        named = "%s (application %s)" % (other.key, other_id) if other is not None and other.package else \
+            "application %s" % other_id
+        return 'now runs %s, not "%s"' % (named, label or app.key)
 
     def candidates(self, app, label, rejected):
         ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
@@ -3977,12 +3983,12 @@ class Catalog:
 
     def missing_from_catalog(self, app):
         if self.budget.admits(app):
-            return not any(u.app.id == app.id and u.app.blob == app.blob for u in self.snapshot.units)
+            return not any(u.app.build == app.build for u in self.snapshot.units)
         return app.guide_uri is not None and self.served_guide_uri(app) is None
 
     def unit_for(self, app, service):
         for unit in self.snapshot.units:
-            if unit.app.id == app.id and unit.service == service and unit.app.blob == app.blob:
+            if unit.app.build == app.build and unit.service == service:
                 return unit
         return Unit(app, service, self.apps.manifest(app, service))
 
@@ -4019,7 +4025,6 @@ class Catalog:
 # ---- admission: one path for call, call_many and generated tools (reference §3.7, §3.12, §3.14) ----
 
 Admitted = namedtuple("Admitted", "unit context_id")
-SEEN_CONTEXTS = 4096                             # contexts whose app this server remembers (early_view)
 
 
 def refusal_for(apps, app, text=None):
@@ -4040,23 +4045,41 @@ def foreign_handle(apps, handle, app, service=None):
 
 
 def admit_handle(apps, handle, app, service, context_value=None, context_label=None):
-    """Check a signed handle against the app as installed now and its live context; the context id."""
+    """Check a signed handle against the app as installed now and its live context; the context id. A refusal
+    says what changed since the handle was made."""
     current = handle_for(app, handle.service, handle.context)
     if handle[:4] != current[:4]:
-        raise refusal_for(apps, app)
+        raise refusal_for(apps, app, moved_on(handle, app) + RETRY_TEXT % app.key)
     if handle.service != service:
         raise foreign_handle(apps, handle, app, service) if handle.service and service else refusal_for(apps, app)
     if handle.context is None:
         raise Refusal(NO_CONTEXT_HANDLE % app.key)
     context = apps.context_by_id(handle.context)
-    if context is None or context.get("applicationId") != app.id or context_service(context, app) != service:
-        raise refusal_for(apps, app)
+    if context is None:
+        raise refusal_for(apps, app, "This app_handle's context %s is no longer on this node. %s"
+                          % (handle.context, RETRY_TEXT % app.key))
+    if context.get("applicationId") != app.id:
+        raise refusal_for(apps, app, "This app_handle's context %s %s. %s"
+                          % (handle.context, apps.runs_other(context, app), RETRY_TEXT % app.key))
+    if context_service(context, app) != service:
+        raise refusal_for(apps, app, "This app_handle's context %s now runs service %s, not %s. %s"
+                          % (handle.context, context_service(context, app), service, RETRY_TEXT % app.key))
     if context_value is not None:
         other = apps.resolve_context(context_value, app, context_label or app.key)
         if other["id"] != handle.context:
             raise Refusal("The app_handle and context name different contexts (%s and %s). Pass one of them. %s"
                           % (handle.context, other["id"], RETRY_TEXT % app.key))
     return handle.context
+
+
+def moved_on(handle, app):
+    """What changed in a handle's app since select_app made it (its version, else its guide)."""
+    if handle.version != (app.version or ""):
+        return "This app_handle is for version %s of %s; version %s is installed now. " % (
+            handle.version or "(none)", app.key, app.version or "(none)")
+    if handle.guide != app.guide_hash:
+        return "The guide of %s %s has changed since this app_handle was made. " % (app.key, app.version or "")
+    return "This app_handle was made for another installation of %s. " % app.key
 
 
 def context_service(context, app):
@@ -4085,16 +4108,13 @@ def find_method(unit, name):
     raise ToolError('Method "%s" not found on "%s". Available: %s' % (name, unit.app.key, available))
 
 
-def execute(apps, admitted, method, args, early=None):
+def execute(apps, admitted, method, args, listed=None):
     """Validate against the ABI, then run; nothing reaches the node when the arguments are wrong (an argument
-    the method does not declare included: `call`'s args hold the method's arguments only). An early answer
-    (early_view) stands for the execute only when it was this very request."""
-    refuse_unless_view(apps, method, admitted.unit.app)
+    the method does not declare included: `call`'s args hold the method's arguments only). Only admission's
+    callers reach here: the context and its app were read live by this very call, and `method` is from the ABI
+    of the build that app record names (`listed`: the method as a generated tool listed it, when that differs)."""
+    refuse_unless_view(apps, method, admitted.unit.app, listed)
     wire_args = wire_arguments(apps, admitted.unit, method, args)
-    if early is not None and early[:3] == (admitted.context_id, method.name, wire_args):
-        if early.error is not None:
-            raise early.error
-        return early.value
     return apps.node.execute(admitted.context_id, method.name, wire_args)
 
 
@@ -4111,25 +4131,19 @@ def wire_arguments(apps, unit, method, args):
     return wire_args
 
 
-# ---- a call's requests, sent together: admission's reads, and a [view] method's early execute ----
-# Over a network each request costs a round trip, so those that need no other's answer go out at once (node-api
-# §0.7): the app record beside the context record (a context's applicationId is the same for every version of
-# its app) and an alias's lookup beside both. Admission then decides on their answers exactly as it would have
-# read them one by one.
+# ---- a call's reads, sent together ----
+# Over a network each request costs a round trip, so admission's reads that need no other's answer go out at once
+# (node-api §0.7): the app record beside the context record (a context's applicationId is the same for every
+# version of its app) and an alias's lookup beside both. Admission then decides on their answers exactly as it
+# would have read them one by one, and nothing executes before it has: a remote call costs 2 round trips by context
+# id or handle, 3 by alias (the lookup first: execute takes only a context id).
 
-EarlyAnswer = namedtuple("EarlyAnswer", "context_id method args value error")
-
-
-def ahead(apps, reads, early=None):
-    """Make admission's reads (into the call's memo, where admission finds them) and the early execute together,
-    and wait for all; the early execute's EarlyAnswer, or None. A read's failure is raised where admission asks
-    for it."""
+def ahead(apps, reads):
+    """Make admission's reads together, into the call's memo (where admission finds them), and wait for all. A
+    read's failure is raised where admission asks for it."""
     request = current_request()
-    if request is None or request.reads is None:
-        reads = ()                      # no memo to read into: admission reads as it goes
-    thunks = [quietly(read) for read in reads] + ([early] if early else [])
-    done = together(*thunks)
-    return done[-1] if early else None
+    if request is not None and request.reads is not None:  # no memo to read into: admission reads as it goes
+        together(*[quietly(read) for read in reads])
 
 
 def quietly(read):
@@ -4141,90 +4155,29 @@ def quietly(read):
     return run
 
 
-def early_view(apps, units, method_name, args, context_value):
-    """A [view] method changes nothing, so its execute may go out beside admission's reads, its answer shown only
-    once admission passes (execute). Only for a context whose last read showed it running the unit's app: another
-    app's method of that name may write, so a context seen for the first time is admitted before anything
-    executes. A thunk giving the EarlyAnswer, or None when it sends nothing (a method that writes, arguments that
-    do not check, a cancelled call); None where no early execute can apply."""
-    if not units or not isinstance(context_value, str) or not isinstance(args, dict):
-        return None
-    request = current_request()
-
-    def send():
-        try:
-            context_id = apps.context_id(context_value.strip())   # an alias: the one lookup admission reads too
-            unit = next((u for u in units if context_id and apps.seen_running(context_id, u)), None)
-            method = next((m for m in unit.manifest.methods if m.name == method_name), None) if unit else None
-            if method is None or not heavy("abi").is_read_only(method) or cancelled_now(request):
-                return None
-            wire_args = wire_arguments(apps, unit, method, args)
-        except Exception:
-            return None                 # admission says what is wrong
-        try:
-            return EarlyAnswer(context_id, method.name, wire_args,
-                               apps.node.execute(context_id, method.name, wire_args), None)
-        except Exception as error:
-            return EarlyAnswer(context_id, method.name, wire_args, None, error)
-    return send
-
-
-def cancelled_now(request):
-    return request is not None and request.ticket is not None and request.ticket.is_set()
-
-
 def generated_reads(apps, binding, args):
-    """What a generated tool's admission reads (its app's record, the context its handle or context argument
-    names) and the early execute beside them."""
-    unit, method = binding.unit, binding.method
+    """What a generated tool's admission reads: its app's record, the context its handle or context argument
+    names."""
     handle = read_handle(apps.handle_key, args.get("app_handle"))
-    values = context_arguments(method, args)
-    reads = [partial(apps.app_by_id, unit.app.id)] + [partial(apps.read_named_context, v) for v in values]
+    reads = [partial(apps.app_by_id, binding.unit.app.id)]
+    reads += [partial(apps.read_named_context, v) for v in context_arguments(binding.method, args)]
     if handle is not None and handle.context:
         reads.append(partial(apps.context_by_id, handle.context))
-    target = early_target(handle.context if handle is not None else None, values)
-    if handle is not None and handle.app != unit.app.id:
-        target = None                   # another app's handle: refused before anything runs
-    return reads, early_view(apps, [unit], method.name, strip_injected(method, args), target)
-
-
-def early_target(handled, values):
-    """The context an early execute may go to: the one the call names, once or in agreeing words (a handle's
-    context and another context argument may disagree, which admission must say first)."""
-    named = {handled} if handled else set()
-    named.update(v for v in values if isinstance(v, str))
-    return named.pop() if len(named) == 1 else None
+    return reads
 
 
 def call_reads(apps, args):
-    """What call's admission reads (the app by its handle's id, the list a name resolves in, the contexts named)
-    and the early execute beside them, for the units the catalog holds of that app."""
+    """What call's admission reads: the app by its handle's id or the list a name resolves in, the contexts
+    named."""
     handle = read_handle(apps.handle_key, args.get("app_handle"))
-    named = args.get("app") if isinstance(args.get("app"), str) else None
-    values = [v for v in (args.get("context"), args.get("_context")) if v is not None]
-    reads = [apps.installed] if named is not None else []
-    reads += [partial(apps.read_named_context, v) for v in values]
+    reads = [apps.installed] if isinstance(args.get("app"), str) else []
+    reads += [partial(apps.read_named_context, v) for v in (args.get("context"), args.get("_context"))
+              if v is not None]
     if handle is not None:
         reads.append(partial(apps.app_by_id, handle.app))
         if handle.context:
             reads.append(partial(apps.context_by_id, handle.context))
-        units = [u for u in apps.catalog.snapshot.units if u.app.id == handle.app and u.service == handle.service]
-    else:
-        app = catalog_app(apps, named)
-        units = [u for u in apps.catalog.snapshot.units if app is not None and u.app.id == app.id]
-    target = early_target(handle.context if handle is not None else None, values)
-    method_args = args.get("args") if args.get("args") is not None else {}
-    return reads, early_view(apps, units, args.get("method"), method_args, target)
-
-
-def catalog_app(apps, name):
-    """The app a name resolves to in the catalog (the guess an early execute goes by), or None."""
-    if not isinstance(name, str) or not name.strip():
-        return None
-    try:
-        return resolve_among(list({u.app.id: u.app for u in apps.catalog.snapshot.units}.values()), name.strip())
-    except ToolError:
-        return None
+    return reads
 
 
 # ---- generated method tools ----
@@ -4234,27 +4187,33 @@ def invoke_generated(name, args, call):
     binding = apps.catalog.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
-    early = ahead(apps, *generated_reads(apps, binding, args))
-    binding = current_binding(apps, binding)
+    ahead(apps, generated_reads(apps, binding, args))
+    listed, binding = binding, current_binding(apps, binding)
     admitted = admit_generated(apps, binding.unit, binding.method, args)
-    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args), early)
-    return generated_result(binding, value, call, admitted.context_id)
+    value = execute(apps, admitted, binding.method, strip_injected(binding.method, args),
+                    listed.method if listed is not binding else None)
+    return generated_result(binding, value, call, admitted.context_id, context_arguments(binding.method, args))
 
 
 def current_binding(apps, binding):
-    """The tool's app as installed now: an upgrade re-checks against the new ABI or refuses (reference §3.14)."""
+    """The tool's app as installed now (this call's live read of its record): another build re-checks against
+    that build's own ABI, never the listed one (the catalog is read again for it), or refuses (reference §3.14)."""
     unit = binding.unit
     live = apps.app_by_id(unit.app.id)
     if live is None:
         apps.catalog.refresh()
         raise refusal_for(apps, unit.app)
-    if live.blob == unit.app.blob and live.version == unit.app.version and live.guide_hash == unit.app.guide_hash:
+    if live.build == unit.app.build and live.guide_hash == unit.app.guide_hash:
         return binding
     apps.catalog.refresh()
-    for fresh in apps.catalog.snapshot.bindings.values():
-        if (fresh.unit.app.id == live.id and fresh.unit.service == unit.service and fresh.unit.app.blob == live.blob
+    snapshot = apps.catalog.snapshot
+    for fresh in snapshot.bindings.values():
+        if (fresh.unit.app.build == live.build and fresh.unit.service == unit.service
                 and fresh.method.name == binding.method.name):
             return fresh
+    if any(u.app.build == live.build and u.service == unit.service for u in snapshot.units):
+        raise refusal_for(apps, live, 'Method "%s" is not in %s %s, installed since this tool was listed. %s'
+                          % (binding.method.name, live.key, live.version or "", RETRY_TEXT % live.key))
     raise refusal_for(apps, live)
 
 
@@ -4297,13 +4256,13 @@ def strip_injected(method, args):
     return {k: v for k, v in args.items() if declared(method, k) or k not in abi.INJECTED_NAMES}
 
 
-def generated_result(binding, value, call, context_id):
+def generated_result(binding, value, call, context_id, named=()):
     """Compact JSON text, plus structuredContent for a method that returns something (reference §3.14)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     refuse_oversized(binding.method.name, text, call.server.config.result_bound)
     result = {"content": [{"type": "text", "text": text}]}
     if value is None and not binding.has_output:                # a unit method: has_output is its return type's
-        result["content"].append(what_ran(context_id, binding.method.name, {}))
+        result["content"].append(what_ran(context_id, binding.method.name, named))
     if binding.has_output:
         wrapped = binding.wraps and call.server.wraps_output(call)
         result["structuredContent"] = {"result": value} if wrapped else value

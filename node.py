@@ -104,7 +104,11 @@ class NodeError(Exception):
 
 
 class NotSent(NodeError):
-    """A request refused before anything reached the node (its body cannot be encoded)."""
+    """A request that never left: nothing of it reached the node (`BodyTooDeep`, `CancelledBeforeSent`)."""
+
+
+class BodyTooDeep(NotSent):
+    """A body nested too deeply to encode (more levels than Python's JSON encoder allows)."""
 
 
 class CancelledBeforeSent(NotSent):
@@ -2116,7 +2120,7 @@ class Node:
                 "params": {"contextId": context_id, "method": method, "argsJson": {} if args is None else args}}
         try:
             answer = self._exchange("POST", "/jsonrpc", body=body, timeout=timeout)
-        except NotSent:
+        except BodyTooDeep:             # a cancel (CancelledBeforeSent) goes on as it is
             raise NodeError("%s was not sent to the node: its arguments are nested too deeply to encode (more "
                             "levels than Python's JSON encoder allows)" % method) from None
         except RecursionError:          # json.loads gives up past Python's recursion limit
@@ -2619,7 +2623,7 @@ class Node:
             try:
                 data, content_type = json.dumps(body).encode("utf-8"), "application/json"
             except RecursionError:       # json.dumps gives up past Python's recursion limit: nothing went out
-                raise NotSent("%s %s was not sent: its body is nested too deeply to encode (more levels than "
+                raise BodyTooDeep("%s %s was not sent: its body is nested too deeply to encode (more levels than "
                               "Python's JSON encoder allows)" % (method, path)) from None
         response, url = self._response(method, path, params, data, content_type, timeout)
         return Answer(decode_json(response, url), response.content)

@@ -1266,6 +1266,8 @@ class NodeDouble:
                   a slow route beside any fault, e.g. one context's reads while another's stay quick)
     after_delete  faults that take effect once a DELETE has been carried out (a read failing after a delete)
     syncs lists every sync and resync asked ({context, force}; context None for "all").
+      move_group(group, app): the group and its contexts now run another application (their records say so);
+      upgrade_with_intents(app, version, {method: intent}): a new version whose ABI changes methods' intents;
       expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
       auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
     refusals lists every closed-set refusal (§0.5.1) as {method, path, field}: tests assert it stays empty.
@@ -1423,6 +1425,40 @@ class NodeDouble:
             if metadata is not None:
                 record["metadata"] = metadata
             self._remember_version(record)
+
+    def upgrade_with_intents(self, app_id: str, version: str, intents: Dict[str, str]) -> None:
+        """A new version whose ABI is the current one with these methods' intents changed ({method: "mutating"}):
+        a method [view] in the installed build becomes [mut] in the next (single-service apps)."""
+        with self._lock:
+            abi = json.loads(compact_json(self._apps[app_id]["abi"]))
+        for method in abi["methods"]:
+            if method["name"] in intents:
+                method["intent"] = intents[method["name"]]
+        self.upgrade_app(app_id, version, abi=abi)
+
+    def move_group(self, group_id: str, app_id: str) -> None:
+        """The group (and every context in it) now runs another application, as a group upgrade to another
+        application's id leaves it (§0.6: a different package or signer is a different id): the group runs that
+        row's current bytecode, and each context's record names that application at once (its version flips when
+        next used, §0.7)."""
+        app_id = self._app_key(app_id)
+        with self._lock:
+            group = self._group_or_404(group_id)
+            self._move_group_contexts([group], app_id)
+
+    def _move_group_contexts(self, groups: List[Dict[str, Any]], app_id: str) -> List[Dict[str, Any]]:
+        """Move `groups` to `app_id`'s current bytecode; their contexts (returned) name that application now."""
+        ids = {g["id"] for g in groups}
+        old = self._apps.get(groups[0]["applicationId"]) if groups else None
+        from_version = next((e["version"] for e in (old or {"history": []})["history"]
+                             if groups and e["blobId"] == groups[0]["bytecode"]), None)
+        for group in groups:
+            group.update(bytecode=self._blob_ids(self._apps[app_id])[0], applicationId=app_id, upgrade=None)
+        contexts = [c for c in self._contexts.values() if c["groupId"] in ids]
+        for context in contexts:
+            context["version"] = context.get("version") or from_version
+            context["applicationId"] = app_id
+        return contexts
 
     def _app_key(self, app: str) -> str:
         """Accept an app id or a package name (constructor convenience)."""
@@ -1613,7 +1649,8 @@ class NodeDouble:
                           {k.lower(): v for k, v in handler.headers.items()}, body)
         ok, parsed = parse_json_body(body) if body else (False, None)
         entry = {"method": request.method, "path": request.path, "query": dict(request.query),
-                 "headers": dict(request.headers), "json": parsed if ok else None, "body": body}
+                 "headers": dict(request.headers), "json": parsed if ok else None, "body": body,
+                 "at": time.monotonic()}   # arrival; "done_at" once answered: which request waited for which
         with self._lock:
             self.log.append(entry)
         try:
@@ -1627,6 +1664,7 @@ class NodeDouble:
             entry["cut"] = True        # the answer was not all written: the client stopped reading
         with self._lock:
             entry["answered"] = True   # written out: a test waiting on a late answer waits for this
+            entry["done_at"] = time.monotonic()
 
     def _wait_if_slow(self, path: str) -> None:
         with self._lock:
@@ -2601,10 +2639,7 @@ class NodeDouble:
                 raise error_reply(409, NOTHING_TO_UPGRADE.format(group["id"]))
             old = self._apps.get(group["applicationId"]) or {"history": []}
             from_version = next((e["version"] for e in old["history"] if e["blobId"] == group["bytecode"]), None)
-            for member in moved:
-                member.update(bytecode=bytecode, applicationId=target, upgrade=None)
-            for context in contexts:          # each flips when next used (§0.7)
-                context["version"] = context.get("version") or from_version
+            self._move_group_contexts(moved, target)   # each context's version flips when next used (§0.7)
             group["upgrade"] = {
                 "fromVersion": from_version, "toVersion": app["version"], "initiatedAt": int(time.time() * 1000), "initiatedBy": NODE_ACCOUNT,
                 "status": "in_progress", "localContextsTotal": len(contexts), "localContextsSwapped": 0,

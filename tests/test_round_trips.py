@@ -1,10 +1,11 @@
-"""What one app call sends the node, and the freshness rules its overlapped requests keep: round trips count
-when the node is across a network. Counts come from the double's request log; how long a call waits is bench/'s
-to measure.
+"""What one app call sends the node, and in what order: round trips count when the node is across a network.
+Counts and order come from the double's request log (each entry's arrival and answer); how long a call waits is
+bench/'s to measure.
 
 Contract: node-api.md §0.7 (what a call needs); tools.md (handles, aliases read live); reference-behaviour.md §3.8,
-§3.14 (the refusals). A [view] method's execute may go out beside the admission reads, for a context this server
-has already seen running the tool's app, and its answer is shown only once admission passes.
+§3.14 (the refusals). Nothing executes before this very call has read, live, the context's record and its
+application's record; the reads that need no other's answer go together. A remote call by context id or handle
+waits 2 round trips (the reads, then the execute), by alias 3 (the lookup first: execute takes only a context id).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 import time
 
 import pytest
-from node_double import NodeDouble, counter_spec, kv_store_spec
+from node_double import NodeDouble, counter_spec, kv_store_manifest, kv_store_spec
 
 KV = "com.calimero.kv-store"
 COPY = "com.example.kv-copy"
@@ -93,38 +94,52 @@ def kinds(requests):
 
 # ── what a call sends ─────────────────────────────────────────────────────────────────────────────────
 
-@pytest.mark.parametrize("context, expected", [
-    ("id", ["app", "context", "execute"]),
-    ("alias", ["alias", "app", "context", "execute"]),
+HOLD = 0.3          # each admission request is held this long, so requests sent together are seen together
+
+
+def round_trips(entries):
+    """The longest chain of requests each sent only after the one before it was answered: the round trips a
+    call waits when every request costs one."""
+    depth = []
+    for index, entry in enumerate(entries):
+        before = [depth[i] for i, other in enumerate(entries[:index]) if other["done_at"] <= entry["at"]]
+        depth.append(1 + max(before, default=0))
+    return max(depth, default=0)
+
+
+@pytest.mark.parametrize("context, expected, trips", [
+    ("id", ["app", "context", "execute"], 2),
+    ("alias", ["alias", "app", "context", "execute"], 3),
 ])
 @pytest.mark.parametrize("tool, args", [("kv_store_get", {"key": "greeting"}),
                                         ("kv_store_set", {"key": "k", "value": "v"})])
-def test_a_call_sends_each_request_once(server, world, context, expected, tool, args):
+def test_a_call_sends_each_request_once_in_its_round_trips(server, world, context, expected, trips, tool, args):
+    """A [view] and a [mut] call alike: the reads together (the alias first), then the execute."""
     named = world.first if context == "id" else "moving"
-    for _ in range(3):                                  # the first call, then the steady state
+    for _ in range(2):                                  # the first call, then the steady state
         since = world.mark()
         answer(server.call_tool(tool, dict(args, context=named)))
-        assert sorted(kinds(world.requests(since))) == sorted(expected)
+        sent = kinds(world.requests(since))
+        assert sorted(sent) == sorted(expected) and sent[-1] == "execute", sent
+    world.double.slow = {path: HOLD for path in ADMISSION_PATHS}
+    since = world.mark()
+    answer(server.call_tool(tool, dict(args, context=named)))
+    entries = [e for e in world.double.log[since:] if e["path"].startswith(ADMISSION_PATHS)]
+    assert round_trips(entries) == trips, kinds(world.requests(since))
 
 
-def test_a_first_seen_context_is_admitted_before_anything_executes(server, world):
+def test_a_context_that_cannot_be_read_is_refused_before_anything_executes(server, world):
     # Its read fails once (a 404): admission refuses, and nothing executed meanwhile.
+    answer(server.call_tool("kv_store_get", {"context": world.second, "key": "greeting"}))
+    executed = len(world.double.executions)
     world.double.faults = {"status": 404, "paths": ["/admin-api/contexts/"], "times": 1}
     refused = server.call_tool("kv_store_get", {"context": world.second, "key": "greeting"})
     assert refused["isError"] and "not found" in text_of(refused), refused
-    assert world.double.executions == []
+    assert len(world.double.executions) == executed
     since = world.mark()
     assert answer(server.call_tool("kv_store_get", {"context": world.second, "key": "greeting"})) == "from the second"
     sent = kinds(world.requests(since))
     assert sent.index("execute") > sent.index("context") and sent.index("execute") > sent.index("app"), sent
-
-
-def test_a_write_waits_for_admission(server, world):
-    for _ in range(2):                                  # seen or not, a [mut] method runs only once admitted
-        since = world.mark()
-        answer(server.call_tool("kv_store_set", {"context": world.first, "key": "k", "value": "v"}))
-        sent = kinds(world.requests(since))
-        assert sent[-1] == "execute" and sorted(sent[:-1]) == ["app", "context"], sent
 
 
 def test_call_many_reads_the_app_and_the_context_once(server, world):
@@ -137,7 +152,48 @@ def test_call_many_reads_the_app_and_the_context_once(server, world):
         assert sorted(sent) == ["GET /admin-api/applications", "context"] + ["execute"] * 32, sent
 
 
+# ── no execute before this call's own reads ───────────────────────────────────────────────────────
+
+def executes_before_their_reads(entries):
+    """Each execute whose context's record this call had not read (an answer come back) when it arrived."""
+    late = []
+    for index, entry in enumerate(entries):
+        if entry["path"] != "/jsonrpc":
+            continue
+        context_id = entry["json"]["params"]["contextId"]
+        read = [e for e in entries[:index] if e["method"] == "GET" and e["path"] == "/admin-api/contexts/" + context_id
+                and e.get("done_at") is not None and e["done_at"] <= entry["at"]]
+        if not read:
+            late.append((context_id, entry["json"]["params"]["method"]))
+    return late
+
+
+def test_no_execute_precedes_the_same_calls_context_read(server, world):
+    """Generated tools, call and call_many's items, by context id, alias and handle, [view] and [mut], each call
+    twice (the second on contexts this server has read before): in the double's log every execute comes after
+    this very call read its context's record."""
+    handle = handle_of(server, KV, world.second)
+    get, put = {"key": "greeting"}, {"key": "k", "value": "v"}
+    calls = []
+    for named in ({"context": world.first}, {"context": "moving"}, {"app_handle": handle}):
+        calls += [("kv_store_get", dict(get, **named)), ("kv_store_set", dict(put, **named))]
+        by_app = dict(named) if "app_handle" in named else dict(named, app=KV)
+        calls += [("call", dict(by_app, method="get", args=get)), ("call", dict(by_app, method="set", args=put))]
+    items = [args for tool, args in calls if tool == "call"]
+    calls.append(("call_many", {"calls": items}))
+    for _ in range(2):
+        for tool, args in calls:
+            since = world.mark()
+            answer(server.call_tool(tool, args))
+            entries = world.double.log[since:]
+            assert any(e["path"] == "/jsonrpc" for e in entries), (tool, args)
+            assert executes_before_their_reads(entries) == [], (tool, args, kinds(world.requests(since)))
+
+
 # ── freshness ─────────────────────────────────────────────────────────────────────────────────────
+
+UPGRADED = "This app_handle is for version 1.0.0 of %s; version 1.1.0 is installed now. " % KV
+
 
 @pytest.mark.parametrize("via", ["generated", "call"])
 def test_a_handle_is_refused_right_after_an_upgrade(server, world, via):
@@ -146,9 +202,10 @@ def test_a_handle_is_refused_right_after_an_upgrade(server, world, via):
                   ("call", {"app_handle": handle, "method": "get", "args": {"key": "greeting"}}))
     assert answer(server.call_tool(tool, args)) == "from the first"
     world.double.upgrade_app(world.kv, "1.1.0")
+    executed = len(world.double.executions)
     refused = server.call_tool(tool, args)
-    assert refused["isError"] and text_of(refused) == RETRY % KV
-    assert "from the first" not in json.dumps(refused)
+    assert refused["isError"] and text_of(refused) == UPGRADED + RETRY % KV     # what changed, then what to do
+    assert len(world.double.executions) == executed
     fresh = dict(args, app_handle=handle_of(server, KV, world.first))
     assert answer(server.call_tool(tool, fresh)) == "from the first"
 
@@ -164,41 +221,82 @@ def test_an_alias_repointed_between_two_calls_is_followed(server, world, tool, a
     assert kinds(world.requests(since)).count("alias") == 1
 
 
+def moved_text(value, first, now_id):
+    return 'Error: Context "%s" now runs %s (application %s), not "%s".' % (value, COPY, now_id, first)
+
+
 @pytest.mark.parametrize("tool, args", [
     ("kv_store_get", {"key": "greeting"}),
     ("call", {"app": KV, "method": "get", "args": {"key": "greeting"}}),
 ])
-def test_a_context_moved_to_another_app_is_refused_without_its_answer(server, world, tool, args):
+def test_a_context_moved_to_another_app_is_refused_before_anything_runs(server, world, tool, args):
     assert answer(server.call_tool(tool, dict(args, context=world.first))) == "from the first"
     world.move(world.first, world.copy)
-    # The context's read is held, so the early execute decides on what the last read showed (the kv store):
-    # overlapped, the read could otherwise land first and nothing would go out early.
-    world.double.slow["/admin-api/contexts/" + world.first] = 0.5
-    executed = len(world.double.executions)
+    # Held, the context's read comes back last: nothing may go out before it.
+    world.double.slow["/admin-api/contexts/" + world.first] = HOLD
+    since = world.mark()
     refused = server.call_tool(tool, dict(args, context=world.first))
-    assert refused["isError"] and text_of(refused).startswith(
-        'Error: Context "%s" does not belong to "%s".' % (world.first, KV)), refused
-    # The early execute went out (the context was seen running the kv store) and ran the other app's method: its
-    # answer is nowhere in the refusal.
-    assert [e["method"] for e in world.double.executions[executed:]] == ["get"]
-    assert "from the first" not in json.dumps(refused)
-    # Its read now shows the other app: nothing runs before admission any more.
-    again = server.call_tool(tool, dict(args, context=world.first))
-    assert again["isError"] and len(world.double.executions) == executed + 1
+    assert refused["isError"] and text_of(refused).startswith(moved_text(world.first, KV, world.copy)), refused
+    assert "/jsonrpc" not in [e["path"] for e in world.double.log[since:]]
 
 
-def test_a_handle_whose_context_moved_is_refused_without_its_answer(server, world):
+def test_a_handle_whose_context_moved_is_refused_naming_both_apps(server, world):
     handle = handle_of(server, KV, world.first)
     assert answer(server.call_tool("kv_store_get", {"app_handle": handle, "key": "greeting"})) == "from the first"
     world.move(world.first, world.copy)
+    since = world.mark()
     refused = server.call_tool("kv_store_get", {"app_handle": handle, "key": "greeting"})
-    assert refused["isError"] and text_of(refused) == RETRY % KV
-    assert "from the first" not in json.dumps(refused)
+    assert refused["isError"] and text_of(refused) == (
+        'This app_handle\'s context %s now runs %s (application %s), not "%s". %s'
+        % (world.first, COPY, world.copy, KV, RETRY % KV))
+    assert "/jsonrpc" not in [e["path"] for e in world.double.log[since:]]
 
 
-def test_an_early_answer_counts_only_for_the_request_admission_makes(server, world):
-    """The handle names one context and the context argument another: admission refuses, and nothing was sent
-    early to either (the call names two contexts)."""
+VIEWER = "com.example.kv-viewer"
+
+
+def viewer_world():
+    """Two apps with a method `clear`: [view] in the viewer (a build that only reports), [mut] in the kv store.
+    The viewer's context sits in its namespace, aliased `shared`, holding a key."""
+    manifest = kv_store_manifest()
+    for method in manifest["methods"]:
+        if method["name"] == "clear":
+            method["intent"] = "read_only"
+    double = NodeDouble(apps=[kv_store_spec(), {"package": VIEWER, "version": "1.0.0", "signer_id": "did:key:v",
+                                                "metadata": {"name": "Viewer"}, "abi": manifest}])
+    viewer, kv = double._app_key(VIEWER), double._app_key(KV)
+    namespace = double.add_namespace(viewer, name="viewers")
+    context = double.add_context(viewer, group_id=namespace, state={"keep": "me"})
+    double.add_alias("shared", context)
+    return double, viewer, kv, namespace, context
+
+
+@pytest.mark.parametrize("env", [{}, {"CALIMERO_MCP_READ_ONLY": "1"}], ids=["read-write", "read-only"])
+def test_a_view_method_on_a_context_whose_group_moved_runs_nothing(serve, env):
+    """The group is moved to the kv store, whose `clear` writes: the viewer's [view] clear, called on the context
+    by id, alias, handle or through call, is refused naming both apps, and no execute reaches the node."""
+    double, viewer, kv, namespace, context = viewer_world()
+    server = serve(double, **env)
+    tool = next(name for name in server.tool_names() if name.endswith("_clear") and name != "kv_store_clear")
+    handle = handle_of(server, VIEWER, context)
+    assert answer(server.call_tool(tool, {"context": context})).startswith("clear ran in context")   # before
+    double.move_group(namespace, kv)
+    since = len(double.log)
+    moved = 'now runs %s (application %s), not "%s"' % (KV, kv, VIEWER)
+    for name, args in [(tool, {"context": context}), (tool, {"context": "shared"}), (tool, {"app_handle": handle}),
+                       ("call", {"app": VIEWER, "context": "shared", "method": "clear"}),
+                       ("call", {"app_handle": handle, "method": "clear"})]:
+        refused = server.call_tool(name, args)
+        assert refused["isError"] and moved in text_of(refused), (name, args, refused)
+    items = answer(server.call_tool("call_many", {"calls": [{"app": VIEWER, "context": context, "method": "clear"}]}))
+    assert items[0]["ok"] is False and moved in items[0]["error"], items
+    assert [e for e in double.log[since:] if e["path"] == "/jsonrpc"] == []
+    assert double.kv_state(context) == {"keep": "me"}
+
+
+def test_two_contexts_named_are_refused_and_nothing_executes(server, world):
+    """The handle names one context and the context argument another: admission refuses, and nothing was sent to
+    either."""
     handle = handle_of(server, KV, world.first)
     assert answer(server.call_tool("kv_store_get", {"context": world.second, "key": "greeting"})) == "from the second"
     executed = len(world.double.executions)
@@ -207,7 +305,7 @@ def test_an_early_answer_counts_only_for_the_request_admission_makes(server, wor
     assert len(world.double.executions) == executed
 
 
-def test_wrong_arguments_send_no_early_execute(server, world):
+def test_wrong_arguments_send_no_execute(server, world):
     answer(server.call_tool("kv_store_get", {"context": world.first, "key": "greeting"}))
     executed = len(world.double.executions)
     result = server.call_tool("kv_store_get", {"context": world.first, "key": 5})
