@@ -3737,8 +3737,8 @@ class Apps:
         return context
 
     def runs_other(self, context, app, label=None):
-        """What a context that does not run `app` runs instead, both named: `now runs com.b (application <id>),
-        not "com.a"` (its group may have been moved to another application since it was picked)."""
+        """What a context that does not run `app` runs instead, both named: `runs com.b (application <id>), not
+        "com.a"` (its group may have been moved to another application since it was picked)."""
         other_id = context.get("applicationId")
         try:
             other = self.app_by_id(other_id) if is_hex_id(other_id) else None
@@ -3746,7 +3746,7 @@ class Apps:
             other = None
         named = "%s (application %s)" % (other.key, other_id) if other is not None and other.package else \
             "application %s" % other_id
-        return 'now runs %s, not "%s"' % (named, label or app.key)
+        return 'runs %s, not "%s"' % (named, label or app.key)
 
     def candidates(self, app, label, rejected):
         ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
@@ -4059,7 +4059,7 @@ def admit_handle(apps, handle, app, service, context_value=None, context_label=N
         raise refusal_for(apps, app, "This app_handle's context %s is no longer on this node. %s"
                           % (handle.context, RETRY_TEXT % app.key))
     if context.get("applicationId") != app.id:
-        raise refusal_for(apps, app, "This app_handle's context %s %s. %s"
+        raise refusal_for(apps, app, "This app_handle's context %s now %s. %s"
                           % (handle.context, apps.runs_other(context, app), RETRY_TEXT % app.key))
     if context_service(context, app) != service:
         raise refusal_for(apps, app, "This app_handle's context %s now runs service %s, not %s. %s"

@@ -247,8 +247,9 @@ def assert_error(result, text):
     assert result["content"][-1]["text"] == "Error: " + text
 
 
-def kv_refusal(result, version_guide=SAMPLE_GUIDE):
-    assert_refused(result, RETRY % KV, guide=version_guide)
+def kv_refusal(result, version_guide=SAMPLE_GUIDE, changed=""):
+    """The kv store's refusal: its guide, then what changed (when something did) and the retry text."""
+    assert_refused(result, changed + RETRY % KV, guide=version_guide)
     assert result["content"][0]["text"] == GUIDE_LABEL % (KV, SAMPLE_SIGNER)
 
 
@@ -550,8 +551,8 @@ def test_several_contexts_and_none_chosen(shared, world):
 def test_select_app_refuses_another_apps_context(shared, world):
     for value in (world.kv_ctx, "demo"):
         assert_error(shared.call_tool("select_app", {"app": "counter", "context": value}),
-                     'Context "%s" does not belong to "counter". Contexts for "counter": %s'
-                     % (value, ", ".join(listed_contexts(shared, COUNTER))))
+                     'Context "%s" runs %s (application %s), not "counter". Contexts for "counter": %s'
+                     % (value, KV, world.kv, ", ".join(listed_contexts(shared, COUNTER))))
 
 
 def test_guide_is_shown_once_per_session_and_version(own, fresh):
@@ -662,11 +663,10 @@ def test_handle_goes_stale_on_upgrade(own, fresh):
     assert not own.call_tool("kv_store_len", {"app_handle": handle}).get("isError")
     fresh.double.upgrade_app(fresh.kv, "1.1.0")
     before = executions(fresh)
-    kv_refusal(own.call_tool("kv_store_len", {"app_handle": handle}))
-    kv_refusal(own.call_tool("call", {"app_handle": handle, "method": "len"}))
-    # A [view] method on a context seen running this app may execute beside the admission read; its answer is not
-    # shown (the refusals above), and nothing else runs.
-    assert {e["method"] for e in fresh.double.executions[before:]} <= {"len"}
+    upgraded = "This app_handle is for version 1.0.0 of %s; version 1.1.0 is installed now. " % KV
+    kv_refusal(own.call_tool("kv_store_len", {"app_handle": handle}), changed=upgraded)
+    kv_refusal(own.call_tool("call", {"app_handle": handle, "method": "len"}), changed=upgraded)
+    assert executions(fresh) == before                          # nothing runs before admission passes
     assert not own.call_tool("kv_store_len", {"app_handle": handle_of(own, KV)}).get("isError")
 
 
@@ -677,8 +677,9 @@ def test_handle_goes_stale_when_the_guide_changes(own, fresh):
     before = executions(fresh)
     for result in (own.call_tool("kv_store_len", {"app_handle": handle}),
                    own.call_tool("call", {"app_handle": handle, "method": "len"})):
-        kv_refusal(result, version_guide="# KV Store, rewritten\n")
-    assert {e["method"] for e in fresh.double.executions[before:]} <= {"len"}     # as on an upgrade, above
+        kv_refusal(result, version_guide="# KV Store, rewritten\n",
+                   changed="The guide of %s 1.0.0 has changed since this app_handle was made. " % KV)
+    assert executions(fresh) == before
     assert not own.call_tool("kv_store_len", {"app_handle": handle_of(own, KV)}).get("isError")
 
 
@@ -688,7 +689,8 @@ def test_handle_goes_stale_when_its_context_is_deleted(own, fresh):
     before = executions(fresh)
     for result in (own.call_tool("gadgets_profile", {"app_handle": handle}),
                    own.call_tool("call", {"app_handle": handle, "method": "profile"})):
-        assert_refused(result, RETRY % GADGETS, guide=GADGETS_GUIDE)
+        assert_refused(result, "This app_handle's context %s is no longer on this node. %s"
+                       % (fresh.gadgets_ctx, RETRY % GADGETS), guide=GADGETS_GUIDE)
     assert executions(fresh) == before
 
 
@@ -772,10 +774,11 @@ def test_call_by_context_refuses_other_and_unknown_contexts(shared, world):
     before = executions(world)
     kv_ids = world.kv_ctx
     assert_error(shared.call_tool("call", {"app": "kv store", "context": world.gadgets_ctx, "method": "len"}),
-                 'Context "%s" does not belong to "kv store". Contexts for "kv store": %s'
-                 % (world.gadgets_ctx, kv_ids))
+                 'Context "%s" runs %s (application %s), not "kv store". Contexts for "kv store": %s'
+                 % (world.gadgets_ctx, GADGETS, world.gadgets, kv_ids))
     assert_error(shared.call_tool("call", {"app": KV, "context": "gadgets-main", "method": "len"}),
-                 'Context "gadgets-main" does not belong to "%s". Contexts for "%s": %s' % (KV, KV, kv_ids))
+                 'Context "gadgets-main" runs %s (application %s), not "%s". Contexts for "%s": %s'
+                 % (GADGETS, world.gadgets, KV, KV, kv_ids))
     missing = hex_id("no such context")
     for value in ("no-such-alias", missing):
         assert_error(shared.call_tool("call", {"app": KV, "context": value, "method": "len"}),
@@ -959,7 +962,9 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
     own.call_tool("kv_store_set", {"context": "demo", "key": "b", "value": "2"})
     set_result = own.call_tool("kv_store_set", {"context": "demo", "key": "a", "value": "1"})
     assert set_result == {"content": [{"type": "text", "text": "null"}, {"type": "text", "text": (
-        "set ran in context %s; it returns nothing." % fresh.kv_ctx)}]}       # its ABI says "kind": "unit"
+        'set ran in context %s (alias "demo"); it returns nothing.' % fresh.kv_ctx)}]}   # its ABI says "kind": "unit"
+    by_id = own.call_tool("kv_store_set", {"context": fresh.kv_ctx, "key": "a", "value": "1"})
+    assert by_id["content"][-1]["text"] == "set ran in context %s; it returns nothing." % fresh.kv_ctx
     entries = own.call_tool("kv_store_entries", {"context": "demo"})
     assert entries["content"] == [{"type": "text", "text": '{"a":"1","b":"2"}'}]
     assert entries["structuredContent"] == {"result": {"a": "1", "b": "2"}}
@@ -1017,8 +1022,8 @@ def test_a_declared_context_parameter_wins(own, fresh):
 def test_generated_tools_by_context_check_app_and_service(shared, world):
     before = executions(world)
     assert_error(shared.call_tool("kv_store_len", {"context": world.gadgets_ctx}),
-                 'Context "%s" does not belong to "%s". Contexts for "%s": %s' % (world.gadgets_ctx, KV, KV,
-                                                                                  world.kv_ctx))
+                 'Context "%s" runs %s (application %s), not "%s". Contexts for "%s": %s'
+                 % (world.gadgets_ctx, GADGETS, world.gadgets, KV, KV, world.kv_ctx))
     refused = shared.call_tool("mero_drive_docs_list_docs", {"context": world.registry_ctx})
     assert refused["isError"] and refused["content"][-1]["text"] == (
         "Context %s runs service registry, not docs. %s" % (world.registry_ctx, RETRY % DRIVE))
@@ -1048,7 +1053,8 @@ def test_upgraded_app_rechecks_against_the_new_abi(own, fresh):
     # 3. a method the new version dropped refuses, and leaves the list
     kv_abi["methods"] = [m for m in kv_abi["methods"] if m["name"] != "clear"]
     fresh.double.upgrade_app(fresh.kv, "1.3.0", abi=kv_abi)
-    kv_refusal(own.call_tool("kv_store_clear", {"context": "demo"}))
+    kv_refusal(own.call_tool("kv_store_clear", {"context": "demo"}),
+               changed='Method "clear" is not in %s 1.3.0, installed since this tool was listed. ' % KV)
     assert len(fresh.double.executions) == 1
     assert "kv_store_clear" not in own.tool_names() and "kv_store_len" in own.tool_names()
     assert counts(own, *LIST_CHANGED) == [3, 3]

@@ -221,9 +221,14 @@ UNSPECIFIED_ABI = {"schema_version": "wasm-abi/1", "types": {}, "methods": [
     {"name": "peek", "params": [], "returns": {"kind": "u32"}, "intent": "read_only"}]}
 
 
-def refused_method(method, package):
-    return ("Method %s of %s is not [view] (intent %s): %s, so only [view] methods run."
-            % (method, package, {"poke": "unspecified"}.get(method, "mutating"), READ_ONLY_SAYS))
+VERSIONS = {KV: "1.0.0", "com.example.counter": "0.1.0", "com.example.odd": "1.0.0"}
+
+
+def refused_method(method, package, listed_view=False, version=None):
+    return ("Method %s of %s is not [view] in the installed build (version %s, intent %s%s): %s, so only [view] "
+            "methods run." % (method, package, version or VERSIONS[package],
+                              {"poke": "unspecified"}.get(method, "mutating"),
+                              "; it was [view] when this tool was listed" if listed_view else "", READ_ONLY_SAYS))
 
 
 @pytest.mark.parametrize("modern", [False, True], ids=["handshake", "2026-07-28"])
@@ -259,6 +264,36 @@ def test_call_and_call_many_refuse_every_method_that_is_not_view_per_item(serve,
     assert not [e for e in double.log if e["path"] == "/jsonrpc" and e["json"]["params"]["method"] in
                 ("set", "increment", "poke", "clear", "remove")]
     assert node_state(double) == before
+
+
+def test_a_method_a_new_version_marks_mut_never_reaches_the_node(serve):
+    """Listed [view], `peek` is [mut] in the version installed since: the generated tool, call and call_many
+    (by alias and by handle) go by the installed build's ABI, each refused saying so; no execute is sent."""
+    double = NodeDouble(apps=[{"package": "com.example.odd", "version": "1.0.0", "signer_id": "did:key:o",
+                               "metadata": {}, "abi": UNSPECIFIED_ABI}])
+    odd = double._app_key("com.example.odd")
+    double.add_alias("odd", double.add_context(odd))
+    server = serve(double, **ON)
+    assert "odd_peek" in server.tool_names()
+    handle = call(server, "select_app", {"app": "odd", "context": "odd"})["structuredContent"]["app_handle"]
+    assert call(server, "odd_peek", {"context": "odd"}).get("isError") is not True        # it ran, [view]
+    double.upgrade_with_intents(odd, "2.0.0", {"peek": "mutating"})
+    start = len(double.log)
+    refused = call(server, "odd_peek", {"context": "odd"})
+    assert refused["isError"] is True and refused["content"][-1]["text"] == "Error: %s %s" % (
+        refused_method("peek", "com.example.odd", True, "2.0.0"), HOW_TO_CHANGE), refused
+    for args in ({"app": "odd", "context": "odd", "method": "peek"}, {"app": "com.example.odd", "context": "odd",
+                                                                      "method": "peek"}):
+        refused = call(server, "call", args)
+        assert refused["isError"] is True and refused["content"][-1]["text"] == "Error: %s %s" % (
+            refused_method("peek", "com.example.odd", version="2.0.0"), HOW_TO_CHANGE), refused
+    fresh = call(server, "select_app", {"app": "odd", "context": "odd"})["structuredContent"]["app_handle"]
+    items = json.loads(call(server, "call_many", {"calls": [{"app_handle": fresh, "method": "peek"},
+                                                            {"app_handle": handle, "method": "peek"}]})
+                       ["content"][-1]["text"])
+    assert items[0]["error"].startswith("Error: " + refused_method("peek", "com.example.odd", version="2.0.0")), items
+    assert "version 2.0.0 is installed now" in items[1]["error"], items      # the old handle: its app moved on
+    assert [e for e in double.log[start:] if e["path"] == "/jsonrpc"] == []
 
 
 def test_a_read_write_server_still_runs_every_method(serve):

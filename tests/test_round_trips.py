@@ -222,7 +222,7 @@ def test_an_alias_repointed_between_two_calls_is_followed(server, world, tool, a
 
 
 def moved_text(value, first, now_id):
-    return 'Error: Context "%s" now runs %s (application %s), not "%s".' % (value, COPY, now_id, first)
+    return 'Error: Context "%s" runs %s (application %s), not "%s".' % (value, COPY, now_id, first)
 
 
 @pytest.mark.parametrize("tool, args", [
@@ -282,7 +282,7 @@ def test_a_view_method_on_a_context_whose_group_moved_runs_nothing(serve, env):
     assert answer(server.call_tool(tool, {"context": context})).startswith("clear ran in context")   # before
     double.move_group(namespace, kv)
     since = len(double.log)
-    moved = 'now runs %s (application %s), not "%s"' % (KV, kv, VIEWER)
+    moved = 'runs %s (application %s), not "%s"' % (KV, kv, VIEWER)
     for name, args in [(tool, {"context": context}), (tool, {"context": "shared"}), (tool, {"app_handle": handle}),
                        ("call", {"app": VIEWER, "context": "shared", "method": "clear"}),
                        ("call", {"app_handle": handle, "method": "clear"})]:
