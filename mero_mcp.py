@@ -2200,7 +2200,7 @@ def method_names(apps, app, cached_only=False):
     no longer serves, known only if this session read it)."""
     names = set()
     for service in app.services or [app.sole_service]:
-        manifest = apps.manifests.get((app.blob or app.id, service))
+        manifest = apps.manifests.get((app.build, service))
         if manifest is None and not cached_only:
             try:
                 manifest = apps.manifest(app, service)
