@@ -659,11 +659,12 @@ LINK_CALLS = 15                       # per row, alternating link and loopback
 LINK_SPAWNS = 5
 LINK_CONNECTIONS = 512                # the proxy refuses more: a bug would otherwise open without end
 LINK_LIFETIME = 600.0                 # and it stops accepting after this long
-LINK_GOALS = (("[view] call by context id (kv_store_get)", "view_id", 1.3),
-              ("[view] call by alias", "view_alias", 2.3),
-              ("[mut] call by context id (kv_store_set)", "mut_id", 2.3),
-              ("[mut] call by alias", "mut_alias", 3.3),
-              ("call_many of 32 gets (app + context id)", "many", 3.3))
+# (row, key, round trips by design, goal): the reads together, then the execute (an alias's lookup first).
+LINK_GOALS = (("[view] call by context id (kv_store_get)", "view_id", 2, 2.3),
+              ("[view] call by alias", "view_alias", 3, 3.3),
+              ("[mut] call by context id (kv_store_set)", "mut_id", 2, 2.3),
+              ("[mut] call by alias", "mut_alias", 3, 3.3),
+              ("call_many of 32 gets (app + context id)", "many", 2, 3.3))
 
 
 class DelayLink:
@@ -786,7 +787,7 @@ def bench_link_calls(home, stderr):
                 wait_for_catalog(session, 1)
             times = {}
             for key, (tool_name, arguments) in node.calls().items():
-                for session in (near, far):                   # warm: connections, caches, contexts seen
+                for session in (near, far):                   # warm: connections, caches
                     for _ in range(3):
                         timed_link_call(session, tool_name, arguments)
                 pairs = [(timed_link_call(near, tool_name, arguments), timed_link_call(far, tool_name, arguments))
@@ -821,11 +822,11 @@ def bench_link_spawn(home, stderr):
 def link_rows(calls, spawn):
     rows = [row("over a %.0f ms round trip (delay proxy): round trips a call waits" % (LINK_RTT * 1000), "", "",
                 None)]
-    for label, key, goal in LINK_GOALS:
+    for label, key, designed, goal in LINK_GOALS:
         near, far = calls["times"][key]
         trips = (far - near) / LINK_RTT
-        rows.append(row("  %s: %s, loopback %s" % (label, ms(far), ms(near)), "%.2f" % trips, "<= %.1f" % goal,
-                        trips <= goal))
+        rows.append(row("  %s (%d by design): %s, loopback %s" % (label, designed, ms(far), ms(near)),
+                        "%.2f" % trips, "<= %.1f" % goal, trips <= goal))
     trips = (spawn["far"] - spawn["near"]) / LINK_RTT
     rows.append(row("  spawn -> full tools/list (%d tools): %s, loopback %s" % (spawn["tools"], ms(spawn["far"]),
                                                                                ms(spawn["near"])),
