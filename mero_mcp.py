@@ -3742,7 +3742,7 @@ class Apps:
         other_id = context.get("applicationId")
         try:
             other = self.app_by_id(other_id) if is_hex_id(other_id) else None
-        except Exception:                # the refusal stands without the other app's name
+        except node_module().NodeError:  # the refusal stands without the other app's name
             other = None
         named = "%s (application %s)" % (other.key, other_id) if other is not None and other.package else \
             "application %s" % other_id

@@ -94,7 +94,7 @@ def kinds(requests):
 
 # ── what a call sends ─────────────────────────────────────────────────────────────────────────────────
 
-HOLD = 0.3          # each admission request is held this long, so requests sent together are seen together
+HOLD = 0.5          # each admission request is held this long, so requests sent together are seen together
 
 
 def round_trips(entries):
