@@ -382,3 +382,21 @@ def test_a_blob_read_page_by_page_is_downloaded_once(serve, kv):
     asked = len(seen(kv, "HEAD", path))
     gone = server.call_tool("get_blob", {"blob": blob, "offset": 60000})
     assert gone.get("isError") and len(seen(kv, "HEAD", path)) == asked + 1, gone
+
+
+def test_a_batch_decides_on_its_own_reads_not_an_earlier_calls(serve, kv):
+    """Nothing carries from one call to the next: after a batch ran on `demo`, its group moves to the counter, and
+    the next batch reads the context again, refuses each item naming both apps, and executes nothing."""
+    server = serve(kv)
+    items = [{"app": KV, "context": "demo", "method": "len"}, {"app": KV, "context": kv.demo, "method": "entries"}]
+    first = json.loads(server.call_tool("call_many", {"calls": items})["content"][-1]["text"])
+    assert [item["ok"] for item in first] == [True, True], first
+    kv.move_group(kv._contexts[kv.demo]["groupId"], "com.example.counter")
+    start = len(kv.log)
+    again = json.loads(server.call_tool("call_many", {"calls": items})["content"][-1]["text"])
+    counter = kv._app_key("com.example.counter")
+    assert [item["ok"] for item in again] == [False, False], again
+    for item in again:
+        assert 'runs com.example.counter (application %s), not "%s"' % (counter, KV) in item["error"], item
+    assert seen(kv, "GET", "/admin-api/contexts/" + kv.demo)[-1] in kv.log[start:]      # read again, by this call
+    assert [e for e in kv.log[start:] if e["path"] == "/jsonrpc"] == []
