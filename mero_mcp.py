@@ -973,6 +973,7 @@ class Server:
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
+            arguments = one_id_form(arguments)
             with bound(call), self.node.scope(call.traceparent, call.ticket):
                 arguments = resolved_ids(self.apps, t, arguments, call)
                 if KINDS[t.kind].whole_call_reads:
@@ -1439,6 +1440,26 @@ def unknown_arguments_text(unknown, owner, takes, where=""):
     told = "takes: " + ", ".join(takes) if takes else "takes no arguments"
     return "Unknown argument%s %s%s. %s %s." % ("s" if len(unknown) > 1 else "", ", ".join(unknown), where, owner,
                                                  told)
+
+
+# The arguments (at any tool's top level, in call_many's calls, in members) that take a context, namespace, group,
+# account, application or blob id. What an app takes (args), data and texts are never touched.
+ID_ARGUMENTS = frozenset(("context", "_context", "contextId", "app", "application", "namespace", "group", "parent",
+                          "member", "members", "identity", "blob"))
+HOLDS_ID_ARGUMENTS = frozenset(("calls",))
+
+
+def one_id_form(value, key=None):
+    """The arguments with every 64-hex id lower-case, the one form the node lists ids in: made so once, where
+    arguments enter (run_tool, for every kind of tool), so every guard and comparison after it, and the node,
+    see one form (an upper-case namespace id must not pass a guard that compares it with the listed one)."""
+    if isinstance(value, str):
+        return value.lower() if key in ID_ARGUMENTS and is_hex_key(value.strip()) else value
+    if isinstance(value, list) and (key in ID_ARGUMENTS or key in HOLDS_ID_ARGUMENTS):
+        return [one_id_form(item, key) for item in value]
+    if isinstance(value, dict) and (key is None or key in ID_ARGUMENTS or key in HOLDS_ID_ARGUMENTS):
+        return {name: one_id_form(item, name) for name, item in value.items()}
+    return value
 
 
 def resolved_ids(apps, t, arguments, call):
@@ -2242,19 +2263,20 @@ def list_registry(args, call):
     place = node.registry()
     if place.url is None:
         raise ToolError(place.problem)
+    shown = node_module().display_url(place.url)        # never its userinfo, query or fragment
     installed = {app.package: app.version for app in server.apps.installed()}
     rows = node.registry_bundles(package)
     if package:
         if not rows:
-            raise ToolError("The registry at %s has no package %s. %s" % (place.url, package,
+            raise ToolError("The registry at %s has no package %s. %s" % (shown, package,
                                                                           registry_instead(node, package)))
         meta = rows[-1].get("metadata") or {}
-        return {"registry": place.url, "package": package, "name": meta.get("name"),
+        return {"registry": shown, "package": package, "name": meta.get("name"),
                 "description": meta.get("description"), "installed": installed.get(package),
                 "versions": [dict({"version": r.get("appVersion")}, **({"yanked": True} if r.get("yanked") else {}))
                              for r in rows]}
     listed = [registry_row(row, installed) for row in rows]
-    return paged("list_registry", args, {"registry": place.url, "packages": listed}, "packages", "package")
+    return paged("list_registry", args, {"registry": shown, "packages": listed}, "packages", "package")
 
 
 def registry_row(row, installed):
@@ -2580,22 +2602,22 @@ def remove_group_members(args, call):
     acted_on = call.server.apps.carrier_of(group, call, "group")
     members, repeated = canonical_accounts(args["members"])
     # The node checks no account (node-api §0.6): one that is not a member would be "removed" silently.
-    listed = {m["identity"].lower() for m in node.group_members(group)["members"]}
+    listed = {m["identity"]: m.get("name") for m in node.group_members(group)["members"]}
     strangers = [m for m in members if m not in listed]
     if strangers:
         raise ToolError("Not members of %s: %s. Nothing was removed; list_group_members shows its members."
                         % (named_text(acted_on), ", ".join(strangers)))
     node.remove_group_members(group, members)
-    said = "Removed %s from %s." % (", ".join(members), named_text(acted_on))
+    removed = ['%s ("%s")' % (m, listed[m]) if isinstance(listed[m], str) and listed[m] else m for m in members]
+    said = "Removed %s from %s." % (", ".join(removed), named_text(acted_on))
     return said + (" Given more than once, removed once: %s." % ", ".join(repeated) if repeated else "")
 
 
 def canonical_accounts(accounts):
-    """Account ids in the one form they are compared and sent in (lower-case hex, as the node lists them), each
-    once; and those given more than once."""
+    """Account ids each once (one_id_form made them lower-case hex, as the node lists them); and those given more
+    than once."""
     seen, repeated = [], []
     for account in accounts:
-        account = account.lower() if is_hex_key(account) else account
         if account in seen:
             if account not in repeated:
                 repeated.append(account)
@@ -3792,8 +3814,8 @@ class Apps:
             return known
         with call.reading():
             namespaces = self.namespace_carriers()
-            found = [c for c in namespaces if c.id.lower() == group_id.lower()] or [
-                c for c in self.groups_of(namespaces) if c.id.lower() == group_id.lower()]
+            found = [c for c in namespaces if c.id == group_id] or [
+                c for c in self.groups_of(namespaces) if c.id == group_id]
         return found[0] if found else Carrier("group", group_id, None, None)
 
     def groups_of(self, namespaces):
