@@ -498,7 +498,34 @@ def response(request_id, result):
 
 
 def error_response(request_id, error):
-    return {"jsonrpc": "2.0", "id": request_id, "error": error.to_json()}
+    return {"jsonrpc": "2.0", "id": request_id, "error": sealed_error(error.to_json())}
+
+
+ERROR_QUOTE = 2000           # characters of one string an error quotes (a tool name, a uri)
+
+
+def sealed_error(error):
+    """The last guard on every JSON-RPC error: our secrets out, each string it quotes cut to ERROR_QUOTE, and its
+    data left out if even then it would pass TEXT_BOUND; whatever a handler put in it."""
+    def short(value):
+        if isinstance(value, str):
+            return cut_text(without_secrets(value), ERROR_QUOTE)
+        if isinstance(value, dict):
+            return {key: short(item) for key, item in value.items()}
+        return [short(item) for item in value] if isinstance(value, list) else value
+    sealed = dict(error, message=short(error.get("message")))
+    if "data" in sealed:
+        sealed["data"] = short(sealed["data"])
+        if len(json.dumps(sealed["data"])) > TEXT_BOUND // 2:
+            del sealed["data"]
+    return sealed
+
+
+def without_secrets(text):
+    """`text` without any secret this process has sent to the node or the registry (node.py keeps them, once
+    loaded: before that nothing was sent)."""
+    node = sys.modules.get("node")
+    return node.redacted(text) if node is not None and hasattr(node, "redacted") else text
 
 
 # ── 4. Scheduler: the stdin thread, the main loop, cancellation ─────────────────────────────────────────────
@@ -983,9 +1010,10 @@ class Server:
                     value = t.handler(arguments, call)
         except Exception as error:
             error = as_failure(error)
-            return bounded(error_result(failure_text(error), error.blocks if isinstance(error, ToolError) else ()))
-        # A method's output is the app's data, returned whole, as its generated tool returns it.
-        return bounded(render_result(value)) if KINDS[t.kind].bounded else render_result(value)
+            return error_result(failure_text(error), error.blocks if isinstance(error, ToolError) else ())
+        # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's
+        # last guard (sealed) bounds every answer.
+        return render_result(value)
 
     def announce_lists_changed(self, tools=True, resources=True):
         """The catalog changed: tell a handshake-era session, and every listen that asked for that list."""
@@ -1080,6 +1108,13 @@ def on_tools_list(server, params, call):
 
 
 def on_tools_call(server, params, call):
+    """tools/call: whatever the tool answers passes `sealed`, the last guard of every answer."""
+    name = params.get("name")
+    tool = server.find_tool(name) if isinstance(name, str) else None
+    return sealed(called_tool(server, params, call), answer_bound(tool, server.config))
+
+
+def called_tool(server, params, call):
     name, arguments = params.get("name"), params.get("arguments", {})
     if not isinstance(name, str):
         raise RpcError(INVALID_PARAMS, "tools/call needs a tool name (string)")
@@ -1093,6 +1128,34 @@ def on_tools_call(server, params, call):
     if not advertised(tool, server.config):          # a tool read-only mode leaves out, called by name anyway
         return error_result("Error: " + read_only_refusal(name))
     return server.run_tool(tool, arguments, call)
+
+
+def answer_bound(tool, config):
+    """TEXT_BOUND, the README's bound; an app call's answer (app data, whole) may take the result bound the user
+    set instead (None: unbounded)."""
+    if tool is None or KINDS[tool.kind].bounded or config.result_bound is None:
+        return TEXT_BOUND if tool is None or KINDS[tool.kind].bounded else None
+    return max(TEXT_BOUND, config.result_bound)
+
+
+def sealed(result, limit):
+    """The last guard on every tools/call answer: our secrets out of every string, then within `limit`."""
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        if sys.modules.get("node") is not None:
+            result = secrets_out(result)
+        if result.get("isError"):
+            limit = TEXT_BOUND                 # an error is ours, never an app's data: the README's bound
+        if limit is not None:
+            result = bounded(result, limit)
+    return result
+
+
+def secrets_out(value):
+    if isinstance(value, str):
+        return without_secrets(value)
+    if isinstance(value, dict):
+        return {key: secrets_out(item) for key, item in value.items()}
+    return [secrets_out(item) for item in value] if isinstance(value, list) else value
 
 
 def on_resources_list(server, params, call):
@@ -1640,25 +1703,45 @@ def fit_count(frame, costs, budget):
 
 
 def text_size(blocks):
-    return sum(len(block.get("text") or (block.get("resource") or {}).get("text") or "") for block in blocks)
+    """The characters an answer's blocks carry: every string in them (a text, a resource's uri and mime type)."""
+    def size(value):
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, dict):
+            return sum(size(item) for key, item in value.items() if key != "type")
+        return sum(size(item) for item in value) if isinstance(value, list) else 0
+    return sum(size(block) for block in blocks)
 
 
-def bounded(result):
-    """The last guard of TEXT_BOUND (lists page, guides and ABIs fit themselves first): the longest text blocks
-    are cut, saying so, and structuredContent, no longer the same, is left out."""
+def bounded(result, limit=TEXT_BOUND):
+    """Within `limit` (lists page, guides and ABIs fit themselves first): the longest text blocks are cut, saying
+    so, and structuredContent, no longer the same, is left out; a block no cut reaches (its text not a string)
+    goes."""
     size = text_size(result["content"])
-    if size <= TEXT_BOUND:
+    if size <= limit:
         return result
-    blocks = list(result["content"])
-    marker = "... [cut: this answer is %d characters; one answer carries at most %d]" % (size, TEXT_BOUND)
-    texts = [i for i, block in enumerate(blocks) if block.get("type") == "text"]
-    for index in sorted(texts, key=lambda i: -len(blocks[i]["text"])):
-        excess = text_size(blocks) - TEXT_BOUND
+    marker = "... [cut: this answer is %d characters; one answer carries at most %d]" % (size, limit)
+    blocks = cut_texts(list(result["content"]), limit, marker)
+    if text_size(blocks) > limit:          # what no cut of a text reaches (a resource's uri): texts alone go
+        blocks = cut_texts([block for block in blocks if is_text_block(block)] or [{"type": "text", "text": ""}],
+                           limit, marker)
+    return {key: value for key, value in dict(result, content=blocks).items() if key != "structuredContent"}
+
+
+def is_text_block(block):
+    return isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+
+
+def cut_texts(blocks, limit, marker):
+    """The blocks with their longest texts cut, each saying so, until they fit `limit` or no text is left."""
+    for index in sorted((i for i, block in enumerate(blocks) if is_text_block(block)),
+                        key=lambda i: -len(blocks[i]["text"])):
+        excess = text_size(blocks) - limit
         if excess <= 0:
             break
         text = blocks[index]["text"]
         blocks[index] = dict(blocks[index], text=text[:max(0, len(text) - excess - len(marker))] + marker)
-    return {key: value for key, value in dict(result, content=blocks).items() if key != "structuredContent"}
+    return blocks
 
 
 def shortened(row, id_key):
@@ -2969,11 +3052,25 @@ def fitted_summary(summary, room, methods_from=None):
         if key == "methods" and methods_from is not None:
             cut["nextCursor"] = methods_from(first + len(items))
         count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
+        if count == 0 and key == "methods" and methods_from is not None:     # every page moves on: one method,
+            items = [squeezed(items[0], room - len(json_text(cut)))] + items[1:]     # its text cut to the room
+            count = 1
         notes.append(note(count))
         summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})
         if key == "methods" and methods_from is not None:
             summary["nextCursor"] = methods_from(first + count)
     return summary
+
+
+def squeezed(reference, room):
+    """A method's reference (doc, signature, parameters) cut in its middle to fit `room` characters as JSON: its
+    doc's start and its signature's end stay, and it says what was cut."""
+    room = max(200, room // 2 - 100)         # JSON may escape each character into two (a newline, a quote)
+    if len(reference) <= room:
+        return reference
+    marker = "\n[... %d characters of this method's reference cut: it alone fills a page ...]\n" % (
+        len(reference) - room)
+    return reference[:room // 3] + marker + reference[-(room - room // 3):]
 
 
 @tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
@@ -3216,13 +3313,17 @@ def call_many(args, call):
 
 
 def item_names(index, item):
-    """What a call_many result says it answers: its place, and the item's app, context and method as given."""
+    """What a call_many result says it answers: its place, and the item's app, context and method as given (a long
+    one cut to ECHOED_NAME: 32 items' names must leave their results room)."""
     named = {"index": index}
     if isinstance(item, dict):
         for key in ("app", "context", "method"):
             if isinstance(item.get(key), str):
-                named[key] = item[key]
+                named[key] = cut_text(item[key], ECHOED_NAME)
     return named
+
+
+ECHOED_NAME = 200
 
 
 def with_errors_fitted(results):

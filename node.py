@@ -65,6 +65,7 @@ LOCK_STALE_SECONDS = 30.0                # refresh lock protocol (§1.2)
 LOCK_POLL_SECONDS = 0.05
 CLIENT_NAME = "mero-mcp"
 USER_AGENT = "mero-mcp"
+MAX_MIME_TYPE = 255                      # characters of a blob's MIME type (RFC 6838: 127 + / + 127)
 BODY_EXCERPT = 300                       # characters of a plain-text error body we show (§6)
 LOCAL_FILE_LIMIT = 1 << 20               # agent.json, tokens-*.json, config.toml hold a few KB; more is not one
 
@@ -2086,6 +2087,8 @@ def _blob_headers(response) -> Dict[str, Any]:
     headers = response.headers
     declared = headers.get("Content-Length", "").strip()
     mime = headers.get("X-Blob-MIME-Type") or headers.get("Content-Type")
+    if mime and len(mime) > MAX_MIME_TYPE:        # RFC 6838: 127 characters a side; longer is no MIME type
+        mime = None
     return {"size": int(declared) if declared.isdigit() else None, "mimeType": mime or None,
             "source": headers.get("X-Blob-Source")}
 
@@ -2097,9 +2100,11 @@ def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> 
         return NodeError("Blob %s is not %s" % (blob_id, where), 404,
                          hint="list_blobs shows the blobs this node holds%s." % (
                              "" if context_id else "; pass context to have the node ask that context's peers"))
-    if error.status == 400:
-        return NodeError('"%s" is not a blob id%s' % (blob_id, ", or the context id is not valid" if context_id else ""),
-                         400, hint="A blob id is 64 hex characters (list_blobs shows them).")
+    if error.status == 400:         # the node's reason, not ours: a well-formed id can be refused too
+        return NodeError("The node refused to read blob %s%s (HTTP 400): %s" % (
+            blob_id, " through context %s" % context_id if context_id else "", str(error).rstrip(".")), 400,
+            hint="A blob id is 64 hex characters (list_blobs shows them)%s." % (
+                "; context must be a context id" if context_id else ""))
     return error
 
 
