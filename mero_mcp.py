@@ -2419,7 +2419,7 @@ def package_and_version(coords):
       required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
 def uninstall_application(args, call):
     apps = call.server.apps
-    app = apps.resolve(args["application"])
+    app = apps.resolve_as_given(args["application"])
     tools = apps.catalog.tool_count_of(app.id)
     answer = call.server.node.uninstall_application(app.id)
     apps.catalog.refresh()
@@ -2573,16 +2573,17 @@ def create_namespace(args, call):
     return with_namesakes(created, name, namesakes)
 
 
-def namesakes_of(apps, name, call, namespaces_only=False):
+def namesakes_of(apps, name, call, namespaces_only=False, done="Nothing was created."):
     """The namespaces (and groups) already named `name`, as given; a name that reads as an id is refused: an
-    argument of that form is taken as an id, so the new one could never be named."""
+    argument of that form is taken as an id, so the new one could never be named. A create's rules, and a
+    rename's (`done` says what was not)."""
     if name is None:
         return []
     if not name.strip():
-        raise ToolError("name must not be blank: leave it out for no name. Nothing was created.")
+        raise ToolError("name must not be blank: leave it out for no name. %s" % done)
     if is_hex_key(name):
         raise ToolError('name "%s" reads as a 64-hex id, and a name of that form is taken as an id everywhere, so '
-                        "it could never be named. Choose another name. Nothing was created." % name)
+                        "it could never be named. Choose another name. %s" % (name, done))
     with call.reading():
         namespaces = apps.namespace_carriers()
         carriers = namespaces if namespaces_only else namespaces + apps.groups_of(namespaces)
@@ -2764,7 +2765,7 @@ def create_nested_group(node, args):
 
 @tool("describe_group", "Show a namespace or group: name, parent, app, visibility, counts, subgroups, metadata and "
       "any upgrade.",
-      {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
+      {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def describe_group(args, call):
     server, group = call.server, args["group"]
     node = server.node
@@ -2785,7 +2786,7 @@ def describe_group(args, call):
     described.update(known_subgroups(node, group, namespaces.get(group)))
     described["metadata"] = metadata.get("data")
     described["upgrade"] = counts_said(node.upgrade_status(group) or info.get("activeUpgrade"))
-    return described
+    return paged("describe_group", args, described, "subgroups", "groupId")      # subgroups page like a list
 
 
 def listed_name(node, group):
@@ -2820,6 +2821,9 @@ def known_subgroups(node, group, namespace_row):
     if isinstance(counted, int) and counted > direct:
         shown["subgroupsNote"] = ("The namespace counts %d subgroups directly in it; this node can see %d (the rest "
                                   "are restricted groups it is not a member of)." % (counted, direct))
+    elif not isinstance(counted, int):
+        shown["subgroupsNote"] = ("These are the subgroups this node can see; the node gives no count to compare, "
+                                  "so restricted groups it is not a member of may be missing.")
     return shown
 
 
@@ -2933,12 +2937,16 @@ def set_group_metadata(args, call):
     record = node.group_metadata(group) or {}
     previous = record.get("name") or listed_name(node, group)
     name = args["name"] if args.get("name") is not None else previous
+    namesakes = []
+    if args.get("name") is not None and name != previous:        # a rename follows create's rules
+        namesakes = [c for c in namesakes_of(call.server.apps, name, call, done="Nothing was changed.")
+                     if c.id != group]
     data = args["data"] if args.get("data") is not None else (record.get("data") or {})
     node.set_group_metadata(group, name, data)
     answer = {"groupId": group, "name": name, "data": data}
     if previous != name:
         answer["renamedFrom"] = previous
-    return answer
+    return with_namesakes(answer, None, namesakes)
 
 
 @tool("join_open_group", "Join an open group via its parent namespace or group; then join_context for its "
@@ -2958,20 +2966,32 @@ def upgrade_group(args, call):
     target = current
     if args.get("application") is not None:
         target = refuse_another_package(server.apps, group, current, server.apps.resolve(args["application"]))
-    status = server.node.upgrade_group(group, target, args.get("cascade"))
+    status = counts_said(server.node.upgrade_group(group, target, args.get("cascade")))
     if status.get("status") != "completed":
         status = dict(status, note="Not finished: describe_group shows its progress until it is completed.")
     return status
 
 
 def refuse_another_package(apps, group, current, app):
-    """An upgrade moves a group to a newer version of its own app: an app of another package is refused before
-    anything is sent (the node would move the group's contexts onto code their state was never written by)."""
+    """An upgrade moves a group to a newer build of its own app (same package, same signer): another package,
+    another signer's build of it, or an older build is refused before anything is sent (the node would move the
+    group's contexts onto code their state was never written by, or by someone else)."""
     running = apps.app_by_id(current)
-    if running is not None and running.package != app.package:
+    if running is None or app.id == current:
+        return app.id
+    if running.package != app.package:
         raise ToolError("Group %s runs %s; %s is another package, and upgrade_group moves a group to a newer "
                         "version of its own app. Nothing was sent; install the new version of %s and upgrade to "
                         "it." % (group, running.package, app.package, running.package))
+    if running.signer_id != app.signer_id:
+        raise ToolError("Group %s runs %s signed by %s; application %s is %s signed by %s, another publisher's "
+                        "build, and upgrade_group moves a group only to a build of its own signer. Nothing was "
+                        "sent." % (group, running.package, running.signer_id or "an unknown signer", app.id,
+                                   app.package, app.signer_id or "an unknown signer"))
+    if running.version and app.version and version_key(app.version) <= version_key(running.version):
+        raise ToolError("Group %s runs %s %s; application %s is version %s, not newer. Nothing was sent; "
+                        "upgrade_group moves a group to a newer build only." % (group, running.package,
+                                                                                running.version, app.id, app.version))
     return app.id
 
 
@@ -3793,6 +3813,22 @@ class Apps:
         if not isinstance(name, str) or not name.strip():
             raise ToolError("Name an application: its id, package name, trailing segment or display name.")
         return resolve_among(self.installed(), name.strip())
+
+    def resolve_as_given(self, name):
+        """What a destructive tool acts on: the app `name` names exactly as given (its id, package, trailing
+        segment or display name; no trimming, case as given). One it names only trimmed or in another case is
+        refused naming it, so nothing is removed on a near miss."""
+        if not isinstance(name, str) or not name.strip():
+            raise ToolError("Name an application: its id, package name, trailing segment or display name.")
+        installed = self.installed()
+        exact = [a for a in installed if name in {a.id, a.package, last_segment(a.package), a.name} - {None, ""}]
+        if not exact:
+            near = match_apps(installed, name.strip())
+            if near:
+                raise ToolError('Application "%s" is not named exactly so; %s. Nothing was done: pass the name as it '
+                                "is spelled, or the id." % (name, ", ".join('%s (id %s)' % (a.key, a.id)
+                                                                            for a in near)))
+        return resolve_among(exact or installed, name) if exact else resolve_among(installed, name)
 
     def manifest(self, app, service=None):
         abi = own_module("abi")          # every app tool reads a manifest: a missing abi.py is said here, by name
