@@ -2093,6 +2093,10 @@ def _blob_headers(response) -> Dict[str, Any]:
             "source": headers.get("X-Blob-Source")}
 
 
+def _is_hex64(value: str) -> bool:
+    return len(value) == 64 and not value.lower().strip("0123456789abcdef")
+
+
 def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> NodeError:
     """A refused HEAD of a blob in words: 404 (not held, §0.6), 400 (a malformed blob or context id)."""
     if error.status == 404:
@@ -2100,11 +2104,14 @@ def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> 
         return NodeError("Blob %s is not %s" % (blob_id, where), 404,
                          hint="list_blobs shows the blobs this node holds%s." % (
                              "" if context_id else "; pass context to have the node ask that context's peers"))
-    if error.status == 400:         # the node's reason, not ours: a well-formed id can be refused too
-        return NodeError("The node refused to read blob %s%s (HTTP 400): %s" % (
+    if error.status == 400 and not _is_hex64(blob_id):
+        return NodeError('"%s" is not a blob id%s' % (blob_id, ", or the context id is not valid" if context_id else ""),
+                         400, hint="A blob id is 64 hex characters (list_blobs shows them).")
+    if error.status == 400:         # a well-formed id refused: the node's reason, never "not a blob id"
+        return NodeError("The node refused to read blob %s%s: %s" % (
             blob_id, " through context %s" % context_id if context_id else "", str(error).rstrip(".")), 400,
-            hint="A blob id is 64 hex characters (list_blobs shows them)%s." % (
-                "; context must be a context id" if context_id else ""))
+            hint="list_blobs shows the blobs this node holds%s." % (
+                "; context must be a context id or left out" if context_id else ""))
     return error
 
 
