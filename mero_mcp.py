@@ -2946,7 +2946,7 @@ def set_group_metadata(args, call):
     answer = {"groupId": group, "name": name, "data": data}
     if previous != name:
         answer["renamedFrom"] = previous
-    return with_namesakes(answer, None, namesakes)
+    return with_namesakes(answer, name, namesakes)
 
 
 @tool("join_open_group", "Join an open group via its parent namespace or group; then join_context for its "
@@ -3823,7 +3823,9 @@ class Apps:
         installed = self.installed()
         exact = [a for a in installed if name in {a.id, a.package, last_segment(a.package), a.name} - {None, ""}]
         if not exact:
-            near = match_apps(installed, name.strip())
+            folded = name.strip().lower()
+            near = [a for a in installed if folded in {(n or "").lower() for n in (a.id, a.package, a.name,
+                                                                                  last_segment(a.package))} - {""}]
             if near:
                 raise ToolError('Application "%s" is not named exactly so; %s. Nothing was done: pass the name as it '
                                 "is spelled, or the id." % (name, ", ".join('%s (id %s)' % (a.key, a.id)
