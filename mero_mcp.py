@@ -3075,6 +3075,9 @@ def fitted_summary(summary, room, methods_from=None):
         if count == 0 and key == "methods" and methods_from is not None:     # every page moves on: one method,
             items = [squeezed(items[0], room - len(json_text(cut)))] + items[1:]     # its text cut to the room
             count = 1
+            if len(items) == 1:                  # the last method: nothing is left out, no cursor follows
+                summary = dict(summary, methods=items)
+                continue
         notes.append(note(count))
         summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})
         if key == "methods" and methods_from is not None:
