@@ -1294,6 +1294,7 @@ class NodeDouble:
         self.legacy_group_info = False       # releases before rc.83: group info without namespaceId
         self.alias_rows = False              # one branch: the alias list as [{alias, value}] rows (§0.6)
         self.legacy_lifecycle = False        # the §0.6 routes' older forms (see the docstring)
+        self.subgroup_counts = True                # False: namespace rows without subgroupCount (nothing to compare)
         self.member_names: Dict[str, str] = {}     # account -> the name group members rows carry (§3, "name"?)
         self.blob_mime: Optional[str] = None       # X-Blob-MIME-Type sent instead of the sniffed one
         self.fresh_identity = False
@@ -2263,9 +2264,11 @@ class NodeDouble:
         return view
 
     def _group_counts(self, group: Dict[str, Any]) -> Dict[str, int]:
-        return {"memberCount": len(group["members"]),
-                "contextCount": sum(1 for c in self._contexts.values() if c["groupId"] == group["id"]),
-                "subgroupCount": sum(1 for g in self._groups.values() if g["parent"] == group["id"])}
+        counts = {"memberCount": len(group["members"]),
+                  "contextCount": sum(1 for c in self._contexts.values() if c["groupId"] == group["id"])}
+        if self.subgroup_counts:
+            counts["subgroupCount"] = sum(1 for g in self._groups.values() if g["parent"] == group["id"])
+        return counts
 
     def _namespaces(self) -> List[Dict[str, Any]]:
         return [self._groups[k] for k in sorted(self._groups) if self._groups[k]["parent"] is None]
