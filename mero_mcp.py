@@ -1000,7 +1000,7 @@ class Server:
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
-            arguments = one_id_form(arguments)
+            arguments = one_id_form(arguments, keys=self.id_keys(t))
             with bound(call), self.node.scope(call.traceparent, call.ticket):
                 arguments = resolved_ids(self.apps, t, arguments, call)
                 if KINDS[t.kind].whole_call_reads:
@@ -1014,6 +1014,15 @@ class Server:
         # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's
         # last guard (sealed) bounds every answer.
         return render_result(value)
+
+    def id_keys(self, t):
+        """The arguments of `t` that take ids: a generated tool's are its context options the method does not
+        declare itself (the others, and every parameter, are the app's data, never touched)."""
+        if t.kind != "generated":
+            return ID_ARGUMENTS
+        binding = self.apps.catalog.snapshot.bindings.get(t.name)
+        own = {param.name for param in binding.method.params} if binding is not None else CONTEXT_OPTIONS
+        return CONTEXT_OPTIONS - own
 
     def announce_lists_changed(self, tools=True, resources=True):
         """The catalog changed: tell a handshake-era session, and every listen that asked for that list."""
@@ -1512,16 +1521,21 @@ ID_ARGUMENTS = frozenset(("context", "_context", "contextId", "app", "applicatio
 HOLDS_ID_ARGUMENTS = frozenset(("calls",))
 
 
-def one_id_form(value, key=None):
+CONTEXT_OPTIONS = frozenset(("_context", "context"))
+
+
+def one_id_form(value, key=None, keys=ID_ARGUMENTS):
     """The arguments with every 64-hex id lower-case, the one form the node lists ids in: made so once, where
     arguments enter (run_tool, for every kind of tool), so every guard and comparison after it, and the node,
-    see one form (an upper-case namespace id must not pass a guard that compares it with the listed one)."""
+    see one form (an upper-case namespace id must not pass a guard that compares it with the listed one). `keys`:
+    the arguments that take ids."""
     if isinstance(value, str):
-        return value.lower() if key in ID_ARGUMENTS and is_hex_key(value.strip()) else value
-    if isinstance(value, list) and (key in ID_ARGUMENTS or key in HOLDS_ID_ARGUMENTS):
-        return [one_id_form(item, key) for item in value]
-    if isinstance(value, dict) and (key is None or key in ID_ARGUMENTS or key in HOLDS_ID_ARGUMENTS):
-        return {name: one_id_form(item, name) for name, item in value.items()}
+        return value.lower() if key in keys and is_hex_key(value.strip()) else value
+    holds = key in HOLDS_ID_ARGUMENTS and keys is ID_ARGUMENTS      # a generated tool's `calls` is the app's
+    if isinstance(value, list) and (key in keys or holds):
+        return [one_id_form(item, key, keys) for item in value]
+    if isinstance(value, dict) and (key is None or key in keys or holds):
+        return {name: one_id_form(item, name, keys) for name, item in value.items()}
     return value
 
 

@@ -5,6 +5,7 @@ upload_blob's text), and the words that say so. Through the real server against 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -487,3 +488,17 @@ def test_upgrade_group_moves_only_to_a_newer_build_of_its_own_signer(serve, node
     old = error_text(server.call_tool("upgrade_group", {"group": "team", "application": older}))
     assert "application %s is version 0.9.0, not newer. Nothing was sent" % older in old, old
     assert writes(node.double) == []
+
+
+def test_a_generated_tools_context_is_one_id_form_and_its_parameters_are_the_apps(serve, node):
+    """Only the context option is an id of ours: a method's own parameters are app data, kept as given."""
+    server = serve(node.double)
+    value = "AB" * 32
+    deadline = time.monotonic() + 20
+    while "kv_store_set" not in server.tool_names():
+        assert time.monotonic() < deadline, server.stderr
+        time.sleep(0.1)
+    stored = server.call_tool("kv_store_set", {"_context": node.notes.upper(), "key": "k", "value": value})
+    assert not stored.get("isError"), stored
+    got = server.call_tool("call", {"app": KV, "context": node.notes, "method": "get", "args": {"key": "k"}})
+    assert value in text_of(got), got
