@@ -92,7 +92,7 @@ class StderrLog:
 
     def info(self, message, *args):
         try:
-            sys.stderr.write("[mero-mcp] %s\n" % (message % args if args else message))
+            sys.stderr.write("[mero-mcp] %s\n" % without_secrets(message % args if args else message))
             sys.stderr.flush()
         except (OSError, AttributeError, ValueError):   # the host closed our stderr: logs are a courtesy
             pass
