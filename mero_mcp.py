@@ -1151,7 +1151,9 @@ def sealed(result, limit):
     """The last guard on every tools/call answer: our secrets out of every string, then within `limit`."""
     if isinstance(result, dict) and isinstance(result.get("content"), list):
         if sys.modules.get("node") is not None:
-            result = secrets_out(result)
+            whole = json.dumps(result, ensure_ascii=False)      # one pass over the whole (its patterns know JSON's
+            if without_secrets(whole) != whole:                # escapes); each string only when one is there
+                result = secrets_out(result)
         if result.get("isError"):
             limit = TEXT_BOUND                 # an error is ours, never an app's data: the README's bound
         if limit is not None:

@@ -362,3 +362,25 @@ def test_a_refresh_token_read_from_the_shared_cache_is_never_quoted(tmp_path, au
         server.close()
     assert_nowhere({other_access, other_refresh, access, refresh},
                    {"result": text, "stderr": server.stderr, "stdout": b"".join(server.raw_lines).decode("utf-8")})
+
+
+def test_an_answer_quoting_a_sent_secret_is_redacted_by_the_last_guard(tmp_path, authed):
+    """An app (or any handler) handing back a token this server sent: the last guard on every answer takes it
+    out, from the text and from structuredContent alike."""
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": PASSWORD})
+    server = McpServer(env)
+    try:
+        server.initialize()
+        assert not server.call_tool("list_namespaces").get("isError")
+        access = authed.minted[-2]
+        authed.faults.update({"json": {"jsonrpc": "2.0", "id": 1, "result": {"output": {
+            "echo": "Bearer " + access, "password": PASSWORD}}}, "paths": ["/jsonrpc"], "times": 2})
+        plain = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "len"})
+        many = server.call_tool("call_many", {"calls": [{"app": "kv-store", "context": "demo", "method": "len"}]})
+    finally:
+        server.close()
+    for result in (plain, many):
+        assert not result.get("isError") and "Bearer [redacted]" in result["content"][0]["text"], result
+    assert_nowhere({access, PASSWORD}, {"results": json.dumps([plain, many], ensure_ascii=False),
+                                        "stderr": server.stderr})
