@@ -1120,10 +1120,10 @@ def on_tools_call(server, params, call):
     """tools/call: whatever the tool answers passes `sealed`, the last guard of every answer."""
     name = params.get("name")
     tool = server.find_tool(name) if isinstance(name, str) else None
-    return sealed(called_tool(server, params, call), answer_bound(tool, server.config))
+    return sealed(called_tool(server, params, call, tool), answer_bound(tool, server.config))
 
 
-def called_tool(server, params, call):
+def called_tool(server, params, call, tool):
     name, arguments = params.get("name"), params.get("arguments", {})
     if not isinstance(name, str):
         raise RpcError(INVALID_PARAMS, "tools/call needs a tool name (string)")
@@ -1131,7 +1131,6 @@ def called_tool(server, params, call):
         arguments = {}
     if not isinstance(arguments, dict):
         raise RpcError(INVALID_PARAMS, "tools/call arguments must be an object")
-    tool = server.find_tool(name)
     if tool is None:
         raise RpcError(INVALID_PARAMS, "Unknown tool: %s" % name)
     if not advertised(tool, server.config):          # a tool read-only mode leaves out, called by name anyway
@@ -2435,7 +2434,7 @@ def package_and_version(coords):
       required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
 def uninstall_application(args, call):
     apps = call.server.apps
-    app = apps.resolve_as_given(args["application"])
+    app = resolve_as_given(apps.installed(), args["application"])
     tools = apps.catalog.tool_count_of(app.id)
     answer = call.server.node.uninstall_application(app.id)
     apps.catalog.refresh()
@@ -3530,6 +3529,23 @@ def match_apps(apps, name):
     return []
 
 
+def resolve_as_given(apps, name):
+    """What a destructive tool acts on: the app `name` names exactly as given (its id, package, trailing segment or
+    display name; no trimming, case as given). One it names only trimmed or in another case is refused naming it,
+    so nothing is removed on a near miss."""
+    if not isinstance(name, str) or not name.strip():
+        raise ToolError("Name an application: its id, package name, trailing segment or display name.")
+    exact = [a for a in apps if name in {a.id, a.package, last_segment(a.package), a.name} - {None, ""}]
+    if not exact:
+        folded = name.strip().lower()
+        near = [a for a in apps if folded in {(n or "").lower() for n in (a.id, a.package, a.name,
+                                                                          last_segment(a.package))} - {""}]
+        if near:
+            raise ToolError('Application "%s" is not named exactly so; %s. Nothing was done: pass the name as it is '
+                            "spelled, or the id." % (name, ", ".join("%s (id %s)" % (a.key, a.id) for a in near)))
+    return resolve_among(exact or apps, name)
+
+
 def resolve_among(apps, name):
     found = match_apps(apps, name)
     if not found:
@@ -3832,24 +3848,6 @@ class Apps:
         if not isinstance(name, str) or not name.strip():
             raise ToolError("Name an application: its id, package name, trailing segment or display name.")
         return resolve_among(self.installed(), name.strip())
-
-    def resolve_as_given(self, name):
-        """What a destructive tool acts on: the app `name` names exactly as given (its id, package, trailing
-        segment or display name; no trimming, case as given). One it names only trimmed or in another case is
-        refused naming it, so nothing is removed on a near miss."""
-        if not isinstance(name, str) or not name.strip():
-            raise ToolError("Name an application: its id, package name, trailing segment or display name.")
-        installed = self.installed()
-        exact = [a for a in installed if name in {a.id, a.package, last_segment(a.package), a.name} - {None, ""}]
-        if not exact:
-            folded = name.strip().lower()
-            near = [a for a in installed if folded in {(n or "").lower() for n in (a.id, a.package, a.name,
-                                                                                  last_segment(a.package))} - {""}]
-            if near:
-                raise ToolError('Application "%s" is not named exactly so; %s. Nothing was done: pass the name as it '
-                                "is spelled, or the id." % (name, ", ".join('%s (id %s)' % (a.key, a.id)
-                                                                            for a in near)))
-        return resolve_among(exact or installed, name) if exact else resolve_among(installed, name)
 
     def manifest(self, app, service=None):
         abi = own_module("abi")          # every app tool reads a manifest: a missing abi.py is said here, by name
