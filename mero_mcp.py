@@ -92,7 +92,7 @@ class StderrLog:
 
     def info(self, message, *args):
         try:
-            sys.stderr.write("[mero-mcp] %s\n" % (message % args if args else message))
+            sys.stderr.write("[mero-mcp] %s\n" % without_secrets(message % args if args else message))
             sys.stderr.flush()
         except (OSError, AttributeError, ValueError):   # the host closed our stderr: logs are a courtesy
             pass
@@ -498,7 +498,34 @@ def response(request_id, result):
 
 
 def error_response(request_id, error):
-    return {"jsonrpc": "2.0", "id": request_id, "error": error.to_json()}
+    return {"jsonrpc": "2.0", "id": request_id, "error": sealed_error(error.to_json())}
+
+
+ERROR_QUOTE = 2000           # characters of one string an error quotes (a tool name, a uri)
+
+
+def sealed_error(error):
+    """The last guard on every JSON-RPC error: our secrets out, each string it quotes cut to ERROR_QUOTE, and its
+    data left out if even then it would pass TEXT_BOUND; whatever a handler put in it."""
+    def short(value):
+        if isinstance(value, str):
+            return cut_text(without_secrets(value), ERROR_QUOTE)
+        if isinstance(value, dict):
+            return {key: short(item) for key, item in value.items()}
+        return [short(item) for item in value] if isinstance(value, list) else value
+    sealed = dict(error, message=short(error.get("message")))
+    if "data" in sealed:
+        sealed["data"] = short(sealed["data"])
+        if len(json.dumps(sealed["data"])) > TEXT_BOUND // 2:
+            del sealed["data"]
+    return sealed
+
+
+def without_secrets(text):
+    """`text` without any secret this process has sent to the node or the registry (node.py keeps them, once
+    loaded: before that nothing was sent)."""
+    node = sys.modules.get("node")
+    return node.redacted(text) if node is not None and hasattr(node, "redacted") else text
 
 
 # ── 4. Scheduler: the stdin thread, the main loop, cancellation ─────────────────────────────────────────────
@@ -973,6 +1000,7 @@ class Server:
             problems = check_fixed_arguments(t, arguments)
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
+            arguments = one_id_form(arguments, keys=self.id_keys(t))
             with bound(call), self.node.scope(call.traceparent, call.ticket):
                 arguments = resolved_ids(self.apps, t, arguments, call)
                 if KINDS[t.kind].whole_call_reads:
@@ -982,9 +1010,19 @@ class Server:
                     value = t.handler(arguments, call)
         except Exception as error:
             error = as_failure(error)
-            return bounded(error_result(failure_text(error), error.blocks if isinstance(error, ToolError) else ()))
-        # A method's output is the app's data, returned whole, as its generated tool returns it.
-        return bounded(render_result(value)) if KINDS[t.kind].bounded else render_result(value)
+            return error_result(failure_text(error), error.blocks if isinstance(error, ToolError) else ())
+        # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's
+        # last guard (sealed) bounds every answer.
+        return render_result(value)
+
+    def id_keys(self, t):
+        """The arguments of `t` that take ids: a generated tool's are its context options the method does not
+        declare itself (the others, and every parameter, are the app's data, never touched)."""
+        if t.kind != "generated":
+            return ID_ARGUMENTS
+        binding = self.apps.catalog.snapshot.bindings.get(t.name)
+        own = {param.name for param in binding.method.params} if binding is not None else CONTEXT_OPTIONS
+        return CONTEXT_OPTIONS - own
 
     def announce_lists_changed(self, tools=True, resources=True):
         """The catalog changed: tell a handshake-era session, and every listen that asked for that list."""
@@ -1079,6 +1117,13 @@ def on_tools_list(server, params, call):
 
 
 def on_tools_call(server, params, call):
+    """tools/call: whatever the tool answers passes `sealed`, the last guard of every answer."""
+    name = params.get("name")
+    tool = server.find_tool(name) if isinstance(name, str) else None
+    return sealed(called_tool(server, params, call, tool), answer_bound(tool, server.config))
+
+
+def called_tool(server, params, call, tool):
     name, arguments = params.get("name"), params.get("arguments", {})
     if not isinstance(name, str):
         raise RpcError(INVALID_PARAMS, "tools/call needs a tool name (string)")
@@ -1086,12 +1131,41 @@ def on_tools_call(server, params, call):
         arguments = {}
     if not isinstance(arguments, dict):
         raise RpcError(INVALID_PARAMS, "tools/call arguments must be an object")
-    tool = server.find_tool(name)
     if tool is None:
         raise RpcError(INVALID_PARAMS, "Unknown tool: %s" % name)
     if not advertised(tool, server.config):          # a tool read-only mode leaves out, called by name anyway
         return error_result("Error: " + read_only_refusal(name))
     return server.run_tool(tool, arguments, call)
+
+
+def answer_bound(tool, config):
+    """TEXT_BOUND, the README's bound; an app call's answer (app data, whole) may take the result bound the user
+    set instead (None: unbounded)."""
+    if tool is None or KINDS[tool.kind].bounded or config.result_bound is None:
+        return TEXT_BOUND if tool is None or KINDS[tool.kind].bounded else None
+    return max(TEXT_BOUND, config.result_bound)
+
+
+def sealed(result, limit):
+    """The last guard on every tools/call answer: our secrets out of every string, then within `limit`."""
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        if sys.modules.get("node") is not None:
+            whole = json.dumps(result, ensure_ascii=False)      # one pass over the whole (its patterns know JSON's
+            if without_secrets(whole) != whole:                # escapes); each string only when one is there
+                result = secrets_out(result)
+        if result.get("isError"):
+            limit = TEXT_BOUND                 # an error is ours, never an app's data: the README's bound
+        if limit is not None:
+            result = bounded(result, limit)
+    return result
+
+
+def secrets_out(value):
+    if isinstance(value, str):
+        return without_secrets(value)
+    if isinstance(value, dict):
+        return {key: secrets_out(item) for key, item in value.items()}
+    return [secrets_out(item) for item in value] if isinstance(value, list) else value
 
 
 def on_resources_list(server, params, call):
@@ -1446,6 +1520,31 @@ def unknown_arguments_text(unknown, owner, takes, where=""):
                                                  told)
 
 
+# The arguments (at any tool's top level, in call_many's calls, in members) that take a context, namespace, group,
+# account, application or blob id. What an app takes (args), data and texts are never touched.
+ID_ARGUMENTS = frozenset(("context", "_context", "contextId", "app", "application", "namespace", "group", "parent",
+                          "member", "members", "identity", "blob"))
+HOLDS_ID_ARGUMENTS = frozenset(("calls",))
+
+
+CONTEXT_OPTIONS = frozenset(("_context", "context"))
+
+
+def one_id_form(value, key=None, keys=ID_ARGUMENTS):
+    """The arguments with every 64-hex id lower-case, the one form the node lists ids in: made so once, where
+    arguments enter (run_tool, for every kind of tool), so every guard and comparison after it, and the node,
+    see one form (an upper-case namespace id must not pass a guard that compares it with the listed one). `keys`:
+    the arguments that take ids."""
+    if isinstance(value, str):
+        return value.lower() if key in keys and is_hex_key(value.strip()) else value
+    holds = key in HOLDS_ID_ARGUMENTS and keys is ID_ARGUMENTS      # a generated tool's `calls` is the app's
+    if isinstance(value, list) and (key in keys or holds):
+        return [one_id_form(item, key, keys) for item in value]
+    if isinstance(value, dict) and (key is None or key in keys or holds):
+        return {name: one_id_form(item, name, keys) for name, item in value.items()}
+    return value
+
+
 def resolved_ids(apps, t, arguments, call):
     """A fixed tool's arguments with every namespace or group given by name replaced by its 64-hex id, so handlers
     see ids only; one name that names nothing, or several, is refused before anything is done."""
@@ -1624,25 +1723,45 @@ def fit_count(frame, costs, budget):
 
 
 def text_size(blocks):
-    return sum(len(block.get("text") or (block.get("resource") or {}).get("text") or "") for block in blocks)
+    """The characters an answer's blocks carry: every string in them (a text, a resource's uri and mime type)."""
+    def size(value):
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, dict):
+            return sum(size(item) for key, item in value.items() if key != "type")
+        return sum(size(item) for item in value) if isinstance(value, list) else 0
+    return sum(size(block) for block in blocks)
 
 
-def bounded(result):
-    """The last guard of TEXT_BOUND (lists page, guides and ABIs fit themselves first): the longest text blocks
-    are cut, saying so, and structuredContent, no longer the same, is left out."""
+def bounded(result, limit=TEXT_BOUND):
+    """Within `limit` (lists page, guides and ABIs fit themselves first): the longest text blocks are cut, saying
+    so, and structuredContent, no longer the same, is left out; a block no cut reaches (its text not a string)
+    goes."""
     size = text_size(result["content"])
-    if size <= TEXT_BOUND:
+    if size <= limit:
         return result
-    blocks = list(result["content"])
-    marker = "... [cut: this answer is %d characters; one answer carries at most %d]" % (size, TEXT_BOUND)
-    texts = [i for i, block in enumerate(blocks) if block.get("type") == "text"]
-    for index in sorted(texts, key=lambda i: -len(blocks[i]["text"])):
-        excess = text_size(blocks) - TEXT_BOUND
+    marker = "... [cut: this answer is %d characters; one answer carries at most %d]" % (size, limit)
+    blocks = cut_texts(list(result["content"]), limit, marker)
+    if text_size(blocks) > limit:          # what no cut of a text reaches (a resource's uri): texts alone go
+        blocks = cut_texts([block for block in blocks if is_text_block(block)] or [{"type": "text", "text": ""}],
+                           limit, marker)
+    return {key: value for key, value in dict(result, content=blocks).items() if key != "structuredContent"}
+
+
+def is_text_block(block):
+    return isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+
+
+def cut_texts(blocks, limit, marker):
+    """The blocks with their longest texts cut, each saying so, until they fit `limit` or no text is left."""
+    for index in sorted((i for i, block in enumerate(blocks) if is_text_block(block)),
+                        key=lambda i: -len(blocks[i]["text"])):
+        excess = text_size(blocks) - limit
         if excess <= 0:
             break
         text = blocks[index]["text"]
         blocks[index] = dict(blocks[index], text=text[:max(0, len(text) - excess - len(marker))] + marker)
-    return {key: value for key, value in dict(result, content=blocks).items() if key != "structuredContent"}
+    return blocks
 
 
 def shortened(row, id_key):
@@ -2247,19 +2366,20 @@ def list_registry(args, call):
     place = node.registry()
     if place.url is None:
         raise ToolError(place.problem)
+    shown = node_module().display_url(place.url)        # never its userinfo, query or fragment
     installed = {app.package: app.version for app in server.apps.installed()}
     rows = node.registry_bundles(package)
     if package:
         if not rows:
-            raise ToolError("The registry at %s has no package %s. %s" % (place.url, package,
+            raise ToolError("The registry at %s has no package %s. %s" % (shown, package,
                                                                           registry_instead(node, package)))
         meta = rows[-1].get("metadata") or {}
-        return {"registry": place.url, "package": package, "name": meta.get("name"),
+        return {"registry": shown, "package": package, "name": meta.get("name"),
                 "description": meta.get("description"), "installed": installed.get(package),
                 "versions": [dict({"version": r.get("appVersion")}, **({"yanked": True} if r.get("yanked") else {}))
                              for r in rows]}
     listed = [registry_row(row, installed) for row in rows]
-    return paged("list_registry", args, {"registry": place.url, "packages": listed}, "packages", "package")
+    return paged("list_registry", args, {"registry": shown, "packages": listed}, "packages", "package")
 
 
 def registry_row(row, installed):
@@ -2319,7 +2439,7 @@ def package_and_version(coords):
       required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
 def uninstall_application(args, call):
     apps = call.server.apps
-    app = apps.resolve(args["application"])
+    app = resolve_as_given(apps.installed(), args["application"])
     tools = apps.catalog.tool_count_of(app.id)
     answer = call.server.node.uninstall_application(app.id)
     apps.catalog.refresh()
@@ -2473,16 +2593,17 @@ def create_namespace(args, call):
     return with_namesakes(created, name, namesakes)
 
 
-def namesakes_of(apps, name, call, namespaces_only=False):
+def namesakes_of(apps, name, call, namespaces_only=False, done="Nothing was created."):
     """The namespaces (and groups) already named `name`, as given; a name that reads as an id is refused: an
-    argument of that form is taken as an id, so the new one could never be named."""
+    argument of that form is taken as an id, so the new one could never be named. A create's rules, and a
+    rename's (`done` says what was not)."""
     if name is None:
         return []
     if not name.strip():
-        raise ToolError("name must not be blank: leave it out for no name. Nothing was created.")
+        raise ToolError("name must not be blank: leave it out for no name. %s" % done)
     if is_hex_key(name):
         raise ToolError('name "%s" reads as a 64-hex id, and a name of that form is taken as an id everywhere, so '
-                        "it could never be named. Choose another name. Nothing was created." % name)
+                        "it could never be named. Choose another name. %s" % (name, done))
     with call.reading():
         namespaces = apps.namespace_carriers()
         carriers = namespaces if namespaces_only else namespaces + apps.groups_of(namespaces)
@@ -2585,22 +2706,22 @@ def remove_group_members(args, call):
     acted_on = call.server.apps.carrier_of(group, call, "group")
     members, repeated = canonical_accounts(args["members"])
     # The node checks no account (node-api §0.6): one that is not a member would be "removed" silently.
-    listed = {m["identity"].lower() for m in node.group_members(group)["members"]}
+    listed = {m["identity"]: m.get("name") for m in node.group_members(group)["members"]}
     strangers = [m for m in members if m not in listed]
     if strangers:
         raise ToolError("Not members of %s: %s. Nothing was removed; list_group_members shows its members."
                         % (named_text(acted_on), ", ".join(strangers)))
     node.remove_group_members(group, members)
-    said = "Removed %s from %s." % (", ".join(members), named_text(acted_on))
+    removed = ['%s ("%s")' % (m, listed[m]) if isinstance(listed[m], str) and listed[m] else m for m in members]
+    said = "Removed %s from %s." % (", ".join(removed), named_text(acted_on))
     return said + (" Given more than once, removed once: %s." % ", ".join(repeated) if repeated else "")
 
 
 def canonical_accounts(accounts):
-    """Account ids in the one form they are compared and sent in (lower-case hex, as the node lists them), each
-    once; and those given more than once."""
+    """Account ids each once (one_id_form made them lower-case hex, as the node lists them); and those given more
+    than once."""
     seen, repeated = [], []
     for account in accounts:
-        account = account.lower() if is_hex_key(account) else account
         if account in seen:
             if account not in repeated:
                 repeated.append(account)
@@ -2664,7 +2785,7 @@ def create_nested_group(node, args):
 
 @tool("describe_group", "Show a namespace or group: name, parent, app, visibility, counts, subgroups, metadata and "
       "any upgrade.",
-      {"group": GROUP_ID}, required=("group",), annotations=READ_ONLY, toolset="governance")
+      {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def describe_group(args, call):
     server, group = call.server, args["group"]
     node = server.node
@@ -2685,7 +2806,7 @@ def describe_group(args, call):
     described.update(known_subgroups(node, group, namespaces.get(group)))
     described["metadata"] = metadata.get("data")
     described["upgrade"] = counts_said(node.upgrade_status(group) or info.get("activeUpgrade"))
-    return described
+    return paged("describe_group", args, described, "subgroups", "groupId")      # subgroups page like a list
 
 
 def listed_name(node, group):
@@ -2720,6 +2841,9 @@ def known_subgroups(node, group, namespace_row):
     if isinstance(counted, int) and counted > direct:
         shown["subgroupsNote"] = ("The namespace counts %d subgroups directly in it; this node can see %d (the rest "
                                   "are restricted groups it is not a member of)." % (counted, direct))
+    elif not isinstance(counted, int):
+        shown["subgroupsNote"] = ("These are the subgroups this node can see; the node gives no count to compare, "
+                                  "so restricted groups it is not a member of may be missing.")
     return shown
 
 
@@ -2833,12 +2957,16 @@ def set_group_metadata(args, call):
     record = node.group_metadata(group) or {}
     previous = record.get("name") or listed_name(node, group)
     name = args["name"] if args.get("name") is not None else previous
+    namesakes = []
+    if args.get("name") is not None and name != previous:        # a rename follows create's rules
+        namesakes = [c for c in namesakes_of(call.server.apps, name, call, done="Nothing was changed.")
+                     if c.id != group]
     data = args["data"] if args.get("data") is not None else (record.get("data") or {})
     node.set_group_metadata(group, name, data)
     answer = {"groupId": group, "name": name, "data": data}
     if previous != name:
         answer["renamedFrom"] = previous
-    return answer
+    return with_namesakes(answer, name, namesakes)
 
 
 @tool("join_open_group", "Join an open group via its parent namespace or group; then join_context for its "
@@ -2858,20 +2986,32 @@ def upgrade_group(args, call):
     target = current
     if args.get("application") is not None:
         target = refuse_another_package(server.apps, group, current, server.apps.resolve(args["application"]))
-    status = server.node.upgrade_group(group, target, args.get("cascade"))
+    status = counts_said(server.node.upgrade_group(group, target, args.get("cascade")))
     if status.get("status") != "completed":
         status = dict(status, note="Not finished: describe_group shows its progress until it is completed.")
     return status
 
 
 def refuse_another_package(apps, group, current, app):
-    """An upgrade moves a group to a newer version of its own app: an app of another package is refused before
-    anything is sent (the node would move the group's contexts onto code their state was never written by)."""
+    """An upgrade moves a group to a newer build of its own app (same package, same signer): another package,
+    another signer's build of it, or an older build is refused before anything is sent (the node would move the
+    group's contexts onto code their state was never written by, or by someone else)."""
     running = apps.app_by_id(current)
-    if running is not None and running.package != app.package:
+    if running is None or app.id == current:
+        return app.id
+    if running.package != app.package:
         raise ToolError("Group %s runs %s; %s is another package, and upgrade_group moves a group to a newer "
                         "version of its own app. Nothing was sent; install the new version of %s and upgrade to "
                         "it." % (group, running.package, app.package, running.package))
+    if running.signer_id != app.signer_id:
+        raise ToolError("Group %s runs %s signed by %s; application %s is %s signed by %s, another publisher's "
+                        "build, and upgrade_group moves a group only to a build of its own signer. Nothing was "
+                        "sent." % (group, running.package, running.signer_id or "an unknown signer", app.id,
+                                   app.package, app.signer_id or "an unknown signer"))
+    if running.version and app.version and version_key(app.version) <= version_key(running.version):
+        raise ToolError("Group %s runs %s %s; application %s is version %s, not newer. Nothing was sent; "
+                        "upgrade_group moves a group to a newer build only." % (group, running.package,
+                                                                                running.version, app.id, app.version))
     return app.id
 
 
@@ -2952,11 +3092,28 @@ def fitted_summary(summary, room, methods_from=None):
         if key == "methods" and methods_from is not None:
             cut["nextCursor"] = methods_from(first + len(items))
         count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
+        if count == 0 and key == "methods" and methods_from is not None:     # every page moves on: one method,
+            items = [squeezed(items[0], room - len(json_text(cut)))] + items[1:]     # its text cut to the room
+            count = 1
+            if len(items) == 1:                  # the last method: nothing is left out, no cursor follows
+                summary = dict(summary, methods=items)
+                continue
         notes.append(note(count))
         summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})
         if key == "methods" and methods_from is not None:
             summary["nextCursor"] = methods_from(first + count)
     return summary
+
+
+def squeezed(reference, room):
+    """A method's reference (doc, signature, parameters) cut in its middle to fit `room` characters as JSON: its
+    doc's start and its signature's end stay, and it says what was cut."""
+    room = max(200, room // 2 - 100)         # JSON may escape each character into two (a newline, a quote)
+    if len(reference) <= room:
+        return reference
+    marker = "\n[... %d characters of this method's reference cut: it alone fills a page ...]\n" % (
+        len(reference) - room)
+    return reference[:room // 3] + marker + reference[-(room - room // 3):]
 
 
 @tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
@@ -3199,13 +3356,17 @@ def call_many(args, call):
 
 
 def item_names(index, item):
-    """What a call_many result says it answers: its place, and the item's app, context and method as given."""
+    """What a call_many result says it answers: its place, and the item's app, context and method as given (a long
+    one cut to ECHOED_NAME: 32 items' names must leave their results room)."""
     named = {"index": index}
     if isinstance(item, dict):
         for key in ("app", "context", "method"):
             if isinstance(item.get(key), str):
-                named[key] = item[key]
+                named[key] = cut_text(item[key], ECHOED_NAME)
     return named
+
+
+ECHOED_NAME = 200
 
 
 def with_errors_fitted(results):
@@ -3376,6 +3537,23 @@ def match_apps(apps, name):
         if found:
             return found
     return []
+
+
+def resolve_as_given(apps, name):
+    """What a destructive tool acts on: the app `name` names exactly as given (its id, package, trailing segment or
+    display name; no trimming, case as given). One it names only trimmed or in another case is refused naming it,
+    so nothing is removed on a near miss."""
+    if not isinstance(name, str) or not name.strip():
+        raise ToolError("Name an application: its id, package name, trailing segment or display name.")
+    exact = [a for a in apps if name in {a.id, a.package, last_segment(a.package), a.name} - {None, ""}]
+    if not exact:
+        folded = name.strip().lower()
+        near = [a for a in apps if folded in {(n or "").lower() for n in (a.id, a.package, a.name,
+                                                                          last_segment(a.package))} - {""}]
+        if near:
+            raise ToolError('Application "%s" is not named exactly so; %s. Nothing was done: pass the name as it is '
+                            "spelled, or the id." % (name, ", ".join("%s (id %s)" % (a.key, a.id) for a in near)))
+    return resolve_among(exact or apps, name)
 
 
 def resolve_among(apps, name):
@@ -3798,8 +3976,8 @@ class Apps:
             return known
         with call.reading():
             namespaces = self.namespace_carriers()
-            found = [c for c in namespaces if c.id.lower() == group_id.lower()] or [
-                c for c in self.groups_of(namespaces) if c.id.lower() == group_id.lower()]
+            found = [c for c in namespaces if c.id == group_id] or [
+                c for c in self.groups_of(namespaces) if c.id == group_id]
         return found[0] if found else Carrier("group", group_id, None, None)
 
     def groups_of(self, namespaces):

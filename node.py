@@ -32,11 +32,22 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import quote, urlsplit
 
 log = logging.getLogger("mero-mcp")
+
+
+class _Redacting(logging.Filter):
+    """Every line this module logs passes `redacted` (the secrets this process has sent)."""
+
+    def filter(self, record):
+        record.msg, record.args = redacted(record.getMessage()), ()
+        return True
+
+
 if not log.handlers:      # the server's own stderr lines and these share one format
     _stderr = logging.StreamHandler()
     _stderr.setFormatter(logging.Formatter("[mero-mcp] %(message)s"))
     log.addHandler(_stderr)
     log.setLevel(logging.INFO)
+    log.addFilter(_Redacting())
 
 # ── Constants ─────────────────────────────────────────────────────────────────────────────────────
 
@@ -54,6 +65,7 @@ LOCK_STALE_SECONDS = 30.0                # refresh lock protocol (§1.2)
 LOCK_POLL_SECONDS = 0.05
 CLIENT_NAME = "mero-mcp"
 USER_AGENT = "mero-mcp"
+MAX_MIME_TYPE = 255                      # characters of a blob's MIME type (RFC 6838: 127 + / + 127)
 BODY_EXCERPT = 300                       # characters of a plain-text error body we show (§6)
 LOCAL_FILE_LIMIT = 1 << 20               # agent.json, tokens-*.json, config.toml hold a few KB; more is not one
 
@@ -1116,6 +1128,7 @@ def registry_place(env: Mapping[str, str], node_name: Optional[str]) -> Registry
 # ── HTTP: the lazy import, the one session, traceparent ──────────────────────────────────────────
 
 _session_instance = None
+_registry_session_instance = None
 _session_lock = threading.Lock()
 _scope = threading.local()
 
@@ -1163,22 +1176,35 @@ def preload() -> None:
 
 
 def _session():
-    """The process's one `requests.Session`. `trust_env` is off: a proxy from the environment would otherwise
-    capture requests to the local node, and ~/.netrc must never add credentials of its own."""
+    """The process's one `requests.Session` for the node. `trust_env` is off: a proxy from the environment would
+    otherwise capture requests to the local node, and ~/.netrc must never add credentials of its own."""
     global _session_instance
     with _session_lock:
         if _session_instance is None:
-            requests = _requests()
-            from requests.adapters import HTTPAdapter
-            session = requests.Session()
-            session.trust_env = False
-            adapter = HTTPAdapter(pool_connections=POOL_CONNECTIONS, pool_maxsize=POOL_MAXSIZE)
-            _watch_connections(adapter)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            session.headers["User-Agent"] = USER_AGENT
-            _session_instance = session
+            _session_instance = _new_session()
         return _session_instance
+
+
+def _registry_session():
+    """The registry's own session: the node and the registry never share a cookie jar (or a connection)."""
+    global _registry_session_instance
+    with _session_lock:
+        if _registry_session_instance is None:
+            _registry_session_instance = _new_session()
+        return _registry_session_instance
+
+
+def _new_session():
+    requests = _requests()
+    from requests.adapters import HTTPAdapter
+    session = requests.Session()
+    session.trust_env = False
+    adapter = HTTPAdapter(pool_connections=POOL_CONNECTIONS, pool_maxsize=POOL_MAXSIZE)
+    _watch_connections(adapter)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.headers["User-Agent"] = USER_AGENT
+    return session
 
 
 def _watch_connections(adapter):
@@ -1396,6 +1422,7 @@ def _prepared(requests, session, method, url, params, data, headers):
     request."""
     merged = dict(session.headers)
     merged.update(headers)
+    _sent_userinfo(url)
     return requests.Request(method, url, headers=merged, data=data, params=params,
                             cookies=session.cookies).prepare()
 
@@ -1403,7 +1430,7 @@ def _prepared(requests, session, method, url, params, data, headers):
 def _headers(token, content_type):
     headers = {}
     if token:
-        headers["Authorization"] = "Bearer " + token
+        headers["Authorization"] = "Bearer " + sent_secret(token)
     if content_type:
         headers["Content-Type"] = content_type
     traceparent = current_scope().traceparent
@@ -1642,7 +1669,38 @@ def decode_json(response, url: str):
         raise UnexpectedAnswer("Unreadable response from %s: HTTP %d with a body that is not valid JSON (%d bytes; "
                                "garbled or cut off)" % (display_url(url), response.status_code, len(content)),
                                hint=_unreadable_hint(display_url(_base_of(url)))) from None
+    except RecursionError:               # json.loads gives up past Python's recursion limit
+        raise too_deep(url) from None
+    if nested_past(value, MAX_ANSWER_NESTING):
+        raise too_deep(url)
     return unwrap(value)
+
+
+MAX_ANSWER_NESTING = 200     # levels of JSON an answer may nest: the server's own encoders recurse on each level
+
+
+class NestedTooDeep(UnexpectedAnswer, RecursionError):
+    """An answer nested past what the server can read or write back: unreadable, like any wrong answer. Also a
+    RecursionError, which is what execute says of an app's output nested too deeply to decode."""
+
+
+def too_deep(url) -> NodeError:
+    return NestedTooDeep("Unreadable response from %s: JSON nested more than %d levels deep"
+                         % (display_url(url), MAX_ANSWER_NESTING), hint=_unreadable_hint(display_url(_base_of(url))))
+
+
+def nested_past(value, limit) -> bool:
+    """Whether a decoded JSON value nests more than `limit` levels (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _not_json(constant):
@@ -1684,7 +1742,50 @@ EXECUTE_GRANT_ADVICE = ("The token this server uses may not call {method} in con
                         "whose permissions include context:execute for it (an admin login's do).")
 
 
-@functools.lru_cache(maxsize=16)
+# ── Sent secrets: every token, password and URL userinfo this process puts into a request ─────────
+
+_sent_secrets = {}                   # secret -> its compiled pattern, gathered where a header or body is built
+_sent_lock = threading.Lock()
+
+
+def sent_secret(secret: Optional[str]) -> Optional[str]:
+    """Record a secret as it goes into a request (a header, a body, a URL's userinfo), whatever it came from (the
+    environment, the handoff file, the shared token cache, a refresh): from then on `redacted` takes it out of
+    every text. Returns it, so a request is built through this call."""
+    if isinstance(secret, str) and len(secret) >= MIN_SECRET and secret not in _sent_secrets:
+        pattern = secret_pattern(secret)
+        with _sent_lock:
+            _sent_secrets[secret] = pattern
+    return secret
+
+
+MIN_SECRET = 4                       # shorter "secrets" (an empty password, a test's "x") would redact ordinary words
+
+
+def redacted(text: str) -> str:
+    """`text` with every secret this process has sent taken out, in any encoding `secret_pattern` knows: node and
+    registry answers, errors and log lines pass here before any of it is shown."""
+    if not isinstance(text, str) or not _sent_secrets:
+        return text
+    with _sent_lock:
+        patterns = sorted(_sent_secrets.items(), key=lambda item: -len(item[0]))   # user:password before password
+    for _, pattern in patterns:
+        text = pattern.sub("[redacted]", text)
+    return text
+
+
+def _sent_userinfo(url: str) -> None:
+    """A URL's `user:password@` goes out as HTTP Basic: both its password and the pair are secrets sent."""
+    rest = url.partition("://")[2]
+    userinfo = rest.split("/", 1)[0].rpartition("@")[0] if "@" in rest.split("/", 1)[0] else ""
+    if userinfo:
+        from urllib.parse import unquote
+        user, _, password = userinfo.partition(":")
+        for secret in (userinfo, unquote(userinfo), unquote(password), password):
+            sent_secret(secret)
+
+
+@functools.lru_cache(maxsize=256)
 def secret_pattern(secret: str):
     """A secret as node text may quote it: as written, JSON-escaped (\\uXXXX for any character, either case),
     URL-encoded (%XX, + for a space) or any mix of these, and base64 (standard or URL-safe, padded or not)."""
@@ -1821,6 +1922,7 @@ GROUP_FIELDS = Fields(texts=("namespaceId",))
 NAMED_FIELDS = Fields(texts=("name",))
 NAMESPACE_FIELDS = Fields(texts=("name", "targetApplicationId"))
 NO_FIELDS = Fields()
+REGISTRY_FIELDS = Fields(required=("package",), texts=("appVersion",), objects=("metadata",))
 
 
 class Answer:
@@ -1989,8 +2091,14 @@ def _blob_headers(response) -> Dict[str, Any]:
     headers = response.headers
     declared = headers.get("Content-Length", "").strip()
     mime = headers.get("X-Blob-MIME-Type") or headers.get("Content-Type")
+    if mime and len(mime) > MAX_MIME_TYPE:        # RFC 6838: 127 characters a side; longer is no MIME type
+        mime = None
     return {"size": int(declared) if declared.isdigit() else None, "mimeType": mime or None,
             "source": headers.get("X-Blob-Source")}
+
+
+def _is_hex64(value: str) -> bool:
+    return len(value) == 64 and not value.lower().strip("0123456789abcdef")
 
 
 def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> NodeError:
@@ -2000,9 +2108,14 @@ def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> 
         return NodeError("Blob %s is not %s" % (blob_id, where), 404,
                          hint="list_blobs shows the blobs this node holds%s." % (
                              "" if context_id else "; pass context to have the node ask that context's peers"))
-    if error.status == 400:
+    if error.status == 400 and not _is_hex64(blob_id):
         return NodeError('"%s" is not a blob id%s' % (blob_id, ", or the context id is not valid" if context_id else ""),
                          400, hint="A blob id is 64 hex characters (list_blobs shows them).")
+    if error.status == 400:         # a well-formed id refused: the node's reason, never "not a blob id"
+        return NodeError("The node refused to read blob %s%s: %s" % (
+            blob_id, " through context %s" % context_id if context_id else "", str(error).rstrip(".")), 400,
+            hint="list_blobs shows the blobs this node holds%s." % (
+                "; context must be a context id or left out" if context_id else ""))
     return error
 
 
@@ -2203,13 +2316,16 @@ class Node:
 
     def registry_bundles(self, package: Optional[str] = None) -> List[Dict[str, Any]]:
         """GET {base_url}/api/v2/bundles: the latest manifest of every package, or with `package` its every
-        version (`yanked` marked): a bare array of `{package, appVersion, metadata{name, description}, ...}`."""
+        version (`yanked` marked): a bare array of `{package, appVersion, metadata{name, description}, ...}`.
+        Read like a node answer: every row checked (`REGISTRY_FIELDS`), only rows of the package asked kept (a
+        registry may ignore the filter), a package listed twice in the latest list refused; whatever is wrong is
+        an error naming the registry."""
         place = self.registry()
         if place.url is None:
             raise NodeError(place.problem, fix=place.problem)
         url = place.url + "/api/v2/bundles"
         params = {"package": package, "all_versions": "true"} if package else None
-        requests, session = _requests(), _session()
+        requests, session = _requests(), _registry_session()
         shown = "the registry at %s (%s)" % (display_url(place.url), place.source)
         try:
             prepared = _prepared(requests, session, "GET", url, params, None, _headers(None, None))
@@ -2222,18 +2338,62 @@ class Node:
                             "point %s at one that is." % REGISTRY_VARIABLE) from None
         if package and response.status_code == 404:
             return []
+        said = shown[0].upper() + shown[1:]
         if not 200 <= response.status_code < 300:
-            raise NodeError("%s answered HTTP %d: %s" % (shown[0].upper() + shown[1:], response.status_code,
-                                                           response.content[:BODY_EXCERPT].decode("utf-8", "replace")),
+            excerpt = redacted(response.content[:BODY_EXCERPT].decode("utf-8", "replace"))
+            raise NodeError("%s answered HTTP %d: %s" % (said, response.status_code, " ".join(excerpt.split())),
                             status=response.status_code, hint="Check %s: it should be the registry's base URL "
                             "(the node fetches {base_url}/artifacts/...)." % place.source)
+        rows = self._registry_rows(response, url, said)
+        if not package:
+            return self._one_row_each(rows, said)
+        asked = [row for row in rows if row["package"] == package]      # a registry may ignore ?package=
+        if rows and not asked:
+            raise UnexpectedAnswer("%s answered the versions of %s with %d bundles of other packages and none of "
+                                   "%s (it ignores ?package=): it may not publish %s." % (said, package, len(rows),
+                                                                                          package, package))
+        versions = {}
+        for row in asked:                                               # a version listed twice counts once
+            versions.setdefault(row.get("appVersion"), row)
+        return list(versions.values())
+
+    def _registry_rows(self, response, url, said) -> List[Dict[str, Any]]:
+        """The registry's bare array, each row checked as a node record is; any fault an UnexpectedAnswer."""
+        hint = ("Check that %s is the registry's base URL (the node fetches {base_url}/artifacts/...)."
+                % display_url(_base_of(url)))
         try:
-            rows = json.loads(response.content.decode("utf-8"))
-        except ValueError:
-            rows = None
-        if not isinstance(rows, list) or not all(isinstance(r, dict) and _is_text(r.get("package")) for r in rows):
-            raise NodeError("%s answered with no list of bundles (is %s the registry's base URL?)"
-                            % (shown[0].upper() + shown[1:], place.url))
+            value = json.loads(response.content.decode("utf-8"), parse_constant=_not_json)
+        except (ValueError, RecursionError) as error:
+            what = ("JSON nested too deeply to read" if isinstance(error, RecursionError) else "a body that is not "
+                    "JSON")
+            raise UnexpectedAnswer("%s answered with %s (%d bytes)" % (said, what, len(response.content)),
+                                   hint=hint) from None
+        if nested_past(value, MAX_ANSWER_NESTING):
+            raise UnexpectedAnswer("%s answered with JSON nested more than %d levels deep" % (said, MAX_ANSWER_NESTING),
+                                   hint=hint)
+        if not isinstance(value, list):
+            raise UnexpectedAnswer("%s answered with no list of bundles" % said, hint=hint)
+        for index, row in enumerate(value):
+            wrong = 'an object' if not isinstance(row, dict) else REGISTRY_FIELDS.wrong(row)
+            if wrong:
+                raise UnexpectedAnswer("%s answered a bundle list whose row %d is not as expected (expected %s)"
+                                       % (said, index, wrong), hint=hint)
+        return value
+
+    @staticmethod
+    def _one_row_each(rows, said) -> List[Dict[str, Any]]:
+        """The latest list holds each package once: one listed twice (a registry paging as it changes) is said,
+        never passed on as two packages of one name."""
+        seen, twice = set(), []
+        for row in rows:
+            if row["package"] in seen and row["package"] not in twice:
+                twice.append(row["package"])
+            seen.add(row["package"])
+        if twice:
+            raise UnexpectedAnswer("%s listed %s more than once in its list of latest versions: it cannot say which "
+                                   "is the latest. Retry; list_registry with package lists one package's versions."
+                                   % (said, ", ".join(twice[:5]) + (" and %d more" % (len(twice) - 5)
+                                                                    if len(twice) > 5 else "")))
         return rows
 
     # contexts (§3.3)
@@ -2563,16 +2723,9 @@ class Node:
         return self._redacted(response.content.decode("utf-8", "replace")).encode("utf-8")
 
     def _redacted(self, text: str) -> str:
-        """An echoing proxy or app may quote our headers or body back, in any of the encodings `secret_pattern`
-        knows: no token or password of ours reaches a message."""
-        tokens = self._tokens or {}
-        for secret in (tokens.get("access_token"), tokens.get("refresh_token"),
-                       self._credentials[1] if self._credentials else None):
-            if secret:
-                text = secret_pattern(secret).sub("[redacted]", text)
-        if self._credentials and self._credentials[1]:     # HTTP Basic's user:password, base64
-            text = secret_pattern("%s:%s" % self._credentials).sub("[redacted]", text)
-        return text
+        """An echoing proxy or app may quote our headers or body back: every secret this process has sent is taken
+        out (`redacted`), wherever it came from."""
+        return redacted(text)
 
     def _scrubbed(self, error: NodeError) -> NodeError:
         """`error` with our secrets taken out of its texts (a JSON-RPC error may quote the request)."""
@@ -2819,6 +2972,9 @@ class Node:
     def _auth_post(self, path, body) -> Tuple[str, str]:
         """POST to the node's auth service (no Authorization header); the new (access, refresh) pair."""
         url = self._base + path
+        for secret in (body.get("access_token"), body.get("refresh_token"),
+                       (body.get("provider_data") or {}).get("password")):
+            sent_secret(secret)
         response = self._send("POST", url, None, json.dumps(body).encode("utf-8"), "application/json",
                               None, self._timeout, changes=False)      # a login's own errors say what to do
         if not 200 <= response.status_code < 300:
@@ -2836,6 +2992,7 @@ class Node:
         if not isinstance(access, str) or not access:
             raise NodeError("The node's answer to POST %s carried no access_token" % path)
         refresh = data.get("refresh_token")
+        sent_secret(access), sent_secret(refresh)         # this process sends them from now on
         return access, refresh if isinstance(refresh, str) else ""
 
     # ---- node_status ----

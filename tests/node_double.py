@@ -1247,6 +1247,7 @@ class NodeDouble:
                  (a stalled node or proxy; the request is carried out first, as a slow node would)
       huge       bytes of a 200 body (a JSON string of that length), streamed without holding it; with
                  "declared": False no Content-Length is sent (the body ends when the connection closes)
+      deep       200 with `{"data": …}` nested this many arrays deep (JSON nothing reads whole), on any route
       status     answer this status: with "body" (text/plain), "json" or "raw" (JSON text sent as is, for
                  bodies json.dumps cannot make), else the node's own text
                  (503 → the "authority … not yet resolvable" error, 500 → Internal server error)
@@ -1295,6 +1296,9 @@ class NodeDouble:
         self.legacy_group_info = False       # releases before rc.83: group info without namespaceId
         self.alias_rows = False              # one branch: the alias list as [{alias, value}] rows (§0.6)
         self.legacy_lifecycle = False        # the §0.6 routes' older forms (see the docstring)
+        self.subgroup_counts = True                # False: namespace rows without subgroupCount (nothing to compare)
+        self.member_names: Dict[str, str] = {}     # account -> the name group members rows carry (§3, "name"?)
+        self.blob_mime: Optional[str] = None       # X-Blob-MIME-Type sent instead of the sniffed one
         self.fresh_identity = False
         self.peer_count = 0
         self.dev_install_root: Optional[str] = None
@@ -1795,6 +1799,10 @@ class NodeDouble:
         if fault.get("garbage"):
             handler.send(Reply(200, b"<html><body>502 Bad Gateway?</body>", JSON_TYPE))
             return True
+        if fault.get("deep"):
+            depth = int(fault["deep"])
+            handler.send(Reply(200, b'{"data":' + b"[" * depth + b"]" * depth + b"}", JSON_TYPE))
+            return True
         if "status" in fault or "json" in fault or "body" in fault or "raw" in fault:
             handler.send(self._fault_reply(fault, request.path))
             return True
@@ -2260,7 +2268,7 @@ class NodeDouble:
         if data is None:
             raise error_reply(404, "Blob not found" if request.method == "HEAD"
                               else "Blob not found locally or in network")
-        mime = sniffed_mime(data)
+        mime = self.blob_mime or sniffed_mime(data)
         headers = {"ETag": '"{}"'.format(hashlib.sha256(data).hexdigest()), "Cache-Control": "private, no-cache",
                    "X-Blob-ID": blob_id, "X-Blob-Hash": blob_id, "X-Blob-MIME-Type": mime, "X-Blob-Source": "local",
                    "Access-Control-Expose-Headers": "X-Blob-ID, X-Blob-Hash, X-Blob-MIME-Type, X-Blob-Source, ETag"}
@@ -2294,9 +2302,11 @@ class NodeDouble:
         return view
 
     def _group_counts(self, group: Dict[str, Any]) -> Dict[str, int]:
-        return {"memberCount": len(group["members"]),
-                "contextCount": sum(1 for c in self._contexts.values() if c["groupId"] == group["id"]),
-                "subgroupCount": sum(1 for g in self._groups.values() if g["parent"] == group["id"])}
+        counts = {"memberCount": len(group["members"]),
+                  "contextCount": sum(1 for c in self._contexts.values() if c["groupId"] == group["id"])}
+        if self.subgroup_counts:
+            counts["subgroupCount"] = sum(1 for g in self._groups.values() if g["parent"] == group["id"])
+        return counts
 
     def _namespaces(self) -> List[Dict[str, Any]]:
         return [self._groups[k] for k in sorted(self._groups) if self._groups[k]["parent"] is None]
@@ -2553,7 +2563,9 @@ class NodeDouble:
         with self._lock:
             group = self._group_or_404(request.params["group_id"])
             self._require_member(group)
-            members = [{"identity": k, "role": group["members"][k]} for k in sorted(group["members"])]
+            members = [dict({"identity": k, "role": group["members"][k]},
+                            **({"name": self.member_names[k]} if k in self.member_names else {}))
+                       for k in sorted(group["members"])]
         return {"members": paginate(members, request.query)}   # no wrapper (checklist 25)
 
     def _h_add_group_members(self, request):

@@ -479,3 +479,101 @@ def test_select_app_verbose_on_a_huge_abi_keeps_both_notes(serve):
     assert not result.get("isError") and text_length(result) <= BOUND
     omitted = result["structuredContent"]["omitted"]
     assert "of the 2500 methods are left out" in omitted and "of the 2500 tools are left out" in omitted, omitted
+
+
+# ── every answer bounded by construction (issue 32, item 5) ───────────────────────────────────────
+
+def test_call_many_echoing_long_item_names_stays_within_the_bound(serve):
+    server = serve(sample_double())
+    long_method = "m" * 100000
+    many = server.call_tool("call_many", {"calls": [dict(kv_call("len"), method=long_method)] * 32}, timeout=60)
+    assert text_length(many) <= BOUND, text_length(many)
+    items = json.loads(many["content"][0]["text"])
+    assert len(items) == 32 and all(not item["ok"] for item in items)
+    assert all(item["method"].startswith("mmm") and item["method"].endswith("[cut: 100000 characters in all]")
+               for item in items)
+
+
+def test_errors_quoting_a_huge_tool_name_or_uri_stay_short(serve):
+    server = serve(sample_double())
+    huge = "t" * 1000000
+    unknown = server.request("tools/call", {"name": huge, "arguments": {}}, timeout=60)
+    assert unknown["error"]["message"].startswith("Unknown tool: ttt") and len(json.dumps(unknown)) < 5000
+    missing = server.request("resources/read", {"uri": "calimero://" + huge}, timeout=60)
+    assert missing["error"]["message"].startswith("Resource not found: calimero://ttt")
+    assert len(json.dumps(missing)) < 10000, len(json.dumps(missing))
+
+
+def test_a_blobs_huge_mime_header_leaves_the_answer_whole_and_bounded(serve):
+    double = sample_double()
+    blob = hex_id("a blob with a huge mime type")
+    double._blobs[blob] = b"hello"
+    double.blob_mime = "text/" + "x" * 60000
+    server = serve(double)
+    result = server.call_tool("get_blob", {"blob": blob})
+    assert not result.get("isError") and text_length(result) <= BOUND, text_length(result)
+    page = result["structuredContent"]
+    assert (page["content"], page["mimeType"], page["nextOffset"]) == ("hello", None, None)
+
+
+def test_describe_app_pages_methods_whose_doc_alone_fills_a_page(start_server, tmp_path):
+    """Every page holds at least one method (its reference cut in the middle, saying so): the walk ends."""
+    app = huge_app(3, 100)
+    for method in app["abi"]["methods"]:
+        method["doc"] = method["doc"] + "Long. " * 15000
+    double = NodeDouble(apps=[kv_store_spec(), app]).start()
+    try:
+        server = start_server(huge_env(tmp_path, double))
+        seen, cursor = [], None
+        for _ in range(5):
+            arguments = {"app": "huge"} if cursor is None else {"app": "huge", "cursor": cursor}
+            result = server.call_tool("describe_app", arguments, timeout=60)
+            assert not result.get("isError") and text_length(result) <= BOUND, text_length(result)
+            summary = result["structuredContent"]
+            assert len(summary["methods"]) == 1, "a page moves on by one method at least"
+            seen += summary["methods"]
+            cursor = summary.get("nextCursor")
+            if cursor is None:
+                break
+        assert [m.split(".")[0] for m in seen] == ["Method 0", "Method 1", "Method 2"]
+        assert all("characters of this method's reference cut: it alone fills a page" in m
+                   and m.rstrip().endswith("value: The value.") for m in seen), seen[0][-300:]
+    finally:
+        double.stop()
+
+
+def test_describe_group_pages_its_subgroups_with_a_cursor(serve):
+    double = sample_double()
+    namespace = next(g["id"] for g in double._groups.values() if g["name"] == "demo-team")
+    made = {double.add_group(namespace=namespace, name="subgroup %d %s" % (index, "n" * 200), visibility="open")
+            for index in range(400)}
+    server = serve(double)
+    seen, cursor = [], None
+    for _ in range(20):
+        arguments = {"group": "demo-team"} if cursor is None else {"group": "demo-team", "cursor": cursor}
+        result = server.call_tool("describe_group", arguments, timeout=60)
+        assert not result.get("isError") and text_length(result) <= BOUND, text_length(result)
+        page = result["structuredContent"]
+        assert page["groupId"] == namespace and page["kind"] == "namespace"
+        seen += [row["groupId"] for row in page["subgroups"]]
+        cursor = page.get("nextCursor")
+        if cursor is None:
+            break
+    assert len(seen) == len(set(seen)) == 400 and set(seen) == made
+
+
+@pytest.mark.parametrize("depth", [300, 100000], ids=["deeper than answers go", "deeper than the decoder"])
+@pytest.mark.parametrize("tool,arguments,path", [
+    ("list_blobs", {}, "/admin-api/blobs"), ("list_namespaces", {}, "/admin-api/namespaces"),
+    ("list_contexts", {}, "/admin-api/contexts"), ("describe_group", {"group": "demo-team"}, "/admin-api/groups")])
+def test_a_node_answering_deeply_nested_json_is_unreadable_never_an_internal_error(serve, depth, tool, arguments,
+                                                                                   path):
+    double = sample_double()
+    server = serve(double)
+    assert not server.call_tool("list_namespaces").get("isError")       # names read before the fault
+    double.faults.update({"deep": depth, "paths": [path]})
+    result = server.call_tool(tool, arguments)
+    text = error_text(result)
+    assert "Unreadable response from %s%s" % (double.url, path) in text, text
+    assert "JSON nested more than 200 levels deep" in text, text
+    assert "Traceback" not in server.stderr

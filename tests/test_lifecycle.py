@@ -473,3 +473,41 @@ def test_check_counts_the_lifecycle_tools_each_mode_offers(tmp_path):
             code, lines = run_check(double, tmp_path, **env)
             tools = next(line for line in lines if line.startswith("Tools:"))
             assert code == 0 and "(%d fixed, " % fixed in tools, (env, tools)
+
+
+# ── what was asked before, finished (issue 32, item 7) ──────────────────────────────────────────────
+
+def test_describe_group_of_a_namespace_says_when_subgroups_may_be_hidden(serve):
+    double = sample_double()
+    namespace, team, squad = nested_groups(double)
+    server = serve(double)
+    counted = server.tool_json("describe_group", {"group": namespace})
+    assert [row["groupId"] for row in counted["subgroups"]] == [team, squad]
+    assert "subgroupsNote" not in counted, "the node's count matches what it shows"
+    double.subgroup_counts = False                                   # a node that gives no count to compare
+    uncounted = server.tool_json("describe_group", {"group": namespace})
+    assert uncounted["subgroupsNote"] == ("These are the subgroups this node can see; the node gives no count to "
+                                          "compare, so restricted groups it is not a member of may be missing.")
+    assert "subgroupsNote" not in server.tool_json("describe_group", {"group": team}), "a subgroup lists its own"
+
+
+def test_an_upgrade_whose_counts_the_node_left_out_says_they_were_not_reported(serve):
+    double = sample_double()
+    server = serve(double)
+    namespace = namespace_of(double)
+    double.upgrade_app(double._app_key(KV), "2.0.0")
+    double.faults.update({"paths": ["/admin-api/groups/%s/upgrade" % namespace], "exact": True, "times": 1, "json": {
+        "data": {"groupId": namespace, "status": "completed", "localContextsTotal": None,
+                 "localContextsSwapped": None, "localContextsFailed": None}}})
+    upgraded = server.tool_json("upgrade_group", {"group": namespace})
+    assert upgraded["status"] == "completed" and upgraded["localContextsTotal"] is None
+    assert upgraded["countsNote"].startswith("The node did not report how many contexts moved (null counts)")
+
+
+def test_a_well_formed_blob_id_the_node_refuses_with_400_is_not_called_no_blob_id(server, double):
+    blob = hex_id("a refused blob")
+    double.faults.update({"paths": ["/admin-api/blobs/" + blob], "status": 400,
+                          "json": {"error": {"message": "blob is quarantined"}}})
+    refused = error_text(server.call_tool("get_blob", {"blob": blob.upper()}))
+    assert refused.startswith("Error: The node refused to read blob %s: HTTP 400" % blob), refused
+    assert "is not a blob id" not in refused

@@ -5,6 +5,7 @@ upload_blob's text), and the words that say so. Through the real server against 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -400,3 +401,104 @@ def test_the_instructions_say_how_app_tools_route_and_how_groups_are_named(serve
     assert "Without a handle, an app tool takes _context (a context id or alias) instead" in instructions
     assert "a namespace or group by its id or name" in instructions
     assert len(instructions) <= 2048
+
+
+# ── one id form; the name rules everywhere (issue 32, items 2 and 6) ────────────────────────────────
+
+def test_an_upper_case_namespace_id_meets_delete_groups_guard_on_an_older_node(serve, node):
+    node.double.legacy_lifecycle = True             # an older node would delete the namespace itself
+    server = serve(node.double)
+    text = error_text(server.call_tool("delete_group", {"group": node.lab.upper()}))
+    assert text.startswith('Error: %s is a namespace ("lab"): delete_group deletes subgroups.' % node.lab), text
+    assert writes(node.double) == [] and node.lab in node.double._groups
+
+
+def test_account_and_group_ids_reach_the_node_lower_case_whatever_case_they_were_given_in(serve, node):
+    alice, bob = hex_id("alice"), hex_id("bob")
+    server = serve(node.double)
+    start = len(node.double.log)
+    added = server.call_tool("add_group_members", {"group": node.alpha.upper(), "members": [
+        {"identity": alice.upper(), "role": "Member"}, {"identity": bob.upper(), "role": "Member"}]})
+    assert not added.get("isError"), added
+    role = server.call_tool("set_member_role", {"group": node.alpha.upper(), "member": bob.upper(), "role": "Admin"})
+    assert not role.get("isError"), role
+    node.double.member_names[alice] = "Alice"
+    removed = server.call_tool("remove_group_members", {"group": node.alpha.upper(),
+                                                        "members": [alice.upper(), bob]})
+    assert text_of(removed) == 'Removed %s ("Alice"), %s from subgroup %s ("alpha", in namespace %s).' % (
+        alice, bob, node.alpha, node.team)
+    sent = [(e["method"], e["path"], e["json"]) for e in writes(node.double)[-3:]]
+    assert sent == [
+        ("POST", "/admin-api/groups/%s/members" % node.alpha,
+         {"members": [{"identity": alice, "role": "Member"}, {"identity": bob, "role": "Member"}]}),
+        ("PUT", "/admin-api/groups/%s/members/%s/role" % (node.alpha, bob), {"role": "Admin"}),
+        ("POST", "/admin-api/groups/%s/members/remove" % node.alpha, {"members": [alice, bob]})], sent
+    assert all(entry["path"] == entry["path"].lower() for entry in node.double.log[start:])
+    said = text_of(server.call_tool("describe_group", {"group": node.alpha.upper()}))
+    assert node.alpha.upper() not in said and node.alpha in said
+
+
+def test_a_context_id_in_upper_case_is_the_context(serve, node):
+    server = serve(node.double)
+    listed = server.call_tool("call", {"app": "kv-store", "context": node.notes.upper(), "method": "len"})
+    assert not listed.get("isError"), listed
+    many = json.loads(text_of(server.call_tool("call_many", {"calls": [
+        {"app": KV, "context": node.notes.upper(), "method": "len"}]})))
+    assert many[0]["ok"] is True, many
+
+
+def test_a_rename_follows_creates_rules(serve, node):
+    server = serve(node.double)
+    start = len(writes(node.double))
+    hexed = error_text(server.call_tool("set_group_metadata", {"group": "beta", "name": "ab" * 32}))
+    assert hexed == ('Error: name "%s" reads as a 64-hex id, and a name of that form is taken as an id everywhere, '
+                     "so it could never be named. Choose another name. Nothing was changed." % ("ab" * 32))
+    assert len(writes(node.double)) == start, "nothing was sent"
+    renamed = server.call_tool("set_group_metadata", {"group": "beta", "name": "alpha"})["structuredContent"]
+    assert renamed["name"] == "alpha" and renamed["renamedFrom"] == "beta"
+    assert renamed["note"] == ('The name "alpha" is also carried by subgroup %s ("alpha", in namespace %s): a name '
+                               "names one thing only while it is unique, so pass ids to tell them apart."
+                               % (node.alpha, node.team))
+    kept = server.call_tool("set_group_metadata", {"group": node.beta, "name": "alpha"})["structuredContent"]
+    assert "note" not in kept or node.beta not in kept["note"], "a group is no namesake of itself"
+
+
+@pytest.mark.parametrize("given", [" kv-store", "kv-store ", "KV-Store", "com.calimero.KV-store"])
+def test_uninstall_application_resolves_a_name_only_as_given(serve, node, given):
+    server = serve(node.double)
+    text = error_text(server.call_tool("uninstall_application", {"application": given}))
+    assert text == ('Error: Application "%s" is not named exactly so; %s (id %s). Nothing was done: pass the name '
+                    "as it is spelled, or the id." % (given, KV, node.kv)), text
+    assert writes(node.double) == [] and node.kv in node.double._apps
+
+
+def test_uninstall_application_takes_an_upper_case_id(serve, node):
+    server = serve(node.double)
+    done = server.call_tool("uninstall_application", {"application": node.counter.upper()})
+    assert done["structuredContent"]["package"] == COUNTER, done
+
+
+def test_upgrade_group_moves_only_to_a_newer_build_of_its_own_signer(serve, node):
+    other_signer = node.double.add_app(dict(kv_store_spec(), signer_id="someone-else", version="9.0.0"))
+    older = node.double.add_app(dict(kv_store_spec(), id=hex_id("older kv build"), version="0.9.0"))
+    server = serve(node.double)
+    signer = error_text(server.call_tool("upgrade_group", {"group": "team", "application": other_signer}))
+    assert ("application %s is %s signed by someone-else, another publisher's build, and upgrade_group moves a "
+            "group only to a build of its own signer. Nothing was sent." % (other_signer, KV)) in signer, signer
+    old = error_text(server.call_tool("upgrade_group", {"group": "team", "application": older}))
+    assert "application %s is version 0.9.0, not newer. Nothing was sent" % older in old, old
+    assert writes(node.double) == []
+
+
+def test_a_generated_tools_context_is_one_id_form_and_its_parameters_are_the_apps(serve, node):
+    """Only the context option is an id of ours: a method's own parameters are app data, kept as given."""
+    server = serve(node.double)
+    value = "AB" * 32
+    deadline = time.monotonic() + 20
+    while "kv_store_set" not in server.tool_names():
+        assert time.monotonic() < deadline, server.stderr
+        time.sleep(0.1)
+    stored = server.call_tool("kv_store_set", {"_context": node.notes.upper(), "key": "k", "value": value})
+    assert not stored.get("isError"), stored
+    got = server.call_tool("call", {"app": KV, "context": node.notes, "method": "get", "args": {"key": "k"}})
+    assert value in text_of(got), got

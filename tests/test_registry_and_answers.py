@@ -293,3 +293,124 @@ def test_create_context_uses_the_apps_only_namespace_or_says_what_comes_first(se
     double.add_namespace(double._app_key("com.calimero.kv-store"), name="second")
     several = error_text(server.call_tool("create_context", {"application": "kv-store"}))
     assert "has 2 namespaces; pass group with one of:" in several and "demo-team" in several
+
+
+# ── the registry, read like the node (issue 32, item 4) ──────────────────────────────────────────
+
+class StandIn:
+    """A registry that answers every GET of /api/v2/bundles with `rows` (JSON text, or a value), ignoring any
+    filter (?package=); it sets a cookie, and records each request's path, query and headers."""
+
+    def __init__(self, rows):
+        import http.server
+        import threading
+        self.rows, self.requests, self.status = rows, [], 200
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                stand_in.requests.append((self.path, dict(self.headers)))
+                body = stand_in.rows if isinstance(stand_in.rows, bytes) else json.dumps(stand_in.rows).encode()
+                self.send_response(stand_in.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Set-Cookie", "registry-session=from-the-registry; Path=/")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def bundle(package, version, **extra):
+    return dict({"package": package, "appVersion": version, "metadata": {"name": package, "description": ""}},
+                **extra)
+
+
+@pytest.fixture
+def stand_in():
+    made = []
+
+    def make(rows):
+        made.append(StandIn(rows))
+        return made[-1]
+    yield make
+    for registry in made:
+        registry.stop()
+
+
+def test_a_registry_ignoring_the_package_filter_gives_only_that_packages_versions(serve, stand_in):
+    registry = stand_in([bundle("com.other.app", "9.9.9"), bundle("com.calimero.issues", "1.0.0"),
+                         bundle("com.calimero.issues", "1.1.0"), bundle("com.calimero.issues", "1.1.0")])
+    server = serve(sample_double(), CALIMERO_REGISTRY_URL=registry.url)
+    versions = server.call_tool("list_registry", {"package": "com.calimero.issues"})["structuredContent"]
+    assert [v["version"] for v in versions["versions"]] == ["1.0.0", "1.1.0"], "another package's, or twice"
+    assert "package=com.calimero.issues" in registry.requests[-1][0]
+    registry.rows = [bundle("com.other.app", "9.9.9")]
+    none_left = error_text(server.call_tool("list_registry", {"package": "com.calimero.issues"}))
+    assert ("The registry at %s (CALIMERO_REGISTRY_URL) answered the versions of com.calimero.issues with 1 bundles "
+            "of other packages and none of com.calimero.issues (it ignores ?package=)" % registry.url) in none_left
+    assert "9.9.9" not in none_left
+
+
+def test_a_package_listed_twice_in_the_latest_list_is_an_error_naming_the_registry(serve, stand_in):
+    registry = stand_in([bundle("com.a", "1.0.0"), bundle("com.b", "1.0.0"), bundle("com.a", "2.0.0")])
+    server = serve(sample_double(), CALIMERO_REGISTRY_URL=registry.url)
+    text = error_text(server.call_tool("list_registry", {}))
+    assert text.startswith("Error: The registry at %s (CALIMERO_REGISTRY_URL) listed com.a more than once"
+                           % registry.url), text
+
+
+@pytest.mark.parametrize("rows,said", [
+    ([bundle("com.a", "1.0.0", metadata="not an object")], 'row 0 is not as expected (expected "metadata" an object'),
+    ([bundle("com.a", "1.0.0"), "a string"], "row 1 is not as expected (expected an object)"),
+    ([{"appVersion": "1.0.0"}], 'row 0 is not as expected (expected a "package" string)'),
+    (b"[" * 100000 + b"]" * 100000, "answered with JSON nested too deeply to read"),
+    (b"[" * 300 + b"]" * 300, "answered with JSON nested more than 200 levels deep"),
+    (b"\xff not json", "answered with a body that is not JSON"),
+    ({"bundles": []}, "answered with no list of bundles"),
+], ids=["metadata", "row", "package", "too deep to read", "deep", "unreadable", "not a list"])
+def test_a_registry_answer_of_the_wrong_shape_is_an_error_naming_the_registry(serve, stand_in, rows, said):
+    registry = stand_in(rows)
+    server = serve(sample_double(), CALIMERO_REGISTRY_URL=registry.url)
+    for arguments in ({}, {"package": "com.a"}):
+        result = server.call_tool("list_registry", arguments)
+        text = error_text(result)                       # an isError, never JSON-RPC -32603
+        assert text.startswith("Error: The registry at %s (CALIMERO_REGISTRY_URL) " % registry.url), text
+        assert said in text, text
+    assert "Traceback" not in server.stderr
+
+
+def test_a_registry_url_is_shown_without_its_credentials_and_shares_no_cookie_with_the_node(serve, stand_in):
+    registry = stand_in([bundle("com.a", "1.0.0")])
+    secret = "reg-pass-%s" % "x7Qz9"
+    base = registry.url.replace("http://", "http://reader:%s@" % secret)
+    double = sample_double()
+    server = serve(double, CALIMERO_REGISTRY_URL=base)
+    listed = server.call_tool("list_registry", {})
+    assert listed["structuredContent"]["registry"] == registry.url
+    assert registry.requests[-1][1].get("Authorization", "").startswith("Basic "), "the userinfo is sent"
+    registry.status, registry.rows = 500, b"oops, you sent reader:%s" % secret.encode()    # it echoes the request
+    echoed = error_text(server.call_tool("list_registry", {}))
+    assert echoed.startswith("Error: The registry at %s (CALIMERO_REGISTRY_URL) answered HTTP 500: oops, you sent "
+                             "[redacted]" % registry.url), echoed
+    assert secret not in server.stderr + json.dumps(listed) + echoed
+
+
+def test_the_registrys_cookies_never_reach_the_node(serve, stand_in):
+    registry = stand_in([bundle("com.a", "1.0.0")])
+    double = sample_double()
+    server = serve(double, CALIMERO_REGISTRY_URL=registry.url)        # one host, two ports: one cookie domain
+    assert not server.call_tool("list_registry", {}).get("isError")
+    start = len(double.log)
+    assert not server.call_tool("list_namespaces").get("isError")
+    assert len(double.log) > start
+    assert all("cookie" not in {key.lower() for key in entry["headers"]} for entry in double.log), \
+        "the registry's cookie reached the node"

@@ -333,3 +333,54 @@ def test_an_execute_error_echoing_the_token_quotes_none_of_it(tmp_path, authed):
     finally:
         server.close()
     assert_nowhere(set(authed.minted), {"results": "\n".join(texts), "stderr": server.stderr})
+
+
+def test_a_refresh_token_read_from_the_shared_cache_is_never_quoted(tmp_path, authed):
+    """Another process's login, read from the shared token cache and spent on a refresh the node refuses echoing
+    it: that refresh token was never this process's own to begin with, and is redacted all the same."""
+    access, refresh = authed.issue_tokens()
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_AUTH_TOKEN": access, "CALIMERO_REFRESH_TOKEN": refresh})
+    server = McpServer(env)
+    try:
+        server.initialize()
+        assert not server.call_tool("list_namespaces").get("isError")
+        authed.expire_access_tokens()
+        assert not server.call_tool("list_namespaces").get("isError")       # refreshed: the cache is written
+        [cache] = check_store(env["HOME"])
+        other_access, other_refresh = authed.issue_tokens()                  # another process's newer login
+        with open(cache, "w") as handle:
+            json.dump({"access_token": other_access, "refresh_token": other_refresh, "expires_at": 1000}, handle)
+        authed.expire_access_tokens()
+        authed.faults.update({"status": 400, "paths": ["/auth/refresh"], "times": 1,
+                              "body": "refresh refused: %s" % json.dumps({"refresh_token": other_refresh})})
+        refused = server.call_tool("list_namespaces")
+        text = refused["content"][-1]["text"]
+        assert refused.get("isError") is True and 'refresh refused: {"refresh_token": "[redacted]"}' in text, text
+        assert [e for e in authed.log if e["path"] == "/auth/refresh"][-1]["json"]["refresh_token"] == other_refresh
+    finally:
+        server.close()
+    assert_nowhere({other_access, other_refresh, access, refresh},
+                   {"result": text, "stderr": server.stderr, "stdout": b"".join(server.raw_lines).decode("utf-8")})
+
+
+def test_an_answer_quoting_a_sent_secret_is_redacted_by_the_last_guard(tmp_path, authed):
+    """An app (or any handler) handing back a token this server sent: the last guard on every answer takes it
+    out, from the text and from structuredContent alike."""
+    env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": authed.url, "CALIMERO_NODE_HOME": tmp_path / "nodes",
+                                          "CALIMERO_USERNAME": "admin", "CALIMERO_PASSWORD": PASSWORD})
+    server = McpServer(env)
+    try:
+        server.initialize()
+        assert not server.call_tool("list_namespaces").get("isError")
+        access = authed.minted[-2]
+        authed.faults.update({"json": {"jsonrpc": "2.0", "id": 1, "result": {"output": {
+            "echo": "Bearer " + access, "password": PASSWORD}}}, "paths": ["/jsonrpc"], "times": 2})
+        plain = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "len"})
+        many = server.call_tool("call_many", {"calls": [{"app": "kv-store", "context": "demo", "method": "len"}]})
+    finally:
+        server.close()
+    for result in (plain, many):
+        assert not result.get("isError") and "Bearer [redacted]" in result["content"][0]["text"], result
+    assert_nowhere({access, PASSWORD}, {"results": json.dumps([plain, many], ensure_ascii=False),
+                                        "stderr": server.stderr})
