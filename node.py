@@ -1533,8 +1533,8 @@ def network_error(error: Exception, url: str, timeout: float, method: str = "GET
 def tls_fix(base) -> str:
     """What to do when the node's certificate cannot be verified: the bundle used, and how to name another."""
     bundle = ca_bundle(os.environ)
-    used = "%s (%s)" % (bundle.path, bundle.source) if bundle.path else bundle.source
-    return "The certificate of %s was checked against %s. %s" % (base, used, CA_FIX)
+    return "The certificate of %s was checked against %s (%s). %s" % (
+        base, bundle.path or _requests().certs.where(), bundle.source, CA_FIX)
 
 
 def never_left(error: Exception) -> bool:
