@@ -362,3 +362,27 @@ def test_the_ca_settings_are_read_in_order(monkeypatch):
         node.CaBundle("/a", "CALIMERO_CA_BUNDLE")
     assert node.ca_bundle({"SSL_CERT_FILE": "/c", "REQUESTS_CA_BUNDLE": " "}) == node.CaBundle("/c", "SSL_CERT_FILE")
     assert node.ca_bundle({}) == node.CaBundle(None, "the one requests carries")     # the checkout: as before
+
+
+# ── the README's One file section, as written
+
+def one_file_section():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("### One file: `mero-mcp.pyz`")
+    return text[start:text.index("\n### ", start + 1)]
+
+
+def test_the_readme_snippet_starts_the_pyz_as_pasted(pyz, double, tmp_path):
+    section = one_file_section()
+    assert "dist/mero-mcp-%s.pyz" % VERSION in section and "python3 /opt/mero-mcp.pyz --check" in section
+    (block,) = re.findall(r"^```json\n(.*?)^```", section, re.S | re.M)
+    entry = json.loads(block)["mcpServers"]["mero-mcp"]
+    assert entry["command"] == "python3" and entry["args"] == ["/opt/mero-mcp.pyz"]
+    env = dict(pyz_env(tmp_path), **dict(entry["env"], CALIMERO_NODE_URL=double.url))
+    server = McpServer(env, command=[sys.executable, str(pyz)])
+    try:
+        server.initialize()
+        assert "kv_store_get" in server.tool_names()
+    finally:
+        server.close()
+    server.assert_stdout_pure()
