@@ -108,7 +108,7 @@ lint: $(STAMP)
 	$(PY) -m pyflakes mero_mcp.py abi.py node.py tests bench
 	@echo "lint: clean (pyflakes; mero_mcp.py, abi.py, node.py run on Python 3.9)"
 
-bench: $(STAMP)
+bench: $(STAMP) pyz
 	$(needs_venv)
 	$(PIP) $(EDITABLE) '.[bench]'
 	$(PY) bench/run.py
