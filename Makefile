@@ -104,8 +104,8 @@ needs_venv = @test -f $(STAMP) || { echo "make $@: needs $(VENV), which needs a 
 lint: $(STAMP)
 	$(needs_venv)
 	$(PIP) $(EDITABLE) '.[lint]'
-	$(VENV)/bin/vermin -q -t=3.9- --violations --no-tips --eval-annotations mero_mcp.py abi.py node.py
-	$(PY) -m pyflakes mero_mcp.py abi.py node.py tests bench
+	$(VENV)/bin/vermin -q -t=3.9- --violations --no-tips --eval-annotations mero_mcp.py abi.py node.py packaging
+	$(PY) -m pyflakes mero_mcp.py abi.py node.py tests bench packaging
 	@echo "lint: clean (pyflakes; mero_mcp.py, abi.py, node.py run on Python 3.9)"
 
 bench: $(STAMP) pyz
