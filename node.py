@@ -1213,11 +1213,11 @@ def carried() -> bool:
 def ca_bundle_line(env: Mapping[str, str]) -> Tuple[str, Optional[str]]:
     """--check's TLS line, and the problem when the bundle named cannot be read."""
     bundle = ca_bundle(env)
-    path = bundle.path or _requests().certs.where()
-    if not os.path.exists(path):
-        return ("none: %s names %s, which does not exist" % (bundle.source, path),
-                "%s names %s, which does not exist, so no https node can be verified" % (bundle.source, path))
-    return "https is verified with %s (%s)" % (path, bundle.source), None
+    if bundle.path and not os.path.exists(bundle.path):
+        return ("none: %s names %s, which does not exist" % (bundle.source, bundle.path),
+                "%s names %s, which does not exist, so no https node can be verified" % (bundle.source, bundle.path))
+    # requests' own may be a member of the pyz run as is: requests unpacks it when an https request needs it
+    return "https is verified with %s (%s)" % (bundle.path or _requests().certs.where(), bundle.source), None
 
 
 def _session():
