@@ -1,4 +1,4 @@
-# make test · make demo · make run · make lint · make bench · make snapshot
+# make test · make demo · make run · make lint · make bench · make snapshot · make pyz · make mcpb · make test-pyz
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -10,7 +10,7 @@ EDITABLE := --config-settings editable_mode=compat -e
 RUNTIME := $(VENV)/.installed-runtime
 STAMP   := $(VENV)/.installed-test
 
-.PHONY: test test-oldest oldest-venv demo run lint bench snapshot clean
+.PHONY: test test-oldest oldest-venv demo run lint bench snapshot clean pyz mcpb test-pyz
 
 # Without a package index: demo, run and test use $(PYTHON) itself when it has what they need (Debian, Ubuntu:
 # python3-requests python3-jsonschema, and python3-pytest for test), and say so in one line; without those they
@@ -104,11 +104,11 @@ needs_venv = @test -f $(STAMP) || { echo "make $@: needs $(VENV), which needs a 
 lint: $(STAMP)
 	$(needs_venv)
 	$(PIP) $(EDITABLE) '.[lint]'
-	$(VENV)/bin/vermin -q -t=3.9- --violations --no-tips --eval-annotations mero_mcp.py abi.py node.py
-	$(PY) -m pyflakes mero_mcp.py abi.py node.py tests bench
+	$(VENV)/bin/vermin -q -t=3.9- --violations --no-tips --eval-annotations mero_mcp.py abi.py node.py packaging
+	$(PY) -m pyflakes mero_mcp.py abi.py node.py tests bench packaging
 	@echo "lint: clean (pyflakes; mero_mcp.py, abi.py, node.py run on Python 3.9)"
 
-bench: $(STAMP)
+bench: $(STAMP) pyz
 	$(needs_venv)
 	$(PIP) $(EDITABLE) '.[bench]'
 	$(PY) bench/run.py
@@ -119,5 +119,27 @@ bench: $(STAMP)
 snapshot: $(RUNTIME)
 	@py=$(call python_of,$(RUNTIME)); echo "$$py tests/mcp_client.py snapshot"; $$py tests/mcp_client.py snapshot
 
+# One file to carry (README: One file): dist/mero-mcp-<version>.pyz, and the Claude Desktop bundle wrapping it. The
+# wheels packaging/requirements.txt pins by hash are downloaded at build time into build/wheels (pip, of the venv's
+# Python when there is one); without a package index, one line and no file (packaging/build.py exits 3 for it).
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' mero_mcp.py)
+PYZ     := dist/mero-mcp-$(VERSION).pyz
+build_py = py=$$(test -x $(PY) && echo $(PY) || echo $(PYTHON)); $$py packaging/build.py $(1) || test $$? = 3
+
+pyz:
+	@$(call build_py,pyz)
+
+mcpb:
+	@$(call build_py,mcpb)
+
+# Whole test files against the pyz, run by $(PYTHON) -I -S (no package of any Python's own): every server these
+# tests start is the pyz (tests/mcp_client.py reads MERO_MCP_TEST_SERVER).
+PYZ_TESTS := tests/test_fixed_tools.py tests/test_app_tools.py tests/test_protocol.py tests/test_adversarial.py \
+             tests/test_round_trips.py tests/test_read_only.py tests/test_pyz.py
+test-pyz: $(STAMP) pyz
+	@if [ ! -f $(PYZ) ]; then echo "test-pyz: skipped, $(PYZ) was not built"; else \
+	py=$(call python_of,$(STAMP)); echo "MERO_MCP_TEST_SERVER='$(PYTHON) -I -S $(abspath $(PYZ))' $$py -m pytest -q"; \
+	MERO_MCP_TEST_SERVER="$(PYTHON) -I -S $(abspath $(PYZ))" $$py -m pytest -q $(PYZ_TESTS); fi
+
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) build dist *.egg-info .pytest_cache

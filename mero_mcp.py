@@ -137,7 +137,7 @@ class Cancelled(Exception):
     """The client cancelled the request: what has not reached the node yet does not go."""
 
 
-# ── 2. Sibling modules: node.py and abi.py, loaded lazily from beside this file ─────────────────────────────
+# ── 2. Sibling modules: node.py and abi.py, loaded lazily from beside this file (or the zip it runs from) ───
 
 _loaded = {}
 _loading = threading.Lock()
@@ -166,7 +166,7 @@ def own_module(name):
     """node.py or abi.py as found beside this file (never another folder's), not yet asked for its package: abi.py
     imports jsonschema only to validate, and listing tools must not pay for it."""
     if name not in _found_beside:
-        if not os.path.isfile(own_file(name)):
+        if file_version(own_file(name)) is None:
             raise MissingLibrary(import_failure(name, ImportError(name=name)))
         _found_beside.add(name)
     return __import__(name)
@@ -224,11 +224,20 @@ def file_version(path):
     cannot be read."""
     try:
         with open(path, encoding="utf-8", errors="replace") as source:
-            for _, line in zip(range(VERSION_WITHIN), source):      # read at every start: the head only
-                if line.startswith("__version__ = "):
-                    return line.split("=", 1)[1].strip().strip("\"'")
+            return stated_version(zip(range(VERSION_WITHIN), source))   # read at every start: the head only
     except OSError:
+        pass
+    try:                                 # a member of the zip this file runs from (the pyz run as is): its loader reads it
+        text = __loader__.get_data(path).decode("utf-8", "replace")
+    except (OSError, AttributeError):
         return None
+    return stated_version(enumerate(text.splitlines()[:VERSION_WITHIN]))
+
+
+def stated_version(numbered_lines):
+    for _, line in numbered_lines:
+        if line.startswith("__version__ = "):
+            return line.split("=", 1)[1].strip().strip("\"'")
     return ""
 
 

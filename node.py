@@ -1175,9 +1175,72 @@ def preload() -> None:
     _requests()
 
 
+# ── Trust: which CA bundle verifies an https node (and registry) ──────────────────────────────────
+
+# Read in this order; the first one set names the bundle (a PEM file, or a folder of hashed certificates).
+CA_SETTINGS = ("CALIMERO_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+# Where distributions keep theirs: Debian/Ubuntu/Alpine/Arch, Fedora/RHEL, openSUSE, RHEL 7+, macOS/BSD.
+SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem",
+                     "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", "/etc/ssl/cert.pem")
+# The one-file build (packaging/build.py) carries this file beside node.py: its requests, certifi etc. travel with it.
+PYZ_MARK = "mero_mcp_pyz.json"
+CA_FIX = ("Set CALIMERO_CA_BUNDLE to the PEM file of the CA that signed the node's certificate (README.md, "
+          "Configuration).")
+
+
+class CaBundle(NamedTuple):
+    path: Optional[str]                  # None: requests' own (certifi's, or the distribution's for its requests)
+    source: str                          # the setting that named it, or where it comes from
+
+
+def ca_bundle(env: Mapping[str, str]) -> CaBundle:
+    """The CA bundle https requests are verified with: CALIMERO_CA_BUNDLE, REQUESTS_CA_BUNDLE or SSL_CERT_FILE (the
+    first set; proxies stay off, so only the bundle is taken from the environment); else, in the pyz, the system's
+    bundle over the one it carries (the system's gets the distribution's updates); else requests' own."""
+    for name in CA_SETTINGS:
+        value = setting(env, name)
+        if value:
+            return CaBundle(os.path.expanduser(value), name)
+    system = system_ca_bundle() if carried() else None
+    if system:
+        return CaBundle(system, "the system's, preferred over the one the pyz carries")
+    return CaBundle(None, "the one requests carries")
+
+
+def system_ca_bundle() -> Optional[str]:
+    """This system's CA file: the one its OpenSSL was built to read, else a distribution's usual place; None (Windows,
+    a minimal container) when there is none."""
+    import ssl
+    built_in = ssl.get_default_verify_paths().openssl_cafile
+    return next((path for path in (built_in,) + SYSTEM_CA_BUNDLES if path and os.path.isfile(path)), None)
+
+
+def carried() -> bool:
+    """Whether this node.py runs from the one-file build (unpacked, or from the zip itself: read through the loader)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), PYZ_MARK)
+    if os.path.isfile(path):
+        return True
+    try:
+        __loader__.get_data(path)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def ca_bundle_line(env: Mapping[str, str]) -> Tuple[str, Optional[str]]:
+    """--check's TLS line, and the problem when the bundle named cannot be read."""
+    bundle = ca_bundle(env)
+    if bundle.path and not os.path.exists(bundle.path):
+        return ("none: %s names %s, which does not exist" % (bundle.source, bundle.path),
+                "%s names %s, which does not exist, so no https node can be verified" % (bundle.source, bundle.path))
+    # requests' own may be a member of the pyz run as is: requests unpacks it when an https request needs it
+    return "https is verified with %s (%s)" % (bundle.path or _requests().certs.where(), bundle.source), None
+
+
 def _session():
     """The process's one `requests.Session` for the node. `trust_env` is off: a proxy from the environment would
-    otherwise capture requests to the local node, and ~/.netrc must never add credentials of its own."""
+    otherwise capture requests to the local node, and ~/.netrc must never add credentials of its own. The CA bundle
+    is the one setting taken from the environment (`ca_bundle`)."""
     global _session_instance
     with _session_lock:
         if _session_instance is None:
@@ -1196,15 +1259,29 @@ def _registry_session():
 
 def _new_session():
     requests = _requests()
-    from requests.adapters import HTTPAdapter
     session = requests.Session()
     session.trust_env = False
-    adapter = HTTPAdapter(pool_connections=POOL_CONNECTIONS, pool_maxsize=POOL_MAXSIZE)
+    bundle = ca_bundle(os.environ)
+    if bundle.path:
+        session.verify = bundle.path
+    adapter = _adapter_class(requests)(pool_connections=POOL_CONNECTIONS, pool_maxsize=POOL_MAXSIZE)
     _watch_connections(adapter)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = USER_AGENT
     return session
+
+
+def _adapter_class(requests):
+    """requests' adapter, saying a missing CA bundle as a TLS failure (requests raises a bare OSError for it)."""
+    from requests.adapters import HTTPAdapter
+
+    class Adapter(HTTPAdapter):
+        def cert_verify(self, conn, url, verify, cert):
+            if isinstance(verify, str) and url.lower().startswith("https") and not os.path.exists(verify):
+                raise requests.exceptions.SSLError("no CA bundle at %s" % verify)
+            return super().cert_verify(conn, url, verify, cert)
+    return Adapter
 
 
 def _watch_connections(adapter):
@@ -1479,7 +1556,16 @@ def network_error(error: Exception, url: str, timeout: float, method: str = "GET
     if sent and method != "GET":
         return no_answer(shown, base, reason, timeout)
     fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
+    if isinstance(error, requests.exceptions.SSLError):
+        fix = tls_fix(base)
     return NodeError("Cannot reach the node at %s: %s" % (shown, reason), fix=fix, hint=hint or fix)
+
+
+def tls_fix(base) -> str:
+    """What to do when the node's certificate cannot be verified: the bundle used, and how to name another."""
+    bundle = ca_bundle(os.environ)
+    return "The certificate of %s was checked against %s (%s). %s" % (
+        base, bundle.path or _requests().certs.where(), bundle.source, CA_FIX)
 
 
 def never_left(error: Exception) -> bool:
@@ -3161,6 +3247,12 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
         return report.finish()
     report.line("Node", "%s, found by %s (name: %s)" % (location.url, _SOURCE_TEXT[location.source],
                                                           location.name or "none"))
+    https = location.url.lower().startswith("https:")
+    if https or any(setting(env, name) for name in CA_SETTINGS):
+        line, unreadable = ca_bundle_line(env)
+        report.line("TLS", line)
+        if unreadable:
+            report.problem(unreadable, CA_FIX if https else "Correct or unset it.", fatal=https)
     if location.source not in ("env", "handoff"):           # the node home was read: say what it passed over
         for entry in node_dirs(env):
             if entry.problem:

@@ -40,6 +40,10 @@ SERVER = [PYTHON, str(ROOT / "mero_mcp.py")]
 # on every start).
 INSTALLED_SERVER = [PYTHON, "-c", "import sys; sys.path.insert(0, %r); import mero_mcp; sys.exit(mero_mcp.main())"
                     % str(ROOT)]
+# The one-file build (`make pyz`, which `make bench` runs first), by this Python with no site-packages: unpacked into
+# the bench home's cache folder by the warm-up spawn, as a host's first start does.
+PYZ = ROOT / "dist" / ("mero-mcp-%s.pyz" % node.__version__)
+PYZ_SERVER = [PYTHON, "-I", "-S", str(PYZ)]
 SDK_SERVER = [PYTHON, str(ROOT / "bench" / "sdk_server.py")]
 ECHO_ONE_LINE = [PYTHON, "-c", "import sys; sys.stdout.write(sys.stdin.readline()); sys.stdout.flush()"]
 # The design card's main use: a checkout run by the distribution's Python (Debian: python3-requests, -jsonschema).
@@ -193,6 +197,8 @@ def bench_cold_start(home, stderr):
         env = server_env(home, double.url)
         tool_count = tools_listed_at_start(env, stderr)
         variants = {"bare": ECHO_ONE_LINE, "ours": SERVER, "installed": INSTALLED_SERVER}
+        if PYZ.is_file():
+            variants["pyz"] = PYZ_SERVER
         if sdk_installed():
             variants["sdk"] = SDK_SERVER + [str(tool_count)]
         return tool_count, median_spawn_times(variants, env, stderr)
@@ -853,7 +859,12 @@ def cold_start_rows(tool_count, cold):
         row("  ours / bare", "%.2fx" % (cold["ours"] / cold["bare"]), "<= 2x", cold["ours"] <= 2 * cold["bare"]),
         row("cold start: mero-mcp command (cached bytecode)", ms(cold["installed"]), "", None),
         row("  installed / bare", "%.2fx" % (cold["installed"] / cold["bare"]), "", None),
+        row("cold start: %s (-I -S, unpacked)" % PYZ.name, ms(cold["pyz"]), "", None) if "pyz" in cold else
+        row("cold start: the pyz", "n/a: %s not built (make pyz)" % PYZ.name, "<= mero_mcp.py", None),
     ]
+    if "pyz" in cold:
+        rows.append(row("  pyz / mero_mcp.py", "%.2fx" % (cold["pyz"] / cold["ours"]), "<= 1x",
+                        cold["pyz"] <= cold["ours"]))
     if "sdk" not in cold:
         return rows + [row("  SDK / ours", "n/a: mcp not installed", ">= 9x", None)]
     return rows + [
@@ -979,6 +990,9 @@ def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_r
              target("≤ 2×", ratio <= 2, why=True)),
             ("the same through the `mero-mcp` command (cached bytecode)",
              "%s, %.2f×" % (rms(cold["installed"]), cold["installed"] / cold["bare"]), "")]
+    if "pyz" in cold:
+        rows.append(("the same from `mero-mcp.pyz` (`python3 -I -S`, unpacked)", "%s, %.2f× `mero_mcp.py`" % (
+            rms(cold["pyz"]), cold["pyz"] / cold["ours"]), target("≤ 1×", cold["pyz"] <= cold["ours"])))
     if isinstance(system_cold, str):
         rows.append(("the same on `%s`" % SYSTEM_PYTHON, "not measured: " + system_cold, "≤ 2×"))
     else:

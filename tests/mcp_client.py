@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import queue
+import shlex
 import subprocess
 import sys
 import threading
@@ -13,6 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "mero_mcp.py"
+# The server the tests start: the checkout's mero_mcp.py on this Python, or the command MERO_MCP_TEST_SERVER gives, the
+# last word being the server file (`make test-pyz`: "python3 -I -S dist/mero-mcp-<version>.pyz").
+SERVER_COMMAND = shlex.split(os.environ.get("MERO_MCP_TEST_SERVER") or "") or [sys.executable, str(SERVER)]
 DEFAULT_TIMEOUT = 15.0
 
 # The protocol versions as a client sends them (mcp-protocol.md): the one place the tests name them.
@@ -51,22 +55,25 @@ def minimal_env(home, extra=None):
 
 def run_check(env, timeout=60, cwd=ROOT):
     """`mero-mcp --check` as a user runs it: the finished process, after checking it printed no traceback."""
-    done = subprocess.run([sys.executable, str(SERVER), "--check"], env=env, capture_output=True, text=True,
+    done = subprocess.run(SERVER_COMMAND + ["--check"], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=str(cwd))
     assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
     return done
 
 
-def tuned_server(env, setup, python=sys.executable, check="hasattr(mero_mcp, 'main')"):
+def tuned_server(env, setup, python=None, check="hasattr(mero_mcp, 'main')"):
     """The real server with module constants changed before main() runs (a shorter poll or wait, a smaller
     pool): `setup` is Python run against the imported `mero_mcp`; `check` says the knob is still there, so a
-    renamed constant fails the test loudly instead of testing nothing."""
+    renamed constant fails the test loudly instead of testing nothing. Under MERO_MCP_TEST_SERVER (and no `python`
+    given) the modules come from the server file it names (a pyz: imported from the zip)."""
+    prefix, where = ([str(python or sys.executable)], str(ROOT)) if python or SERVER_COMMAND[-1] == str(SERVER) \
+        else (SERVER_COMMAND[:-1], SERVER_COMMAND[-1])
     script = ("import sys; sys.path.insert(0, %r); import mero_mcp\n"
               "if not (%s):\n"
               "    raise SystemExit('a tuned constant moved: %s')\n"
               "%s\n"
-              "sys.exit(mero_mcp.main([]))" % (str(ROOT), check, check.replace("'", ""), setup))
-    return McpServer(env, command=[str(python), "-c", script])
+              "sys.exit(mero_mcp.main([]))" % (where, check, check.replace("'", ""), setup))
+    return McpServer(env, command=prefix + ["-c", script])
 
 
 def responses_to(server, request_id):
@@ -91,7 +98,7 @@ def wait_until(predicate, what, timeout=60.0):
 class McpServer:
     def __init__(self, env, args=(), command=None):
         self.proc = subprocess.Popen(
-            command or [sys.executable, str(SERVER)] + list(args),
+            command or SERVER_COMMAND + list(args),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
         self.frames = queue.Queue()
         self.raw_lines = []              # every stdout line, for the purity check
