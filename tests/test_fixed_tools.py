@@ -459,7 +459,8 @@ def test_install_by_coordinates_then_reads_the_list_again(serve):
     before = len(double.requests_to("GET", "/admin-api/applications"))
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "change": "new application", "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "tools": 2, "methods": ["increment", "value"], "change": "new application",
+                         "note": INSTALLED_NOTE}
     assert bodies(double, "POST", "/admin-api/install-application") == [
         {"package": "com.example.counter", "version": "0.1.0"}]
     assert len(double.requests_to("GET", "/admin-api/applications")) > before
@@ -474,7 +475,8 @@ def test_install_succeeds_when_only_the_refresh_fails(serve):
     double.faults = {"status": 500, "json": {"error": "list broke"}, "paths": ["/admin-api/applications"]}
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 0, "note": INSTALLED_NOTE}     # the catalog could not be read
+                         "version": "0.1.0", "tools": 0, "methods": None,
+                         "note": INSTALLED_NOTE}     # the catalog could not be read
     server.close()
     assert "app list refresh failed: list broke" in server.stderr
 
@@ -508,7 +510,7 @@ def test_upload_blob_puts_the_decoded_bytes(server, double):
     expected_id = sha256_hex(data)
     uploaded = server.tool_json("upload_blob", {"data": base64.b64encode(data).decode(), "hash": expected_id,
                                                 "context": "demo"})
-    assert uploaded == {"blobId": expected_id, "size": 256}
+    assert uploaded == {"blobId": expected_id, "size": 256, "announcedTo": {"contextId": context_id, "alias": "demo"}}
     put = double.requests_to("PUT", "/admin-api/blobs")[-1]
     assert put["body"] == data
     assert put["query"] == {"hash": expected_id, "context_id": context_id}
@@ -525,7 +527,7 @@ def test_upload_blob_refuses_invalid_base64(server, double, data):
 
 def test_upload_blob_accepts_wrapped_base64(server, double):
     uploaded = server.tool_json("upload_blob", {"data": "aGVs\nbG8="})
-    assert uploaded == {"blobId": sha256_hex(b"hello"), "size": 5}
+    assert uploaded == {"blobId": sha256_hex(b"hello"), "size": 5, "announcedTo": None}
 
 
 def test_the_largest_blob_stated_uploads_and_a_line_over_the_limit_is_refused(server, double):
