@@ -1842,8 +1842,8 @@ def after_key(row, key, new_key, value):
     return placed
 
 
-@tool("list_contexts", "Contexts on this node, of every application or of one. applicationVersion is what a "
-      "context last ran; behind: older than its app's newest installed version.",
+@tool("list_contexts", "Contexts on this node. applicationVersion: what a context last ran; behind: older than "
+      "its app's newest installed version.",
       {"application": text_property("Only this app's."),
        "verbose": flag_property("Also state hash and DAG heads."),
        "cursor": CURSOR},
@@ -2108,10 +2108,10 @@ def delete_context(args, call):
     return dict(answer, contextId=context_id, aliasesDeleted=naming)
 
 
-@tool("create_alias", "Name a context by an alias; a name already taken is refused unless replace.",
+@tool("create_alias", "Create an alias for a context.",
       {"alias": text_property("1-50 of A-Z a-z 0-9 . _ -"),
        "context": STRING,
-       "replace": {"type": "boolean"}},
+       "replace": flag_property("Move a taken alias here (else refused).")},
       required=("alias",), synonyms=("contextId",))
 def create_alias(args, call):
     given = args.get("context") if args.get("context") is not None else args.get("contextId")
@@ -3161,7 +3161,7 @@ def fitted_summary(summary, room, methods_from=None, first=0, entries=None):
     return summary
 
 
-@tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
+@tool("describe_app", "Show an application's guide, methods and their types, and an app_handle for planning.",
       {"app": STRING, "service": STRING, "cursor": CURSOR},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def describe_app(args, call):
@@ -3252,7 +3252,7 @@ def installed_versions(node, app):
       {"app": STRING,
        "context": text_property("Default: the app's only one."),
        "service": text_property("For a multi-service app, if no context."),
-       "verbose": flag_property("Also the methods and the guide.")},
+       "verbose": flag_property("Also methods, types and the guide.")},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def select_app(args, call):
     apps, label = call.server.apps, args["app"]

@@ -482,9 +482,11 @@ def test_install_succeeds_when_only_the_refresh_fails(serve):
 
 
 def test_uninstall_resolves_the_name_before_removing(server, double):
-    kv_id = double._app_key(KV)
+    kv_id, namespace = double._app_key(KV), namespace_of(double)
     assert server.tool_json("uninstall_application", {"application": "KV Store"}) == {
         "applicationId": kv_id, "package": "com.calimero.kv-store", "version": "1.0.0", "uninstalled": True,
+        "stillReferring": [{"namespaceId": namespace, "name": "demo-team", "contextCount": 1,
+                            "removeWith": "delete_context for each of its contexts, then delete_namespace"}],
         "note": "Its 9 tools leave the tool list. A host that does not reload its tool list (Claude Code does not) "
                 "shows them until restarted; they answer an error now."}
     assert [e["path"] for e in double.requests_to("DELETE")] == ["/admin-api/applications/" + kv_id]
@@ -545,7 +547,8 @@ def test_the_largest_blob_stated_uploads_and_a_line_over_the_limit_is_refused(se
     assert len(text) <= line_limit
     server.send_raw((text + " " * (line_limit - len(text))).encode())       # exactly the limit, then the newline
     uploaded = server.wait_for("big", timeout=120)["result"]
-    assert uploaded["structuredContent"] == {"blobId": sha256_hex(blob), "size": largest}, uploaded
+    assert uploaded["structuredContent"] == {"blobId": sha256_hex(blob), "size": largest, "announcedTo": {
+        "contextId": context_of(double), "alias": "demo"}}, uploaded
     assert double.requests_to("PUT", "/admin-api/blobs")[-1]["body"] == blob
 
     server.send_raw((text + " " * (line_limit - len(text) + 1)).encode())   # one byte more
@@ -624,7 +627,8 @@ def test_a_tampered_invitation_is_refused_by_the_node(server, double):
 def test_leave_namespace(server, double):
     namespace = namespace_of(double)
     assert text_of(server.call_tool("leave_namespace", {"namespace": namespace})) == (
-        'Left namespace %s ("demo-team").' % namespace)
+        'Left namespace %s ("demo-team"). This node was its only admin and only member: no one is left who can '
+        "invite to it, add members or upgrade it." % namespace)
     assert double.requests_to("POST", "/admin-api/namespaces/%s/leave" % namespace)
     assert NODE_ACCOUNT not in double._groups[namespace]["members"]
 

@@ -190,8 +190,8 @@ def test_create_alias_with_replace_moves_the_alias_and_puts_it_back_when_the_cre
     demo = demo_of(double)
     other = double.add_context(double._app_key(KV), name="other")
     server = serve(double)
-    description = next(t for t in server.result("tools/list")["tools"] if t["name"] == "create_alias")["description"]
-    assert "refused unless replace" in description
+    schema = next(t for t in server.result("tools/list")["tools"] if t["name"] == "create_alias")["inputSchema"]
+    assert schema["properties"]["replace"]["description"] == "Move a taken alias here (else refused)."
     moved = server.tool_json("create_alias", {"alias": "demo", "context": other, "replace": True})
     assert moved == {"alias": "demo", "contextId": other, "replaced": demo,
                      "note": 'Alias "demo" now resolves to context %s (it named context %s).' % (other, demo)}
