@@ -3041,10 +3041,13 @@ def upgraded(node, group, record, cascade):
     version = group_version_now(node, group) or record.get("toVersion")
     groups = {group} | (set(groups_below(node, group)) if cascade else set())
     contexts = [{"id": c["id"], "name": c.get("name"), "applicationVersion": c.get("applicationVersion"),
-                 "movesWhenNextCalled": c.get("applicationVersion") != version}
+                 "movesWhenNextCalled": c["applicationVersion"] != version if c.get("applicationVersion") else None}
                 for c in node.contexts() if c.get("groupId") in groups]
     answer = {"groupId": group, "status": "completed", "fromVersion": record.get("fromVersion"), "version": version,
-              "contexts": contexts}
+              "contexts": contexts[:LISTED_CONTEXTS]}
+    if len(contexts) > LISTED_CONTEXTS:
+        answer["contextsNote"] = "%d more contexts moved with it: list_contexts shows each one's version." % (
+            len(contexts) - LISTED_CONTEXTS)
     if any(c["movesWhenNextCalled"] for c in contexts):
         answer["note"] = MOVES_NEXT_CALL
     return answer
