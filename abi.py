@@ -1060,6 +1060,77 @@ def method_reference(manifest: Manifest, method) -> str:
     return "\n".join(lines)
 
 
+def used_types(manifest: Manifest, methods: Optional[Iterable[Method]] = None) -> List[str]:
+    """The named types (`types` keys) the methods' parameters and returns reach, transitively: first met first,
+    by a walk in method, then parameter, then field order. A `$ref` to no entry is left out (no definition to
+    show)."""
+    found: List[str] = []
+    for method in (manifest.methods if methods is None else methods):
+        pending = [param.type for param in method.params] + ([method.returns] if method.returns is not None else [])
+        _collect_refs(manifest.types, pending, found)
+    return found
+
+
+def _collect_refs(types: Mapping, pending: list, found: List[str]) -> None:
+    stack = list(reversed(pending))
+    while stack:
+        typ = stack.pop()
+        if not isinstance(typ, dict):
+            continue
+        name = typ.get("$ref")
+        if name is not None:
+            if isinstance(name, str) and name in types and name not in found:
+                found.append(name)
+                stack.extend(reversed(_inner_types(types[name])))
+            continue
+        stack.extend(reversed(_inner_types(typ)))
+
+
+def _inner_types(typ: Any) -> list:
+    """The type references directly inside one type: items, key and value, elements, fields, payloads, target."""
+    if not isinstance(typ, dict):
+        return []
+    inner = [typ.get(key) for key in ("inner_type", "items", "key", "value", "target") if isinstance(typ.get(key), dict)]
+    inner += [element for element in typ.get("elements") or [] if isinstance(element, dict)]
+    inner += [field["type"] for field in _fields(typ)]
+    variants = typ.get("variants") if isinstance(typ.get("variants"), list) else []
+    inner += [entry["payload"] for entry in variants if isinstance(entry, dict) and isinstance(entry.get("payload"), dict)]
+    return inner
+
+
+def type_definition(manifest: Manifest, name: str) -> str:
+    """A named type as describe_app shows it, in signature notation (type_name): its doc, blank line, then
+    `type Name = { field: T, maybe?: T }`, `type Name = A | B(T)` or `type Name = T`; then `  field: doc` for each
+    documented field or case."""
+    typ = manifest.types[name]
+    typ = typ if isinstance(typ, dict) else {}
+    kind, docs = typ.get("kind"), []
+    if kind == "record" and not _is_crdt_wrapper(typ):
+        body = "{ " + ", ".join(f"{field['name']}{'?' if field.get('nullable') else ''}: {type_name(field['type'])}"
+                               for field in _fields(typ)) + " }"
+        docs = [(field["name"], field.get("doc")) for field in _fields(typ)]
+    elif kind == "variant":
+        variants = [entry for entry in typ.get("variants") or [] if isinstance(entry, dict) and _is_name(entry.get("name"))]
+        body = " | ".join(entry["name"] + (f"({type_name(entry['payload'])})" if not _is_unit_variant(entry) else "")
+                          for entry in variants) or "never"
+        docs = [(entry["name"], entry.get("doc")) for entry in variants]
+    elif kind == "alias":
+        body = type_name(typ.get("target"))
+    elif kind == "bytes" and isinstance(typ.get("size"), int):
+        body = f"bytes[{typ['size']}]"
+    else:
+        body = type_name(typ)
+    lines = [f"type {name} = {body}"]
+    lines += [f"  {label}: " + doc.replace("\n", "\n    ") for label, doc in docs if isinstance(doc, str) and doc]
+    text = "\n".join(lines)
+    return f"{typ['doc']}\n\n{text}" if isinstance(typ.get("doc"), str) and typ["doc"] else text
+
+
+def type_references(manifest: Manifest, methods: Optional[Iterable[Method]] = None) -> List[str]:
+    """Every named type the methods use, each as type_definition renders it."""
+    return [type_definition(manifest, name) for name in used_types(manifest, methods)]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Tool definitions (tools.md "Generated method tools", reference §3.14)
 

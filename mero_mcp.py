@@ -1975,8 +1975,8 @@ def after_key(row, key, new_key, value):
     return placed
 
 
-@tool("list_contexts", "Contexts on this node, of every application or of one; each row says the version it runs "
-      "and whether it is behind its namespace's.",
+@tool("list_contexts", "Contexts on this node. applicationVersion: what a context last ran; behind: older than "
+      "its app's newest installed version.",
       {"application": text_property("Only this app's."),
        "verbose": flag_property("Also state hash and DAG heads."),
        "cursor": CURSOR},
@@ -1989,31 +1989,55 @@ def list_contexts(args, call):
         else:
             contexts = server.node.contexts()
         keys = app_keys(server) if contexts else {}
+        newest = {app.id: app.version for app in server.apps.installed()} if contexts else {}
     aliases = {}
     for alias, context_id in sorted(server.node.context_aliases().items()) if contexts else ():
         aliases.setdefault(context_id, []).append(alias)
-    versions = NamespaceVersions(server.node) if contexts else None
+    versions = GroupVersions(server.node, newest) if contexts else None
     rows = [with_version_story(context_row(c, args.get("verbose"), keys, aliases), versions) for c in contexts]
     return paged("list_contexts", args, {"contexts": rows}, "contexts", "id")
 
 
-class NamespaceVersions:
-    """The app version each namespace runs (its appVersion), found for a context's group: a namespace directly, a
-    subgroup through its group info's namespaceId; read once a call."""
+class GroupVersions:
+    """The versions a context's story needs, each read once a call: its namespace's (the namespace's appVersion),
+    its own group's (the blob its group runs, which it moves to when next called) and its app's newest installed
+    (`newest`: the app list's version, raised by the node's retained versions)."""
 
-    def __init__(self, node):
-        self.node, self.of_group = node, None
+    def __init__(self, node, newest):
+        self.node, self.newest_listed = node, newest
+        self.namespaces, self.groups, self.retained = None, {}, {}
 
-    def __call__(self, group_id):
-        if self.of_group is None:
-            self.of_group = {row["namespaceId"]: row.get("appVersion") for row in self.node.namespaces()}
-        if group_id and group_id not in self.of_group:
+    def namespace_rows(self):
+        if self.namespaces is None:
+            self.namespaces = {row["namespaceId"]: row for row in self.node.namespaces()}
+        return self.namespaces
+
+    def info(self, group_id):
+        """(namespace row, the group's own version) of a group; (None, None) when the node will not say."""
+        if group_id not in self.groups:
+            rows = self.namespace_rows()
+            if group_id in rows:
+                self.groups[group_id] = (rows[group_id], rows[group_id].get("appVersion"))
+            else:
+                try:
+                    info = self.node.group(group_id)
+                except node_module().NodeError:
+                    info = {}
+                row = rows.get(info.get("namespaceId"))
+                own = group_app_version(self.node, info, row) if info else None
+                self.groups[group_id] = (row, own)
+        return self.groups[group_id]
+
+    def newest(self, app_id):
+        if app_id not in self.retained:
             try:
-                namespace = self.node.group(group_id).get("namespaceId")
+                found = [row["version"] for row in self.node.application_versions(app_id)]
             except node_module().NodeError:
-                namespace = None
-            self.of_group[group_id] = self.of_group.get(namespace)
-        return self.of_group.get(group_id)
+                found = []
+            listed = self.newest_listed.get(app_id)
+            found += [listed] if listed else []
+            self.retained[app_id] = max(found, key=version_key) if found else None
+        return self.retained[app_id]
 
 
 def version_key(version):
@@ -2021,11 +2045,20 @@ def version_key(version):
 
 
 def with_version_story(row, versions):
-    """A context row saying the version it runs and whether that is behind its namespace's: after upgrade_group
-    a context moves to the new version only when next called (node-api §0.7)."""
-    running, namespace = row.get("applicationVersion"), versions(row.get("groupId"))
-    row["namespaceVersion"] = namespace
-    row["behind"] = (version_key(running) < version_key(namespace)) if running and namespace else None
+    """A context row with its namespace's version and `behind` (older than its app's newest installed version),
+    and, when behind, what moves it: the node upgrades a context lazily, when next called (node-api §0.7), so
+    applicationVersion is what it last ran and what it runs next only its group's version says."""
+    running = row.get("applicationVersion")
+    namespace, group_version = versions.info(row["groupId"]) if row.get("groupId") else (None, None)
+    row["namespaceVersion"] = namespace.get("appVersion") if namespace else None
+    newest = versions.newest(row["applicationId"]) if running and row.get("applicationId") else None
+    row["behind"] = version_key(running) < version_key(newest) if running and newest else None
+    if row["behind"]:
+        if group_version and version_key(running) < version_key(group_version):
+            row["nextCall"] = "runs %s, its group's version (the node moves a context when next called)" % group_version
+        else:
+            row["nextCall"] = "runs %s still: upgrade_group its group to move it to %s" % (group_version or running,
+                                                                                          newest)
     return row
 
 
@@ -2210,7 +2243,8 @@ def delete_context(args, call):
 
 @tool("create_alias", "Create an alias for a context.",
       {"alias": text_property("1-50 of A-Z a-z 0-9 . _ -"),
-       "context": STRING},
+       "context": STRING,
+       "replace": flag_property("Move a taken alias here (else refused).")},
       required=("alias",), synonyms=("contextId",))
 def create_alias(args, call):
     given = args.get("context") if args.get("context") is not None else args.get("contextId")
@@ -2221,11 +2255,32 @@ def create_alias(args, call):
     taken = server.node.lookup_alias(alias)
     if taken == context_id:
         return 'Alias "%s" already names context %s; nothing changed.' % (alias, context_id)
-    if taken is not None:
-        raise ToolError('Alias "%s" already names context %s. The node cannot repoint an alias: delete_alias "%s", '
-                        "then create_alias again." % (alias, taken, alias))
-    server.node.create_alias(alias, context_id)
-    return 'Alias "%s" now resolves to context %s.' % (alias, context_id)
+    if taken is None:
+        server.node.create_alias(alias, context_id)
+        return 'Alias "%s" now resolves to context %s.' % (alias, context_id)
+    if not args.get("replace"):
+        raise ToolError('Alias "%s" already names context %s. Pass replace: true to point it at context %s instead; '
+                        "nothing changed." % (alias, taken, context_id))
+    return {"alias": alias, "contextId": context_id, "replaced": taken,
+            "note": repointed(server.node, alias, taken, context_id)}
+
+
+def repointed(node, alias, old, new):
+    """The node cannot repoint an alias: it is deleted and made again, and on a failed create put back on `old`,
+    so the name never stays meaning nothing."""
+    node.delete_alias(alias)
+    try:
+        node.create_alias(alias, new)
+    except node_module().NodeError as error:
+        try:
+            node.create_alias(alias, old)
+        except node_module().NodeError as again:
+            raise ToolError('Alias "%s" was deleted to point it at context %s, but neither that nor putting it back '
+                            "on context %s worked (%s; %s). It names nothing now: create_alias it again."
+                            % (alias, new, old, node_error_text(error).rstrip("."), node_error_text(again).rstrip(".")))
+        raise ToolError('Alias "%s" could not be pointed at context %s (%s); it still names context %s.'
+                        % (alias, new, node_error_text(error).rstrip("."), old))
+    return 'Alias "%s" now resolves to context %s (it named context %s).' % (alias, new, old)
 
 
 @tool("lookup_alias", "Resolve a context alias to its context id.",
@@ -2414,9 +2469,24 @@ def installed_summary(apps, app_id, coords):
         log.warning("installed %s but could not read it back: %s", app_id, error)
         app = None
     package, version = package_and_version(coords) if coords is not None else (None, None)
+    names = method_names(apps, app) if app else None
     return {"applicationId": app_id, "package": app.package if app else package,
             "version": app.version if app else version, "tools": apps.catalog.tool_count_of(app_id),
-            "note": INSTALLED_NOTE}
+            "methods": listed_methods(names), "note": INSTALLED_NOTE}
+
+
+LISTED_METHODS = 100
+
+
+def listed_methods(names):
+    """The methods a model can call (init runs only at create_context), the first 100 by name and a count of the
+    rest; None when the ABI could not be read."""
+    if names is None:
+        return None
+    names = sorted(names - {"init"})
+    if len(names) <= LISTED_METHODS:
+        return names
+    return names[:LISTED_METHODS] + ["... and %d more (describe_app lists them)" % (len(names) - LISTED_METHODS)]
 
 
 def bundle_path(node, path):
@@ -2453,9 +2523,24 @@ def uninstall_application(args, call):
     answer = call.server.node.uninstall_application(app.id)
     apps.catalog.refresh()
     said = dict(answer, package=app.package, version=app.version, uninstalled=True)
+    left = left_behind(call.server.node, app)
+    if left:
+        said["stillReferring"] = left
     if tools:
         said["note"] = UNINSTALLED_NOTE % tools
     return said
+
+
+def left_behind(node, app):
+    """The namespaces that still target the uninstalled app (the node keeps them, and their contexts, which no
+    longer run), each with its context count and what removes it; None when the namespaces cannot be read."""
+    try:
+        rows = [row for row in node.namespaces() if row.get("targetApplicationId") == app.id]
+    except node_module().NodeError:
+        return None
+    return [{"namespaceId": row["namespaceId"], "name": row.get("name"), "contextCount": row.get("contextCount"),
+             "removeWith": "delete_namespace" if row.get("contextCount") == 0
+             else "delete_context for each of its contexts, then delete_namespace"} for row in rows]
 
 
 @tool("upload_blob", "Upload a blob (a file's bytes) to this node. At most %d bytes fit in one request."
@@ -2467,8 +2552,13 @@ def uninstall_application(args, call):
       toolset="blobs")
 def upload_blob(args, call):
     data = blob_bytes(args)
-    context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
-    return call.server.node.upload_blob(data, args.get("hash"), context)
+    given = args.get("context")
+    context = context_id_of(call.server, given) if given is not None else None
+    answer = call.server.node.upload_blob(data, args.get("hash"), context)
+    # Which context's peers were told of it (an alias said beside the id it named), or that none were.
+    announced = None if context is None else dict({"contextId": context}, **({"alias": given} if given != context
+                                                                            else {}))
+    return dict(answer, announcedTo=announced)
 
 
 def blob_bytes(args):
@@ -2641,7 +2731,9 @@ def delete_namespace(args, call):
       {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
     server, namespace = call.server, args["namespace"]
-    invitation = server.node.invite_to_namespace(namespace)
+    # Printed as join_namespace's arguments besides namespace, whichever form the node answered in.
+    signed, group_name = node_module().signed_invitation(server.node.invite_to_namespace(namespace))
+    invitation = dict({"invitation": signed}, **({"groupName": group_name} if group_name is not None else {}))
     try:
         target = server.node.group(namespace)["targetApplicationId"]
         app = next((a for a in server.apps.installed() if a.id == target), None)
@@ -2649,14 +2741,32 @@ def invite_to_namespace(args, call):
         app = None                          # the invitation exists: the note names the app in general words
     runs = ("install_application %s@%s if it lacks it" % (app.package, app.version) if app
             else "install the namespace's app if it lacks it")
-    note = ("Hand over the JSON below whole (join_namespace's invitation, unchanged) and namespace id %s. The "
-            "other node then runs: %s; "
-            "join_namespace with both; join_context for each context (list_contexts there shows them)."
-            % (namespace, runs))
+    note = ("Hand over the JSON below whole and unchanged (join_namespace's arguments besides namespace) and "
+            "namespace id %s. %s The other node then runs: %s; join_namespace with both; join_context for each "
+            "context (list_contexts there shows them)." % (namespace, invitation_terms(invitation), runs))
     # Compact: the signed object's byte arrays take a line per byte when indented.
     return {"content": [{"type": "text", "text": note},
                         {"type": "text", "text": json.dumps(invitation, separators=(",", ":"), ensure_ascii=False)}],
             "structuredContent": invitation}
+
+
+# The borsh order of core's GroupMemberRole: an invitation carries the role as its index.
+INVITED_ROLES = ("Admin", "Member", "ReadOnly", "ReadOnlyTee", "RelayTee")
+
+
+def invitation_terms(invitation):
+    """The signed body's expiry as a UTC date and its role by name (the node gives epoch seconds and an index)."""
+    import datetime
+    signed = invitation["invitation"].get("invitation")
+    signed = signed if isinstance(signed, dict) else {}
+    expiry, role = signed.get("expiration_timestamp"), signed.get("invited_role")
+    terms = []
+    if type(expiry) is int and 0 < expiry < 253402300800:          # before year 10000: a date datetime can write
+        terms.append("It expires %s" % datetime.datetime.fromtimestamp(expiry, datetime.timezone.utc)
+                     .strftime("%Y-%m-%dT%H:%M:%SZ"))
+    if type(role) is int and 0 <= role < len(INVITED_ROLES):
+        terms.append("makes the joiner %s" % INVITED_ROLES[role])
+    return (" and ".join(terms) + ".") if terms else ""
 
 
 @tool("join_namespace", "Join a namespace with an invitation from invite_to_namespace (signed: reshaping "
@@ -2676,8 +2786,25 @@ def join_namespace(args, call):
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
     acted_on = call.server.apps.carrier_of(args["namespace"], call, "namespace")
-    call.server.node.leave_namespace(args["namespace"])
-    return "Left %s." % named_text(acted_on)
+    node = call.server.node
+    alone = sole_admin(node, args["namespace"])          # read before: after leaving, its members are not ours to read
+    node.leave_namespace(args["namespace"])
+    if alone is None:
+        return "Left %s." % named_text(acted_on)
+    return "Left %s. This node was its only admin%s: no one is left who can invite to it, add members or upgrade " \
+           "it." % (named_text(acted_on), " and only member" if alone else "")
+
+
+def sole_admin(node, namespace):
+    """Whether this node is the namespace's only admin: None when not (or when the node will not say), else
+    whether it is the only member too."""
+    try:
+        members = node.group_members(namespace)["members"]
+        me = (node.identity().get("accountId") or "").lower()
+    except node_module().NodeError:
+        return None
+    admins = [m["identity"].lower() for m in members if m.get("role") == "Admin"]
+    return (len(members) == 1) if me and admins == [me] else None
 
 
 def named_text(carrier):
@@ -2792,8 +2919,8 @@ def create_nested_group(node, args):
     return created_group(group_id, parent, args["namespace"], visibility or "restricted")
 
 
-@tool("describe_group", "Show a namespace or group: name, parent, app, visibility, counts, subgroups, metadata and "
-      "any upgrade.",
+@tool("describe_group", "Show a namespace or group: name, parent, app, visibility, counts, subgroups, metadata, "
+      "upgrade.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def describe_group(args, call):
     server, group = call.server, args["group"]
@@ -2813,8 +2940,13 @@ def describe_group(args, call):
                  "visibility": info.get("subgroupVisibility"), "memberCount": info.get("memberCount"),
                  "contextCount": info.get("contextCount")}
     described.update(known_subgroups(node, group, namespaces.get(group)))
+    if described["subgroups"]:
+        described["countsNote"] = OWN_COUNTS
     described["metadata"] = metadata.get("data")
     described["upgrade"] = counts_said(node.upgrade_status(group) or info.get("activeUpgrade"))
+    moved = described["upgrade"] if isinstance(described["upgrade"], dict) else {}
+    if described["application"]["version"] is None and moved.get("status") == "completed":
+        described["application"]["version"] = moved.get("toVersion")     # the version it moved to
     return paged("describe_group", args, described, "subgroups", "groupId")      # subgroups page like a list
 
 
@@ -2842,9 +2974,10 @@ def known_subgroups(node, group, namespace_row):
     """Every subgroup under a namespace this node can list (its groups list, then each level's subgroups route),
     or a subgroup's direct children; a count the node gives beyond what it shows is said."""
     if namespace_row is None:
-        return {"subgroups": node.subgroups(group)}
+        return {"subgroups": with_counts(node, node.subgroups(group))}
     rows = node.groups_in(group)
-    shown = {"subgroups": [{key: row[key] for key in ("groupId", "name", "parentId") if key in row} for row in rows]}
+    shown = {"subgroups": with_counts(node, [{key: row[key] for key in ("groupId", "name", "parentId") if key in row}
+                                             for row in rows])}
     direct = sum(1 for row in rows if row["parentId"] == group)
     counted = namespace_row.get("subgroupCount")
     if isinstance(counted, int) and counted > direct:
@@ -2855,6 +2988,21 @@ def known_subgroups(node, group, namespace_row):
                                   "so restricted groups it is not a member of may be missing.")
     return shown
 
+
+def with_counts(node, rows):
+    """Subgroup rows with the member and context counts their group info gives (null where this node may not read
+    it: a restricted group it is not a member of)."""
+    def counted(row):
+        try:
+            info = node.group(row["groupId"])
+        except node_module().NodeError:
+            info = {}
+        return dict(row, memberCount=info.get("memberCount"), contextCount=info.get("contextCount"))
+    return [counted(row) for row in rows]
+
+
+# What the double serves (node-api.md gives the counts, not their reach): a group counts its own contexts.
+OWN_COUNTS = "contextCount counts the contexts directly in a group; each subgroup's count is its own."
 
 NOT_REPORTED = ("The node did not report how many contexts moved (null counts): it marks an upgrade completed "
                 "before any context migrates, and each context moves when next called; list_contexts shows which "
@@ -2991,14 +3139,70 @@ def join_open_group(args, call):
       required=("group",), annotations=DESTRUCTIVE, toolset="governance")
 def upgrade_group(args, call):
     server, group = call.server, args["group"]
-    current = server.node.group(group)["targetApplicationId"]
+    node = server.node
+    current = node.group(group)["targetApplicationId"]
     target = current
     if args.get("application") is not None:
         target = refuse_another_package(server.apps, group, current, server.apps.resolve(args["application"]))
-    status = counts_said(server.node.upgrade_group(group, target, args.get("cascade")))
-    if status.get("status") != "completed":
-        status = dict(status, note="Not finished: describe_group shows its progress until it is completed.")
-    return status
+    started = node.upgrade_group(group, target, args.get("cascade"))
+    record = settled_upgrade(node, group, started, call)
+    if record.get("status") != "completed":
+        return dict(counts_said(record), note=UNFINISHED % UPGRADE_WAIT_SECONDS)
+    return upgraded(node, group, record, args.get("cascade"))
+
+
+UPGRADE_WAIT_SECONDS = 5
+UPGRADE_POLL_SECONDS = 0.25
+UNFINISHED = "Not completed after %d s: describe_group shows its progress until it is completed."
+MOVES_NEXT_CALL = ("The node upgrades a context lazily: each runs the new version from its next call; until then its "
+                   "applicationVersion is the version it last ran.")
+
+
+def settled_upgrade(node, group, started, call):
+    """The group's upgrade record (its versions) once the node reports it completed, or as it stands after
+    UPGRADE_WAIT_SECONDS (a cancel stops the wait: the upgrade was sent); a progress notification each read, when
+    the request asked for them. The upgrade's own answer stands in when the record cannot be read."""
+    deadline, reads, record = time.monotonic() + UPGRADE_WAIT_SECONDS, 0, started
+    while True:
+        reads += 1
+        try:
+            record = node.upgrade_status(group) or record
+        except node_module().NodeError as error:
+            log.info("upgrade status of %s unreadable: %s", group, error)
+        if call.progress_token is not None and not call.ticket.is_set():
+            call.server.notify("notifications/progress", {"progressToken": call.progress_token, "progress": reads,
+                                                          "message": "upgrade %s" % record.get("status")})
+        if record.get("status") == "completed" or time.monotonic() >= deadline or call.ticket.is_set():
+            return record
+        time.sleep(UPGRADE_POLL_SECONDS)
+
+
+def upgraded(node, group, record, cascade):
+    """A completed upgrade: the version the group moved to and each local context's, those that move only when
+    next called marked."""
+    version = group_version_now(node, group) or record.get("toVersion")
+    groups = {group} | (set(groups_below(node, group)) if cascade else set())
+    contexts = [{"id": c["id"], "name": c.get("name"), "applicationVersion": c.get("applicationVersion"),
+                 "movesWhenNextCalled": c["applicationVersion"] != version if c.get("applicationVersion") else None}
+                for c in node.contexts() if c.get("groupId") in groups]
+    answer = {"groupId": group, "status": "completed", "fromVersion": record.get("fromVersion"), "version": version,
+              "contexts": contexts[:LISTED_CONTEXTS]}
+    if len(contexts) > LISTED_CONTEXTS:
+        answer["contextsNote"] = "%d more contexts moved with it: list_contexts shows each one's version." % (
+            len(contexts) - LISTED_CONTEXTS)
+    if any(c["movesWhenNextCalled"] for c in contexts):
+        answer["note"] = MOVES_NEXT_CALL
+    return answer
+
+
+def group_version_now(node, group):
+    """The version of the blob the group runs, read now; None when the node will not say."""
+    try:
+        info = node.group(group)
+        rows = [row for row in node.namespaces() if row["namespaceId"] == info.get("namespaceId", group)]
+    except node_module().NodeError:
+        return None
+    return group_app_version(node, info, rows[0] if rows else None)
 
 
 def refuse_another_package(apps, group, current, app):
@@ -3060,9 +3264,10 @@ def method_references(unit):
     return [abi.method_reference(unit.manifest, m) for m in unit.manifest.methods]
 
 
-def with_guide(apps, app, summary, always, methods_from=None):
+def with_guide(apps, app, summary, always, methods_from=None, first=0, entries=None):
     """The summary as JSON, then the guide (always, or the first time this session meets this version).
-    `methods_from(offset)` is the cursor of describe_app's next methods, when it pages them."""
+    `methods_from(offset)` is the cursor of describe_app's next page of methods and types (`first` of its
+    `entries` before this page), when it pages them."""
     uri = apps.catalog.served_guide_uri(app)
     if not app.guide:
         guide = [{"type": "text", "text": "This app ships no guide."}] if always else []
@@ -3070,36 +3275,41 @@ def with_guide(apps, app, summary, always, methods_from=None):
         guide = apps.guide_blocks(app)
     else:
         guide = [{"type": "text", "text": GUIDE_SHOWN_NOTE % uri}]
-    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide), methods_from)
+    summary = fitted_summary(summary, TEXT_BOUND - text_size(guide), methods_from, first, entries)
     return {"content": [{"type": "text", "text": json_text(summary)}] + guide, "structuredContent": summary}
 
 
 LEFT_OUT = "%d of the %d %s are left out: one answer carries at most %d characters. call reaches every method by name."
-NEXT_METHODS = ('%d of the %d methods are left out: one answer carries at most %d characters. For the next ones, '
+NEXT_METHODS = ('%d of the %d %s are left out: one answer carries at most %d characters. For the next ones, '
                 'call describe_app again with the same arguments and cursor "%s"; call reaches every method by name.')
 
 
-def fitted_summary(summary, room, methods_from=None):
-    """A huge ABI's methods (or tool names) cut to what fits `room`, saying how many were left out (both notes
-    kept when both are cut); with `methods_from`, the methods go on at the cursor it makes."""
+def fitted_summary(summary, room, methods_from=None, first=0, entries=None):
+    """A huge ABI's methods, types (or tool names) cut to what fits `room`, saying how many were left out (every
+    note kept when several are cut); with `methods_from`, methods and types page as one list, `first` of its
+    `entries` before this page, going on at the cursor it makes."""
     notes = []
-    first = summary.get("methodsFrom", 1) - 1           # the methods before this page
-    for key in ("methods", "tools"):
+    for key in ("methods", "types", "tools"):
         items = summary.get(key)
         if not items or len(json_text(summary)) <= room:
             continue
-        total = len(items) + (first if key == "methods" else 0)
+        paging = key in ("methods", "types") and methods_from is not None
+        # Where this list starts in the paged one: the types follow the methods on the page.
+        at = first + (len(summary.get("methods") or []) if key == "types" else 0)
+        label = ("methods and types" if "types" in summary else "methods") if paging else key
 
         def note(count, cursor_at=None):
-            if key == "methods" and methods_from is not None:
-                at = first + (count if cursor_at is None else cursor_at)
-                return NEXT_METHODS % (total - first - count, total, TEXT_BOUND, methods_from(at))
+            if paging:
+                return NEXT_METHODS % (entries - at - count, entries, label, TEXT_BOUND,
+                                       methods_from(at + (count if cursor_at is None else cursor_at)))
             return LEFT_OUT % (len(items) - count, len(items), key, TEXT_BOUND)
         # Measured with the longest note and cursor it can get (a later offset takes more digits), so the page
-        # that fits stays within the room once its own cursor is in.
-        cut = dict(summary, **{key: [], "omitted": " ".join(notes + [note(0, cursor_at=len(items))])})
-        if key == "methods" and methods_from is not None:
-            cut["nextCursor"] = methods_from(first + len(items))
+        # that fits stays within the room once its own cursor is in. Types follow every method: a cut among the
+        # methods leaves them all to later pages.
+        emptied = {"types": []} if paging and key == "methods" and summary.get("types") else {}
+        cut = dict(summary, **dict(emptied, **{key: [], "omitted": " ".join(notes + [note(0, cursor_at=len(items))])}))
+        if paging:
+            cut["nextCursor"] = methods_from(at + len(items))
         count = fit_count(len(json_text(cut)), [row_cost(item) for item in items], room)
         if count == 0 and key == "methods" and methods_from is not None:     # every page moves on: one method,
             items = [squeezed(items[0], room - len(json_text(cut)))] + items[1:]     # its text cut to the room
@@ -3109,8 +3319,8 @@ def fitted_summary(summary, room, methods_from=None):
                 continue
         notes.append(note(count))
         summary = dict(cut, **{key: items[:count], "omitted": " ".join(notes)})
-        if key == "methods" and methods_from is not None:
-            summary["nextCursor"] = methods_from(first + count)
+        if paging:
+            summary["nextCursor"] = methods_from(at + count)
     return summary
 
 
@@ -3125,7 +3335,7 @@ def squeezed(reference, room):
     return reference[:room // 3] + marker + reference[-(room - room // 3):]
 
 
-@tool("describe_app", "Show an application's guide and methods, and an app_handle for planning.",
+@tool("describe_app", "Show an application's guide, methods and their types, and an app_handle for planning.",
       {"app": STRING, "service": STRING, "cursor": CURSOR},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def describe_app(args, call):
@@ -3143,13 +3353,21 @@ def describe_app(args, call):
     summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
     summary["versions"] = installed_versions(apps.node, app)
     methods = method_references(unit)
+    types = heavy("abi").type_references(unit.manifest)
+    entries = len(methods) + len(types)
     query = digest(["describe_app", app.id, app.version, service])
-    start = methods_offset(args.get("cursor"), query, len(methods))
+    start = methods_offset(args.get("cursor"), query, entries)
+    # One list paged: the methods, then the named types they use (types past this page's methods).
     summary["methods"] = methods[start:]
+    if types:
+        summary["types"] = types[max(0, start - len(methods)):]
     if start:
-        summary["methodsFrom"] = start + 1
+        summary["methodsFrom"] = min(start, len(methods)) + 1
+    if start > len(methods):
+        summary["typesFrom"] = start - len(methods) + 1
     return with_guide(apps, app, summary, always=not start,
-                      methods_from=lambda offset: b64url(json.dumps([offset, query]).encode("utf-8")))
+                      methods_from=lambda offset: b64url(json.dumps([offset, query]).encode("utf-8")),
+                      first=start, entries=entries)
 
 
 def methods_offset(cursor, query, count):
@@ -3181,10 +3399,16 @@ def describe_services(apps, app):
         summary["guide"] = app.guide_uri
     summary["name"] = app.name
     summary["versions"] = installed_versions(apps.node, app)
-    summary["services"] = [{"service": service, "methods": method_references(apps.catalog.unit_for(app, service))}
-                           for service in app.services]
+    summary["services"] = [service_reference(apps.catalog.unit_for(app, service), service) for service in app.services]
     summary["note"] = SERVICES_NOTE % ", ".join(app.services)
     return with_guide(apps, app, summary, always=True)
+
+
+def service_reference(unit, service):
+    """One service's methods, and the named types they use when there are any."""
+    reference = {"service": service, "methods": method_references(unit)}
+    types = heavy("abi").type_references(unit.manifest)
+    return dict(reference, types=types) if types else reference
 
 
 def installed_versions(node, app):
@@ -3202,7 +3426,7 @@ def installed_versions(node, app):
       {"app": STRING,
        "context": text_property("Default: the app's only one."),
        "service": text_property("For a multi-service app, if no context."),
-       "verbose": flag_property("Also the methods and the guide.")},
+       "verbose": flag_property("Also methods, types and the guide.")},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def select_app(args, call):
     apps, label = call.server.apps, args["app"]
@@ -3219,6 +3443,9 @@ def select_app(args, call):
     summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
     if args.get("verbose"):
         summary["methods"] = method_references(unit)
+        types = heavy("abi").type_references(unit.manifest)
+        if types:
+            summary["types"] = types
     summary["tools"] = apps.catalog.tool_names_of(app, service)
     summary["toolsNote"] = TOOLS_NOTE
     summary["context"] = context["id"] if context else None
@@ -3335,8 +3562,8 @@ def admit_call(apps, args):
     return Admitted(apps.catalog.unit_for(app, handle.service), context_id)
 
 
-@tool("call_many", "Run up to 32 calls at once, each like call and with its own result. They run concurrently: "
-      "writes in no set order.",
+@tool("call_many", "Run up to 32 calls at once, each like call, with its own result; concurrent: writes in no set "
+      "order.",
       {"calls": {"type": "array", "minItems": 1, "maxItems": CALL_MANY_LIMIT,
                  "description": "Each takes what call takes.", "items": CALL_ITEM}},
       required=["calls"], toolset="app", kind="app-call", annotations=APP_CALL)
@@ -3361,7 +3588,23 @@ def call_many(args, call):
                 call.server.notify("notifications/progress", {"progressToken": call.progress_token,
                                                               "progress": done[0], "total": len(items)})
     list(call_pool().map(run, range(len(items))))
-    return json_text(with_errors_fitted(results))
+    return json_text(with_errors_fitted(collapsed_runs(results)))
+
+
+def collapsed_runs(results):
+    """Successive successes that say the same (all but their index) as one row naming the items it covers
+    ("items": "3-9"): 32 writes that each answered nothing read as one line, not 32."""
+    rows = []
+    for item in results:
+        rest = {key: value for key, value in item.items() if key not in ("index", "items")}
+        last = rows[-1] if rows else None
+        if item["ok"] and last is not None and last["ok"] and rest == {
+                key: value for key, value in last.items() if key not in ("index", "items")}:
+            first = last["index"] if "index" in last else int(last["items"].split("-")[0])
+            rows[-1] = dict({"items": "%d-%d" % (first, item["index"])}, **rest)
+        else:
+            rows.append(item)
+    return rows
 
 
 def item_names(index, item):

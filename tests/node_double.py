@@ -1263,6 +1263,9 @@ class NodeDouble:
                          X-Blob-Source, rc.25's fresh-identity text; their older body keys are known
       fresh_identity  True: GET /identity is the 404 of a node that never took part in a namespace
       peer_count      what GET /peers counts;  dev_install_root: a path prefix, the node's MEROD_DEV_INSTALL_ROOT
+      upgrade_pending_reads  N: an upgrade answers and reads `in_progress` (with counts) for N status reads before
+                      it is `completed` (the §0.6 handler's other form); 0 (default): written `completed` at once,
+                      `completedAt` and the counts null (§0.7)
     slow          {path prefix: seconds}: requests under that prefix wait that long first (longest prefix wins;
                   a slow route beside any fault, e.g. one context's reads while another's stay quick)
     after_delete  faults that take effect once a DELETE has been carried out (a read failing after a delete)
@@ -1299,6 +1302,7 @@ class NodeDouble:
         self.subgroup_counts = True                # False: namespace rows without subgroupCount (nothing to compare)
         self.member_names: Dict[str, str] = {}     # account -> the name group members rows carry (§3, "name"?)
         self.blob_mime: Optional[str] = None       # X-Blob-MIME-Type sent instead of the sniffed one
+        self.upgrade_pending_reads = 0       # status reads an upgrade stays in_progress (see the docstring)
         self.fresh_identity = False
         self.peer_count = 0
         self.dev_install_root: Optional[str] = None
@@ -2038,7 +2042,9 @@ class NodeDouble:
         view["contextStateHash"] = self._state_hash(context)
         if context["heads"]:   # omitted when empty (checklist 14)
             view["dagHeads"] = [id_bytes(head) for head in context["heads"]]
-        version = context.get("version") or (app["version"] if app else None)
+        group = self._groups.get(context["groupId"]) if context["groupId"] else None
+        version = context.get("version") or (self._blob_version(app, group["bytecode"]) if app and group else None) \
+            or (app["version"] if app else None)
         if version:   # a context runs the version it last ran until next used after an upgrade (§0.7)
             view["applicationVersion"] = version
         if context["name"]:
@@ -2046,6 +2052,11 @@ class NodeDouble:
         if with_group and context["groupId"]:
             view["groupId"] = context["groupId"]
         return view
+
+    @staticmethod
+    def _blob_version(app: Dict[str, Any], blob: str) -> Optional[str]:
+        """The retained version whose bytecode blob this is (§0.7: a namespace's appVersion is its appKey's)."""
+        return next((e["version"] for e in app["history"] if e["blobId"] == blob), None)
 
     @staticmethod
     def _state_hash(context: Dict[str, Any]) -> str:
@@ -2291,14 +2302,15 @@ class NodeDouble:
     def _namespace_view(self, group: Dict[str, Any]) -> Dict[str, Any]:
         app = self._apps.get(group["applicationId"])
         view = {"namespaceId": group["id"],
-                "appKey": self._blob_ids(app)[0] if app else ZERO_HASH,
+                "appKey": group["bytecode"] if app else ZERO_HASH,     # the blob its root group runs (§0.7)
                 "targetApplicationId": group["applicationId"], "createdAt": group["createdAt"],
                 "founding": {"founderAccountId": NODE_ACCOUNT, "salt": hex_id("founding:" + group["id"])}}
         if group["name"]:
             view["name"] = group["name"]
         view.update(self._group_counts(group))
-        if app and app["version"]:
-            view["appVersion"] = app["version"]
+        version = self._blob_version(app, group["bytecode"]) if app else None
+        if version:
+            view["appVersion"] = version
         return view
 
     def _group_counts(self, group: Dict[str, Any]) -> Dict[str, int]:
@@ -2531,6 +2543,8 @@ class NodeDouble:
             counts = self._group_counts(group)
             info.update({"memberCount": counts["memberCount"], "contextCount": counts["contextCount"],
                          "defaultCapabilities": 0, "subgroupVisibility": group["visibility"]})
+            if group["upgrade"] is not None:   # kept after completion (§0.7)
+                info["activeUpgrade"] = self._upgrade_view(group["upgrade"])
             if group["metadata"] is not None:
                 info["metadata"] = dict(group["metadata"])
             info["groupStateHash"] = hex_id("group-state:{}:{}".format(group["id"], compact_json(group["metadata"])))
@@ -2630,7 +2644,8 @@ class NodeDouble:
 
     def _h_upgrade_group(self, request):
         """§0.6: the group (with cascade, every descendant on the same bytecode) moves to the target row's current
-        bytecode; the upgrade is in progress until its status is read once, then completed."""
+        bytecode at once; the record is written completed, counts and completedAt null (§0.7), unless
+        `upgrade_pending_reads` keeps it in progress for that many status reads."""
         body = request.json
         target, cascade = normalise_hex64(body.get("targetApplicationId")), bool(body.get("cascade"))
         with self._lock:
@@ -2652,15 +2667,21 @@ class NodeDouble:
             old = self._apps.get(group["applicationId"]) or {"history": []}
             from_version = next((e["version"] for e in old["history"] if e["blobId"] == group["bytecode"]), None)
             self._move_group_contexts(moved, target)   # each context's version flips when next used (§0.7)
+            pending = self.upgrade_pending_reads
             group["upgrade"] = {
-                "fromVersion": from_version, "toVersion": app["version"], "initiatedAt": int(time.time() * 1000), "initiatedBy": NODE_ACCOUNT,
-                "status": "in_progress", "localContextsTotal": len(contexts), "localContextsSwapped": 0,
-                "localContextsFailed": 0, "completedAt": None}
+                "fromVersion": from_version, "toVersion": app["version"], "initiatedAt": int(time.time() * 1000),
+                "initiatedBy": NODE_ACCOUNT, "status": "in_progress" if pending else "completed",
+                "localContextsTotal": len(contexts) if pending else None, "localContextsSwapped": 0 if pending else None,
+                "localContextsFailed": 0 if pending else None, "completedAt": None, "pendingReads": pending}
+            record = group["upgrade"]
         if self.legacy_lifecycle:
-            return {"data": {"groupId": group["id"], "status": "in_progress", "total": len(contexts), "completed": 0,
-                             "failed": 0}}
-        return {"data": {"groupId": group["id"], "status": "in_progress", "localContextsTotal": len(contexts),
-                         "localContextsSwapped": 0, "localContextsFailed": 0}}
+            return {"data": {"groupId": group["id"], "status": record["status"],
+                             "total": record["localContextsTotal"], "completed": record["localContextsSwapped"],
+                             "failed": record["localContextsFailed"]}}
+        return {"data": {"groupId": group["id"], "status": record["status"],
+                         "localContextsTotal": record["localContextsTotal"],
+                         "localContextsSwapped": record["localContextsSwapped"],
+                         "localContextsFailed": record["localContextsFailed"]}}
 
     def _h_upgrade_status(self, request):
         with self._lock:
@@ -2668,11 +2689,17 @@ class NodeDouble:
             record = group["upgrade"]
             if record is None:
                 return {"data": None}
-            answer = dict(record)
-            if record["status"] == "in_progress":   # the next read finds it done
-                record.update(status="completed", localContextsTotal=None, localContextsSwapped=None,
-                              localContextsFailed=None, completedAt=int(time.time() * 1000))
+            answer = self._upgrade_view(record)
+            if record["status"] == "in_progress":
+                record["pendingReads"] -= 1
+                if record["pendingReads"] <= 0:   # the next read finds it done
+                    record.update(status="completed", localContextsTotal=None, localContextsSwapped=None,
+                                  localContextsFailed=None, completedAt=int(time.time() * 1000))
         return {"data": answer}
+
+    @staticmethod
+    def _upgrade_view(record: Dict[str, Any]) -> Dict[str, Any]:
+        return {key: value for key, value in record.items() if key != "pendingReads"}
 
     @staticmethod
     def _member_problem(member: Any) -> Optional[str]:

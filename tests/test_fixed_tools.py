@@ -459,7 +459,8 @@ def test_install_by_coordinates_then_reads_the_list_again(serve):
     before = len(double.requests_to("GET", "/admin-api/applications"))
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "change": "new application", "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "tools": 2, "methods": ["increment", "value"], "change": "new application",
+                         "note": INSTALLED_NOTE}
     assert bodies(double, "POST", "/admin-api/install-application") == [
         {"package": "com.example.counter", "version": "0.1.0"}]
     assert len(double.requests_to("GET", "/admin-api/applications")) > before
@@ -474,15 +475,18 @@ def test_install_succeeds_when_only_the_refresh_fails(serve):
     double.faults = {"status": 500, "json": {"error": "list broke"}, "paths": ["/admin-api/applications"]}
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 0, "note": INSTALLED_NOTE}     # the catalog could not be read
+                         "version": "0.1.0", "tools": 0, "methods": None,
+                         "note": INSTALLED_NOTE}     # the catalog could not be read
     server.close()
     assert "app list refresh failed: list broke" in server.stderr
 
 
 def test_uninstall_resolves_the_name_before_removing(server, double):
-    kv_id = double._app_key(KV)
+    kv_id, namespace = double._app_key(KV), namespace_of(double)
     assert server.tool_json("uninstall_application", {"application": "KV Store"}) == {
         "applicationId": kv_id, "package": "com.calimero.kv-store", "version": "1.0.0", "uninstalled": True,
+        "stillReferring": [{"namespaceId": namespace, "name": "demo-team", "contextCount": 1,
+                            "removeWith": "delete_context for each of its contexts, then delete_namespace"}],
         "note": "Its 9 tools leave the tool list. A host that does not reload its tool list (Claude Code does not) "
                 "shows them until restarted; they answer an error now."}
     assert [e["path"] for e in double.requests_to("DELETE")] == ["/admin-api/applications/" + kv_id]
@@ -508,7 +512,7 @@ def test_upload_blob_puts_the_decoded_bytes(server, double):
     expected_id = sha256_hex(data)
     uploaded = server.tool_json("upload_blob", {"data": base64.b64encode(data).decode(), "hash": expected_id,
                                                 "context": "demo"})
-    assert uploaded == {"blobId": expected_id, "size": 256}
+    assert uploaded == {"blobId": expected_id, "size": 256, "announcedTo": {"contextId": context_id, "alias": "demo"}}
     put = double.requests_to("PUT", "/admin-api/blobs")[-1]
     assert put["body"] == data
     assert put["query"] == {"hash": expected_id, "context_id": context_id}
@@ -525,7 +529,7 @@ def test_upload_blob_refuses_invalid_base64(server, double, data):
 
 def test_upload_blob_accepts_wrapped_base64(server, double):
     uploaded = server.tool_json("upload_blob", {"data": "aGVs\nbG8="})
-    assert uploaded == {"blobId": sha256_hex(b"hello"), "size": 5}
+    assert uploaded == {"blobId": sha256_hex(b"hello"), "size": 5, "announcedTo": None}
 
 
 def test_the_largest_blob_stated_uploads_and_a_line_over_the_limit_is_refused(server, double):
@@ -543,7 +547,8 @@ def test_the_largest_blob_stated_uploads_and_a_line_over_the_limit_is_refused(se
     assert len(text) <= line_limit
     server.send_raw((text + " " * (line_limit - len(text))).encode())       # exactly the limit, then the newline
     uploaded = server.wait_for("big", timeout=120)["result"]
-    assert uploaded["structuredContent"] == {"blobId": sha256_hex(blob), "size": largest}, uploaded
+    assert uploaded["structuredContent"] == {"blobId": sha256_hex(blob), "size": largest, "announcedTo": {
+        "contextId": context_of(double), "alias": "demo"}}, uploaded
     assert double.requests_to("PUT", "/admin-api/blobs")[-1]["body"] == blob
 
     server.send_raw((text + " " * (line_limit - len(text) + 1)).encode())   # one byte more
@@ -622,7 +627,8 @@ def test_a_tampered_invitation_is_refused_by_the_node(server, double):
 def test_leave_namespace(server, double):
     namespace = namespace_of(double)
     assert text_of(server.call_tool("leave_namespace", {"namespace": namespace})) == (
-        'Left namespace %s ("demo-team").' % namespace)
+        'Left namespace %s ("demo-team"). This node was its only admin and only member: no one is left who can '
+        "invite to it, add members or upgrade it." % namespace)
     assert double.requests_to("POST", "/admin-api/namespaces/%s/leave" % namespace)
     assert NODE_ACCOUNT not in double._groups[namespace]["members"]
 

@@ -198,7 +198,8 @@ def test_describe_group_assembles_what_the_node_keeps_in_several_places(serve, l
                          "memberCount": 1, "contextCount": 0, "subgroups": [], "metadata": None, "upgrade": None}
     middle = server.tool_json("describe_group", {"group": team})
     assert (middle["name"], middle["parent"], middle["visibility"], middle["metadata"], middle["subgroups"]) == (
-        "The team", namespace, "open", {"floor": "3"}, [{"groupId": squad, "name": "squad"}])
+        "The team", namespace, "open", {"floor": "3"},
+        [{"groupId": squad, "name": "squad", "memberCount": 1, "contextCount": 0}])
     root = server.tool_json("describe_group", {"group": namespace})
     assert (root["kind"], root["name"], root["namespace"], root["parent"], root["contextCount"]) == (
         "namespace", "demo-team", namespace, None, 1)
@@ -320,15 +321,18 @@ def test_upgrade_group_moves_to_the_installed_version_and_describe_group_follows
     double.upgrade_app(kv_id, "2.0.0")
     start = len(double.log)
     upgraded = server.tool_json("upgrade_group", {"group": namespace, "application": "kv-store", "cascade": True})
-    counts = {"total": 1, "completed": 0, "failed": 0} if legacy else {
-        "localContextsTotal": 1, "localContextsSwapped": 0, "localContextsFailed": 0}
-    assert upgraded == dict(counts, groupId=namespace, status="in_progress",
-                            note="Not finished: describe_group shows its progress until it is completed.")
+    # the node writes it completed at once (§0.7): one call answers the new version and each local context's
+    demo = demo_context(double)
+    assert upgraded == {"groupId": namespace, "status": "completed", "fromVersion": "1.0.0", "version": "2.0.0",
+                        "contexts": [{"id": demo, "name": "demo", "applicationVersion": "1.0.0",
+                                      "movesWhenNextCalled": True}],
+                        "note": "The node upgrades a context lazily: each runs the new version from its next call; "
+                                "until then its applicationVersion is the version it last ran."}
     assert sent(double, start) == [("POST", "/admin-api/groups/%s/upgrade" % namespace,
                                     {"targetApplicationId": kv_id, "cascade": True})]
-    first = server.tool_json("describe_group", {"group": namespace})["upgrade"]
-    assert (first["status"], first["fromVersion"], first["toVersion"]) == ("in_progress", "1.0.0", "2.0.0")
-    assert server.tool_json("describe_group", {"group": namespace})["upgrade"]["status"] == "completed"
+    described = server.tool_json("describe_group", {"group": namespace})
+    assert (described["upgrade"]["status"], described["upgrade"]["fromVersion"], described["upgrade"]["toVersion"],
+            described["application"]["version"]) == ("completed", "1.0.0", "2.0.0", "2.0.0")
     assert double.refusals == []
 
 
@@ -353,7 +357,8 @@ def test_install_from_a_path_sends_it_and_says_what_came_in(serve):
     server.tool_names()
     installed = server.tool_json("install_application", {"path": "/srv/bundles/counter.mpk"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "change": "new application", "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "tools": 2, "methods": ["increment", "value"], "change": "new application",
+                         "note": INSTALLED_NOTE}
     assert [e["json"] for e in double.requests_to("POST", "/admin-api/install-dev-application")] == [
         {"path": "/srv/bundles/counter.mpk"}]
     assert "counter_increment" in server.tool_names() and double.refusals == []

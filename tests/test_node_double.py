@@ -1345,7 +1345,10 @@ def test_members_remove_and_role_keep_an_admin(node):
     assert (older.status, older.body) == (200, b"null")
 
 
-def test_upgrade_moves_the_group_and_its_status_completes_on_the_next_read(node):
+def test_upgrade_moves_the_group_and_its_record_is_completed_at_once(node):
+    """§0.7: the group's (and namespace's) appKey move at once; the record is written completed with null counts
+    and completedAt, and group info keeps it as activeUpgrade. With upgrade_pending_reads, the §0.6 handler's
+    in_progress form for that many status reads."""
     namespace = namespace_of(node)
     upgrade, status = "/admin-api/groups/%s/upgrade" % namespace, "/admin-api/groups/%s/upgrade/status" % namespace
     assert call(node, "GET", status).json() == {"data": None}
@@ -1353,23 +1356,36 @@ def test_upgrade_moves_the_group_and_its_status_completes_on_the_next_read(node)
     assert (same.status, same.json()["error"]) == (409, "group %s is already targeting this application; install a "
                                                         "new version of it to upgrade" % namespace)
     node.upgrade_app(kv_id(), "2.0.0")
+    row = call(node, "GET", "/admin-api/namespaces/" + namespace).json()["data"]
+    assert row["appVersion"] == "1.0.0", "an install alone moves no namespace"
     started = call(node, "POST", upgrade, {"targetApplicationId": kv_id(), "cascade": False, "forceCodeOnly": False})
-    assert started.json() == {"data": {"groupId": namespace, "status": "in_progress", "localContextsTotal": 1,
-                                       "localContextsSwapped": 0, "localContextsFailed": 0}}
-    assert call(node, "POST", upgrade, {"targetApplicationId": kv_id()}).status == 409      # in progress
-    first, second = call(node, "GET", status).json()["data"], call(node, "GET", status).json()["data"]
-    assert (first["status"], first["fromVersion"], first["toVersion"]) == ("in_progress", "1.0.0", "2.0.0")
-    assert (second["status"], second["localContextsTotal"]) == ("completed", None) and second["completedAt"]
+    assert started.json() == {"data": {"groupId": namespace, "status": "completed", "localContextsTotal": None,
+                                       "localContextsSwapped": None, "localContextsFailed": None}}
+    record = call(node, "GET", status).json()["data"]
+    assert (record["status"], record["fromVersion"], record["toVersion"], record["completedAt"],
+            record["localContextsTotal"]) == ("completed", "1.0.0", "2.0.0", None, None)
     info = call(node, "GET", "/admin-api/groups/" + namespace).json()["data"]
+    assert info["activeUpgrade"] == record
     assert info["appKey"] == call(node, "GET", "/admin-api/applications/" + kv_id()).json()["data"][
         "application"]["blob"]["bytecode"]
+    row = call(node, "GET", "/admin-api/namespaces/" + namespace).json()["data"]
+    assert (row["appKey"], row["appVersion"]) == (info["appKey"], "2.0.0")
+    node.upgrade_pending_reads = 1
+    node.upgrade_app(kv_id(), "2.1.0")
+    pending = call(node, "POST", upgrade, {"targetApplicationId": kv_id()})
+    assert pending.json()["data"]["status"] == "in_progress"
+    assert call(node, "POST", upgrade, {"targetApplicationId": kv_id()}).status == 409      # in progress
+    first, second = call(node, "GET", status).json()["data"], call(node, "GET", status).json()["data"]
+    assert (first["status"], first["localContextsTotal"]) == ("in_progress", 1)
+    assert (second["status"], second["localContextsTotal"]) == ("completed", None) and second["completedAt"]
+    node.upgrade_pending_reads = 0
     assert call(node, "POST", upgrade, {"targetApplicationId": hex_id("none")}).status == 404
     assert call(node, "POST", upgrade, {"targetApplicationId": kv_id(), "requester": NODE_ACCOUNT}).status == 400
     node.legacy_lifecycle = True
     node.upgrade_app(kv_id(), "3.0.0")
     older = call(node, "POST", upgrade, {"targetApplicationId": kv_id(), "requester": NODE_ACCOUNT})
-    assert older.json() == {"data": {"groupId": namespace, "status": "in_progress", "total": 1, "completed": 0,
-                                     "failed": 0}}
+    assert older.json() == {"data": {"groupId": namespace, "status": "completed", "total": None, "completed": None,
+                                     "failed": None}}
     empty = node.add_group(namespace=namespace)
     node.upgrade_app(kv_id(), "4.0.0")
     nothing = call(node, "POST", "/admin-api/groups/%s/upgrade" % empty, {"targetApplicationId": kv_id()})

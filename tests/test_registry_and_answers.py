@@ -4,6 +4,7 @@ named, instructions that agree, create_context finding its namespace. Through th
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -119,7 +120,7 @@ def test_a_rename_keeps_the_data_resolves_at_once_and_the_old_name_no_longer_doe
     gone = error_text(server.call_tool("describe_group", {"group": "ops"}))
     assert 'no namespace or group on this node is named "ops"' in gone
     listed = server.call_tool("describe_group", {"group": namespace})["structuredContent"]["subgroups"]
-    assert {"groupId": group, "name": "platform", "parentId": namespace} in listed
+    assert {"groupId": group, "name": "platform", "parentId": namespace, "memberCount": 1, "contextCount": 0} in listed
 
 
 # ── 4. subgroups found ───────────────────────────────────────────────────────────────────────────
@@ -143,26 +144,39 @@ def test_an_invitation_says_what_to_hand_over_and_what_the_other_node_runs(serve
     invited = server.call_tool("invite_to_namespace", {"namespace": "demo-team"})
     assert not invited.get("isError"), invited
     note = invited["content"][0]["text"]
-    assert note == ("Hand over the JSON below whole (join_namespace's invitation, unchanged) and namespace id %s. "
-                    "The other node then runs: "
+    signed = invited["structuredContent"]["invitation"]["invitation"]
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(signed["expiration_timestamp"]))
+    assert note == ("Hand over the JSON below whole and unchanged (join_namespace's arguments besides namespace) and "
+                    "namespace id %s. It expires %s and makes the joiner Member. The other node then runs: "
                     "install_application com.calimero.kv-store@1.0.0 if it lacks it; join_namespace with both; "
-                    "join_context for each context (list_contexts there shows them)." % namespace)
+                    "join_context for each context (list_contexts there shows them)." % (namespace, date))
     assert json.loads(invited["content"][-1]["text"]) == invited["structuredContent"]
+    assert set(invited["structuredContent"]) == {"invitation", "groupName"}    # join_namespace's arguments
     assert "\n" not in invited["content"][-1]["text"], "the byte arrays are not a line per byte"
 
 
 # ── 6. one version story ─────────────────────────────────────────────────────────────────────────
 
 def test_contexts_say_the_version_they_run_and_whether_they_are_behind(serve):
+    """behind: older than the newest installed version of the context's app; what moves it is said (a newer
+    install alone: upgrade_group; an upgraded group: the next call, as the node upgrades lazily, §0.7)."""
     double = sample_double()
     kv = double._app_key("com.calimero.kv-store")
     server = serve(double)
-    double.upgrade_app(kv, "1.1.0")
+    description = next(t for t in server.result("tools/list")["tools"] if t["name"] == "list_contexts")["description"]
+    assert "behind: older than its app's newest installed version" in description
+    row = server.call_tool("list_contexts", {})["structuredContent"]["contexts"][0]
+    assert (row["applicationVersion"], row["namespaceVersion"], row["behind"]) == ("1.0.0", "1.0.0", False)
+    assert "nextCall" not in row
+    double.upgrade_app(kv, "1.1.0")                       # installed, its namespace not upgraded yet
+    row = server.call_tool("list_contexts", {})["structuredContent"]["contexts"][0]
+    assert (row["applicationVersion"], row["namespaceVersion"], row["behind"]) == ("1.0.0", "1.0.0", True)
+    assert row["nextCall"] == "runs 1.0.0 still: upgrade_group its group to move it to 1.1.0"
     upgraded = server.call_tool("upgrade_group", {"group": "demo-team"})
     assert not upgraded.get("isError"), upgraded
     row = server.call_tool("list_contexts", {})["structuredContent"]["contexts"][0]
     assert (row["applicationVersion"], row["namespaceVersion"], row["behind"]) == ("1.0.0", "1.1.0", True)
-    server.call_tool("describe_group", {"group": "demo-team"})       # the double's upgrade completes once read
+    assert row["nextCall"] == "runs 1.1.0, its group's version (the node moves a context when next called)"
     group = server.call_tool("describe_group", {"group": "demo-team"})["structuredContent"]
     assert group["application"]["version"] == "1.1.0"
     assert group["upgrade"]["status"] == "completed" and group["upgrade"]["localContextsTotal"] is None
@@ -170,6 +184,7 @@ def test_contexts_say_the_version_they_run_and_whether_they_are_behind(serve):
     server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "len"})
     row = server.call_tool("list_contexts", {})["structuredContent"]["contexts"][0]
     assert (row["applicationVersion"], row["behind"]) == ("1.1.0", False), "a call moves the context on"
+    assert "nextCall" not in row
 
 
 # ── 7. writes name what they did ─────────────────────────────────────────────────────────────────
@@ -223,8 +238,9 @@ def test_create_alias_takes_an_alias_and_says_where_a_taken_name_points(server, 
     assert server.tool_json("lookup_alias", {"name": "main"})["contextId"] == demo
     other = double.add_context(double._app_key("com.calimero.kv-store"), name="other")
     taken = error_text(server.call_tool("create_alias", {"alias": "main", "contextId": other}))
-    assert taken == ('Error: Alias "main" already names context %s. The node cannot repoint an alias: delete_alias '
-                     '"main", then create_alias again.' % demo)
+    assert taken == ('Error: Alias "main" already names context %s. Pass replace: true to point it at context %s '
+                     'instead; nothing changed.' % (demo, other))
+    assert server.tool_json("lookup_alias", {"name": "main"})["contextId"] == demo
 
 
 # ── 2. what ran, where; 8. call_many items named ─────────────────────────────────────────────────
@@ -256,7 +272,7 @@ def test_call_many_items_name_their_call(server):
 
 def test_call_many_keeps_its_whole_answer_within_the_bound(server):
     big = "x" * 20000
-    calls = [{"app": "kv-store", "context": "demo", "method": "set", "args": {"key": "k%d" % i, "value": big}}
+    calls = [{"app": "kv-store", "context": "demo", "method": "set", "args": {"key": "k%d" % i, "value": big + str(i)}}
              for i in range(4)]
     server.tool_json("call_many", {"calls": calls})
     gets = [{"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "k%d" % i}} for i in range(4)]
