@@ -2298,7 +2298,8 @@ class NodeDouble:
 
     def _group_counts(self, group: Dict[str, Any]) -> Dict[str, int]:
         return {"memberCount": len(group["members"]),
-                "contextCount": sum(1 for c in self._contexts.values() if c["groupId"] == group["id"]),
+                "contextCount": sum(1 for c in dict(self._registered, **self._contexts).values()
+                                    if c["groupId"] == group["id"]),
                 "subgroupCount": sum(1 for g in self._groups.values() if g["parent"] == group["id"])}
 
     def _namespaces(self) -> List[Dict[str, Any]]:
@@ -2547,9 +2548,10 @@ class NodeDouble:
         with self._lock:
             group = self._group_or_404(request.params["group_id"])
             self._require_member(group)
-            entries = []
-            for key in sorted(self._contexts):
-                context = self._contexts[key]
+            entries = []   # a Network member lists the registrations governance brought, joined or not
+            known = dict(self._registered, **self._contexts)
+            for key in sorted(known):
+                context = known[key]
                 if context["groupId"] == group["id"]:
                     entries.append(dict({"contextId": key}, **({"name": context["name"]} if context["name"] else {})))
         return {"data": paginate(entries, request.query)}

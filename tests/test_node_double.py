@@ -1567,3 +1567,49 @@ def test_governance_metadata_replicates_and_a_context_joins_only_once_registered
         joined = call(node2, "POST", "/admin-api/contexts/{}/join".format(created["contextId"]))
         assert joined.status == 200, "the join waited for the registration to arrive"
         assert call(node2, "POST", "/admin-api/contexts/{}/join".format(hex_id("nowhere"))).status == 404
+
+
+def test_a_joiner_lists_the_namespace_contexts_governance_brought_before_joining_them():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, namespace, context_id = two_nodes(network)
+        assert invite_and_join(node1, node2, namespace).status == 200
+        listed = call(node2, "GET", "/admin-api/groups/{}/contexts".format(namespace)).json()["data"]
+        assert [row["contextId"] for row in listed] == [context_id]
+        assert call(node2, "GET", "/admin-api/contexts/" + context_id).status == 404, "not joined yet"
+        assert call(node2, "GET", "/admin-api/namespaces/" + namespace).json()["data"]["contextCount"] == 1
+
+
+def test_the_real_server_carries_the_flow_across_two_networked_doubles(tmp_path):
+    """One session per node (phase B's multi-node server will be one): what the doubles replicate is what the
+    server reads, and each node only ever sees its own session's requests."""
+    from mcp_client import McpServer, minimal_env
+    from node_double import Network
+
+    def session(node, name):
+        server = McpServer(minimal_env(tmp_path / name, {"CALIMERO_NODE_URL": node.url,
+                                                         "CALIMERO_MCP_STATE_DIR": tmp_path / name / "state",
+                                                         "CALIMERO_NODE_HOME": tmp_path / "nodes"}))
+        server.initialize()
+        return server
+
+    with Network(gossip_delay=0.05) as network:
+        node1, node2 = network.add("node1", apps=[kv_store_spec()]), network.add("node2", apps=[kv_store_spec()])
+        one, two = session(node1, "one"), session(node2, "two")
+        try:
+            namespace = one.tool_json("create_namespace", {"application": KV_PACKAGE})["namespaceId"]
+            context_id = one.tool_json("create_context", {"application": KV_PACKAGE,
+                                                          "group": namespace})["contextId"]
+            invitation = one.tool_json("invite_to_namespace", {"namespace": namespace})
+            joined = two.tool_json("join_namespace", {"namespace": namespace, "invitation": invitation})
+            assert joined["memberAccount"] == node2.account
+            assert eventually(lambda: not two.call_tool("join_context", {"context": context_id}).get("isError"))
+            one.call_tool("call", {"app": KV_PACKAGE, "context": context_id, "method": "set",
+                                   "args": {"key": "k", "value": "v"}})
+            read = lambda: two.call_tool("call", {"app": KV_PACKAGE, "context": context_id, "method": "get",
+                                                  "args": {"key": "k"}})["content"][0]["text"]
+            assert eventually(lambda: read() == "v")
+        finally:
+            one.close()
+            two.close()
+        assert not any("/jsonrpc" == e["path"] and e["json"]["params"].get("method") == "set" for e in node2.log)
