@@ -2840,6 +2840,12 @@ class NodeDouble:
             context.update(kv=dict(state["kv"]), seq=state["seq"], heads=list(state["heads"]), uninitialized=False)
             return True
 
+    def release_reads(self) -> None:
+        """End reads_lag now: every replica's reads catch up with its hash."""
+        with self._lock:
+            for context in self._contexts.values():
+                context.pop("stale_kv", None)
+
     def _reads_catch_up(self, context_id: str, seq: int) -> None:
         with self._lock:
             context = self._contexts.get(context_id)
@@ -3183,6 +3189,7 @@ class Network:
       an app not installed on the joiner: it joins and converges, and its execute answers InternalError
                          "bytecode blob … not found in blobstore"
       node.reads_lag = seconds   replicated writes move the hash at once, reads see them that much later
+                         (or when node.release_reads() is called)
       node.join_outcome = "key_pending"   the join records the membership and answers 503 (key on its way);
                          "not_endorsed": 503 with nothing recorded; "no_peer": 504
     """
@@ -3197,6 +3204,7 @@ class Network:
         self._links: Set[frozenset] = set()
         self._cut: Set[frozenset] = set()
         self._revision = 0
+        self._timers: List[threading.Timer] = []      # gossip on its way, cancelled when the network ends
 
     def add(self, name: str, **options) -> NodeDouble:
         """A new named node, started (options are NodeDouble's)."""
@@ -3215,6 +3223,9 @@ class Network:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        with self.lock:
+            for timer in self._timers:
+                timer.cancel()
         for node in self.nodes.values():
             node.stop()
 
@@ -3261,6 +3272,8 @@ class Network:
     def later(self, action: Callable[[], Any]) -> None:
         timer = threading.Timer(self.gossip_delay, action)
         timer.daemon = True
+        with self.lock:
+            self._timers = [t for t in self._timers if t.is_alive()] + [timer]
         timer.start()
 
     def fetch_governance(self, node: NodeDouble, namespace_id: str) -> Dict[tuple, Tuple[Any, Optional[str], int]]:
