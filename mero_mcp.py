@@ -4779,6 +4779,17 @@ def run_check():
                   toolsets=toolsets_problem(os.environ), modules=modules)
 
 
+def nodes_problem(env):
+    """A bad CALIMERO_NODES entry stops start-up with node.py's one line. node.py is read only when the variable
+    is set (it imports requests lazily, so this costs no package); without node.py the start-up log says so."""
+    if not (env.get("CALIMERO_NODES") or "").strip():
+        return None
+    try:
+        return own_module("node").nodes_setting_problem(env)
+    except (ImportError, MissingLibrary, AttributeError):
+        return None
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if sys.stderr is None:               # spawned with stderr closed (2>&-): log lines go nowhere, answers go on
@@ -4799,6 +4810,10 @@ def main(argv=None):
             quiet_exit(1)
     if argv:
         sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
+        return 2
+    problem = nodes_problem(os.environ)
+    if problem:
+        sys.stderr.write("mero-mcp: %s\n" % problem)
         return 2
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: quiet_exit(0))

@@ -370,39 +370,40 @@ def same_node(a: Optional[str], b: Optional[str]) -> bool:
     return (pa.scheme.lower(), host(pa), ports[0], pa.path) == (pb.scheme.lower(), host(pb), ports[1], pb.path)
 
 
-def _checked_node_url(value: str) -> str:
-    """The node's address from CALIMERO_NODE_URL; refused when it is not http(s), or when it carries credentials,
-    a query or a fragment (messages show it only through display_url), or holds a control character."""
+def _checked_node_url(value: str, label: str = "CALIMERO_NODE_URL") -> str:
+    """The node's address from CALIMERO_NODE_URL (or what `label` names); refused when it is not http(s), or when
+    it carries credentials, a query or a fragment (messages show it only through display_url), or holds a control
+    character."""
     control = next((index for index, c in enumerate(value) if ord(c) < 32 or 127 <= ord(c) < 160), None)
     if control is not None:               # urlsplit drops tabs and line breaks silently: another address
-        fix = "Set CALIMERO_NODE_URL to the node's address alone, e.g. http://localhost:2528, typed without it."
-        raise NodeError("CALIMERO_NODE_URL holds a control character (%s at position %d), which no address has. %s"
-                        % (json.dumps(value[control]), control + 1, fix), fix=fix)
+        fix = "Set %s to the node's address alone, e.g. http://localhost:2528, typed without it." % label
+        raise NodeError("%s holds a control character (%s at position %d), which no address has. %s"
+                        % (label, json.dumps(value[control]), control + 1, fix), fix=fix)
     extras = url_extras(value)
     if extras:                            # first: with a password in it, urlsplit may misread the rest
-        fix = ("Set CALIMERO_NODE_URL to the node's address alone (%s), and give credentials in CALIMERO_USERNAME "
-               "and CALIMERO_PASSWORD, or CALIMERO_AUTH_TOKEN." % display_url(value))
-        raise NodeError("CALIMERO_NODE_URL carries %s, which this server refuses: it must hold only the node's "
-                        "address. %s" % (" and ".join(extras), fix), fix=fix)
-    fix = "Set CALIMERO_NODE_URL to the node's address, e.g. http://localhost:2528."
+        fix = ("Set %s to the node's address alone (%s), and give credentials in CALIMERO_USERNAME "
+               "and CALIMERO_PASSWORD, or CALIMERO_AUTH_TOKEN." % (label, display_url(value)))
+        raise NodeError("%s carries %s, which this server refuses: it must hold only the node's "
+                        "address. %s" % (label, " and ".join(extras), fix), fix=fix)
+    fix = "Set %s to the node's address, e.g. http://localhost:2528." % label
     if "://" not in value:               # the usual slip: host and port without the scheme
-        fix = "Set CALIMERO_NODE_URL with its scheme: http://%s." % display_url(value).rstrip("/")
+        fix = "Set %s with its scheme: http://%s." % (label, display_url(value).rstrip("/"))
     try:
         parts = urlsplit(value)
     except ValueError:
         parts = None
     if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise NodeError("CALIMERO_NODE_URL (%s) is not an http(s) URL" % display_url(value), fix=fix)
+        raise NodeError("%s (%s) is not an http(s) URL" % (label, display_url(value)), fix=fix)
     problem = port_problem(parts)
     if problem:
-        raise NodeError("CALIMERO_NODE_URL (%s) has %s" % (display_url(value), problem), fix=fix)
+        raise NodeError("%s (%s) has %s" % (label, display_url(value), problem), fix=fix)
     segments = parts.path.split("/")
     for index, segment in enumerate(segments):
         if segment in NODE_ROUTES:       # a page's address copied whole: every request would 404 under it
-            fix = "Set CALIMERO_NODE_URL to the node's base address, %s://%s%s." % (
-                parts.scheme, parts.netloc, "/".join(segments[:index]).rstrip("/"))
-            raise NodeError("CALIMERO_NODE_URL (%s) reaches into the node's /%s, a path this server adds itself. %s"
-                            % (display_url(value), segment, fix), fix=fix)
+            fix = "Set %s to the node's base address, %s://%s%s." % (
+                label, parts.scheme, parts.netloc, "/".join(segments[:index]).rstrip("/"))
+            raise NodeError("%s (%s) reaches into the node's /%s, a path this server adds itself. %s"
+                            % (label, display_url(value), segment, fix), fix=fix)
     return value.rstrip("/")
 
 
@@ -583,6 +584,123 @@ def node_dirs(env: Mapping[str, str]) -> List[NodeDir]:
 def configured_nodes(env: Mapping[str, str]) -> List[Tuple[str, str]]:
     """[(name, url)] for every immediate subdirectory of the node home whose config.toml gives a local address."""
     return [(entry.name, entry.url) for entry in node_dirs(env) if entry.url]
+
+
+# ── The node directory: named nodes, multi-node mode, the default node ───────────────────────────
+
+NODES_VARIABLE = "CALIMERO_NODES"
+MULTI_NODE_VARIABLE = "CALIMERO_MCP_MULTI_NODE"
+MULTI_NODE_OFF = ("off", "0", "false", "no")
+NODE_NAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
+READ_ONLY_MARK = re.compile(r"\s*\(ro\)\Z", re.IGNORECASE)
+NODES_FIX = ('Write CALIMERO_NODES as comma-separated name=url entries, each optionally followed by " (ro)": '
+             "node1=http://127.0.0.1:2528,prod=https://n.example.com (ro)")
+
+
+class NamedNode(NamedTuple):
+    name: str
+    url: str
+    read_only: bool                      # a " (ro)" entry: writes aimed at it are refused before they are sent
+    source: str                          # "CALIMERO_NODES" or "home"
+    home: Optional[str]                  # a node home's directory (the one holding its config.toml), else None
+
+
+class NodeDirectory(NamedTuple):
+    """What the configuration names. `nodes`: CALIMERO_NODES entries in their order, then node homes by name (a
+    home named like an entry is that entry). `multi`: multi-node mode. `default`: in multi mode, the node a call
+    without `node` runs on; in single mode the node CALIMERO_NODES picks, or None: discover() decides, as before
+    there was a directory (CALIMERO_NODE_URL, the handoff file, one node home, the probe)."""
+    nodes: Tuple[NamedNode, ...]
+    default: Optional[NamedNode]
+    multi: bool
+
+    def named(self, name: str) -> Optional[NamedNode]:
+        return next((node for node in self.nodes if node.name == name), None)
+
+
+def parse_nodes(value: Optional[str]) -> List[NamedNode]:
+    """CALIMERO_NODES' entries; a bad one raises NodeError with one line naming it (never its credentials).
+    Blank entries (a trailing comma) are skipped; names differing only in case count as the same name."""
+    found: List[NamedNode] = []
+    for raw in (value or "").split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        marked = READ_ONLY_MARK.search(entry)
+        text = entry[:marked.start()].rstrip() if marked else entry
+        name, separator, url = (part.strip() for part in text.partition("="))
+        if not separator:
+            raise NodeError('%s entry "%s" is not name=url' % (NODES_VARIABLE, display_url(entry)), fix=NODES_FIX)
+        if not NODE_NAME.match(name):
+            raise NodeError("%s entry %s has a name outside [A-Za-z0-9_.-]+" % (
+                NODES_VARIABLE, json.dumps(name + "=" + display_url(url))), fix=NODES_FIX)
+        twin = next((node.name for node in found if node.name.lower() == name.lower()), None)
+        if twin is not None:
+            said = '"%s" twice' % name if twin == name else '"%s" and "%s", which differ only in case' % (twin, name)
+            raise NodeError("%s names %s" % (NODES_VARIABLE, said), fix="Give each node its own name.")
+        if any(c.isspace() for c in url):          # "(rw)" or a typo'd mark would become part of the host
+            raise NodeError('%s entry "%s" has a space in its URL (%s); only " (ro)" may follow it' % (
+                NODES_VARIABLE, name, display_url(url)), fix=NODES_FIX)
+        url = _checked_node_url(url, '%s entry "%s"' % (NODES_VARIABLE, name))
+        found.append(NamedNode(name, url, bool(marked), NODES_VARIABLE, None))
+    return found
+
+
+def nodes_setting_problem(env: Mapping[str, str]) -> Optional[str]:
+    """The one line start-up and --check say for a bad CALIMERO_NODES entry, or None."""
+    try:
+        parse_nodes(setting(env, NODES_VARIABLE))
+    except NodeError as error:
+        return str(error)
+    return None
+
+
+def multi_node_allowed(env: Mapping[str, str]) -> bool:
+    """CALIMERO_MCP_MULTI_NODE=off (or 0, false, no) forces single mode; anything else leaves it to the count."""
+    return (setting(env, MULTI_NODE_VARIABLE) or "").lower() not in MULTI_NODE_OFF
+
+
+def named_nodes(env: Mapping[str, str]) -> List[NamedNode]:
+    """CALIMERO_NODES' entries, then the node homes whose config.toml gives an address, by name (discovery's
+    node_dirs: a home without one is passed over, as today); an entry wins over a home of its name."""
+    entries = parse_nodes(setting(env, NODES_VARIABLE))
+    taken = {node.name.lower() for node in entries}
+    home = node_home(env)
+    homes = [NamedNode(entry.name, entry.url, False, "home", os.path.join(home, entry.name))
+             for entry in node_dirs(env) if entry.url and entry.name.lower() not in taken]
+    return entries + homes
+
+
+def node_directory(env: Mapping[str, str]) -> NodeDirectory:
+    """The named nodes, the default node and the mode (issue 33). Multi-node mode: two or more named nodes, unless
+    CALIMERO_MCP_MULTI_NODE is off, or CALIMERO_NODE_URL names none of them (then it keeps meaning exactly that
+    node). The default: CALIMERO_NODE_NAME, else the named node at CALIMERO_NODE_URL, else the first CALIMERO_NODES
+    entry, else the first node home by name. Raises NodeError (one line) for a bad CALIMERO_NODES entry, a bad
+    CALIMERO_NODE_URL, or a CALIMERO_NODE_NAME that names none of several named nodes."""
+    nodes = tuple(named_nodes(env))
+    explicit = setting(env, "CALIMERO_NODE_URL")
+    url = _checked_node_url(explicit) if explicit else None
+    at_url = next((node for node in nodes if same_node(node.url, url)), None) if url else None
+    if url and at_url is None:
+        return NodeDirectory(nodes, None, False)     # CALIMERO_NODE_URL alone: that node, found by discover()
+    multi = len(nodes) >= 2 and multi_node_allowed(env)
+    if not multi and not setting(env, NODES_VARIABLE):
+        return NodeDirectory(nodes, None, False)     # no CALIMERO_NODES: discovery as before
+    return NodeDirectory(nodes, _default_node(env, nodes, at_url), multi)
+
+
+def _default_node(env, nodes, at_url) -> Optional[NamedNode]:
+    name = setting(env, "CALIMERO_NODE_NAME")
+    if name:
+        chosen = next((node for node in nodes if node.name == name), None)
+        if chosen is None:
+            raise NodeError('CALIMERO_NODE_NAME "%s" names no node; the named nodes are: %s' % (
+                name, ", ".join(node.name for node in nodes) or "(none)"),
+                fix="Set CALIMERO_NODE_NAME to one of the named nodes, or unset it.")
+        return chosen
+    if at_url is not None:
+        return at_url
+    return nodes[0] if nodes else None            # CALIMERO_NODES entries come first, homes follow by name
 
 
 def config_url(text: str) -> Tuple[Optional[str], Optional[str]]:
@@ -3234,6 +3352,11 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     cap_problem = response_cap_setting(env)[1]
     if cap_problem:
         report.problem(cap_problem, RESPONSE_CAP_FIX, fatal=False)
+    nodes_problem = nodes_setting_problem(env)
+    if nodes_problem:                     # start-up stops on it too: nothing below would be what the server does
+        report.line("Node", "none: %s" % nodes_problem)
+        report.problem(nodes_problem, NODES_FIX)
+        return report.finish()
     handoff = _report_handoff(report, env)
     orphan = password_without_username(env)
     if orphan:

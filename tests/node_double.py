@@ -138,6 +138,7 @@ READ_ONLY_ROLES = ("ReadOnly", "ReadOnlyTee", "RelayTee")              # a write
 NO_EXECUTE_GRANT = "this caller's token does not grant context:execute for this call"         # §0.5.5
 LOGIN_THROTTLED = "Too many failed login attempts; please try again later"                    # §0.5.6
 REFRESH_MISMATCH = "Access and refresh tokens do not belong to the same key"                  # §0.5.6
+BLOB_MISSING = "bytecode blob {} not found in blobstore"                                     # §0.8 (the double's data)
 LOGIN_ATTEMPTS = 5             # failed logins per (auth_method, public_key) before 429
 RETRY_AFTER_SECONDS = 60
 # Request validation (core's `Validate` impls, crates/server/primitives): the limits and ValidationError's texts.
@@ -966,6 +967,7 @@ ROUTES = [
     Route("GET", "/admin-api/is-authed", "is_authed", access="public"),
     Route("GET", "/admin-api/identity", "identity"),
     Route("GET", "/admin-api/peers", "peers"),
+    Route("GET", "/admin-api/network/status", "network_status"),
     # applications (§3.2)
     Route("GET", "/admin-api/applications", "list_applications", permission="application:list"),
     Route("GET", "/admin-api/applications/:application_id", "get_application", permission="application:list"),
@@ -1275,11 +1277,27 @@ class NodeDouble:
       expire_invitations(), a group's role for this node (groups/namespaces spec "role"), set_role(),
       auth={"legacy_tokens": True} + upgrade_node(), auth={"login_attempts": N}
     refusals lists every closed-set refusal (§0.5.1) as {method, path, field}: tests assert it stays empty.
+    authorizations() lists every Authorization header received (None where a request had none).
+    name          None: the fixed NODE_* identity; a name (Network.add gives one): its own account, device, public
+                  key and peer id (`GET /network/status` localPeerId). `network`, `reads_lag`: see Network.
     """
 
     def __init__(self, apps=(), contexts=(), aliases=None, namespaces=(), groups=(), registry=None,
-                 auth=None, list_services=True, exec_delay=0.0, port=0, legacy_upgrade_policy=False, host="127.0.0.1"):
+                 auth=None, list_services=True, exec_delay=0.0, port=0, legacy_upgrade_policy=False, host="127.0.0.1",
+                 name=None):
         self._lock = threading.RLock()
+        # Who this node is. Unnamed: the fixed NODE_* ids every single-node test knows; named (a Network's
+        # member): ids of its own, so an account, a member identity or a peer id tells which node it came from.
+        self.name = name
+        seed = "node-double" if name is None else "node-double:" + name
+        self.account = NODE_ACCOUNT if name is None else hex_id(seed + ":account")
+        self.device = NODE_DEVICE if name is None else hex_id(seed + ":device")
+        self.public_key = NODE_PUBLIC_KEY if name is None else hex_id(seed + ":public-key")
+        self.peer_id = peer_id_for(seed)
+        self.network: Optional["Network"] = None   # set by Network.add: then state replicates (see Network)
+        self.reads_lag = 0.0                 # Network only: a replicated write moves the hash this long before reads
+        self._registered: Dict[str, Dict[str, Any]] = {}   # context registrations governance brought, not joined
+        self._gov_rev: Dict[tuple, int] = {}  # governance fact -> the revision this node holds of it (Network)
         self.port = int(port)
         self.host = host                     # "::1" listens as merod's ip6 listen address does
         self.url = ""
@@ -1350,6 +1368,10 @@ class NodeDouble:
                                         name="node-double", daemon=True)
         self._thread.start()
         return self
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
 
     def stop(self) -> None:
         server, self._server = self._server, None
@@ -1579,16 +1601,16 @@ class NodeDouble:
             self._groups[group_id] = {
                 "id": group_id, "parent": parent, "applicationId": self._app_key(app_id), "name": name,
                 "visibility": visibility, "metadata": metadata, "createdAt": int(time.time()),
-                "members": {NODE_ACCOUNT: role} if member else {},
+                "members": {self.account: role} if member else {}, "founder": self.account,
                 "bytecode": self._blob_ids(self._apps[self._app_key(app_id)])[0],   # what it runs: upgrades move it
                 "upgrade": None,
             }
         return group_id
 
-    def set_role(self, group_id: str, role: str, account: str = NODE_ACCOUNT) -> None:
+    def set_role(self, group_id: str, role: str, account: Optional[str] = None) -> None:
         """Give an account (this node's by default) a role in a group, e.g. ReadOnly for a read-only replica."""
         with self._lock:
-            self._groups[group_id]["members"][account] = role
+            self._groups[group_id]["members"][account or self.account] = role
 
     def _lineage(self, group: Dict[str, Any]) -> List[Dict[str, Any]]:
         """The group, then its parent, up to the namespace."""
@@ -1599,11 +1621,11 @@ class NodeDouble:
 
     def _role_in(self, group: Dict[str, Any]) -> Optional[str]:
         """This node's role: its own row in the group, else the nearest ancestor's."""
-        return next((g["members"][NODE_ACCOUNT] for g in self._lineage(group) if NODE_ACCOUNT in g["members"]), None)
+        return next((g["members"][self.account] for g in self._lineage(group) if self.account in g["members"]), None)
 
     def _is_admin(self, group: Dict[str, Any]) -> bool:
         """This node holds Admin in the group or in a group above it."""
-        return any(g["members"].get(NODE_ACCOUNT) == "Admin" for g in self._lineage(group))
+        return any(g["members"].get(self.account) == "Admin" for g in self._lineage(group))
 
     def _require_admin(self, group: Dict[str, Any]) -> None:
         """Governing a group takes Admin there or in a group above it (403s of §0.5.2)."""
@@ -1664,7 +1686,10 @@ class NodeDouble:
         try:
             self._wait_if_slow(request.path)
             if not self._apply_fault(handler, request):
+                marks = self._replicated_marks() if self.network is not None and request.method != "GET" else None
                 reply = self._answer(request)
+                if marks is not None:
+                    self.network.spread(self, marks)
                 self._arm_after(request, reply)
                 handler.send(reply)
         except OSError:   # the client went away, or stop() shut the connection down
@@ -1883,11 +1908,23 @@ class NodeDouble:
     def _h_identity(self, request):
         if self.fresh_identity:
             raise error_reply(404, FRESH_IDENTITY_RC25 if self.legacy_lifecycle else FRESH_IDENTITY)
-        return {"data": {"accountId": NODE_ACCOUNT, "deviceId": NODE_DEVICE, "publicKey": NODE_PUBLIC_KEY,
-                         "accountRootPublicKey": NODE_ACCOUNT, "holdsAccountRoot": True, "deviceCertified": True}}
+        return {"data": {"accountId": self.account, "deviceId": self.device, "publicKey": self.public_key,
+                         "accountRootPublicKey": self.account, "holdsAccountRoot": True, "deviceCertified": True}}
 
     def _h_peers(self, request):
-        return {"count": self.peer_count}   # no wrapper (§0.6)
+        count = self.network.peer_count(self) if self.network is not None else self.peer_count
+        return {"count": count}   # no wrapper (§0.6)
+
+    def _h_network_status(self, request):
+        """§3.1: no wrapper; `localPeerId` is what another node's --boot-nodes names (§0.8)."""
+        return {"localPeerId": self.peer_id, "listenAddrs": ["/ip4/127.0.0.1/tcp/{}".format(self.swarm_port)],
+                "externalAddrs": [], "relays": [], "rendezvous": [], "directUpgrades": [],
+                "autonat": {"status": "unknown"}}
+
+    @property
+    def swarm_port(self) -> int:
+        """The libp2p port a real node would listen on beside its server (merod's default pairing: 2428/2528)."""
+        return 20000 + int(self.public_key[:4], 16) % 20000
 
     # -- applications (§3.2) ------------------------------------------------------------------------------------
 
@@ -2095,6 +2132,8 @@ class NodeDouble:
 
     def _h_join_context(self, request):
         context_id = request.params["context_id"]
+        if self.network is not None:
+            self._join_replica(context_id)
         with self._lock:
             if context_id not in self._contexts:
                 raise error_reply(404, CONTEXT_NOT_FOUND.format(context_id))
@@ -2113,6 +2152,8 @@ class NodeDouble:
             if context_id not in self._contexts:
                 raise error_reply(404, CONTEXT_NOT_FOUND.format(context_id))
             self.syncs.append({"context": context_id, "force": False})
+        if self.network is not None:
+            self.network.pull_context(self, context_id)   # a sync asked now pulls now (§0.8)
         return {"data": None}
 
     def _h_resync_context(self, request):
@@ -2304,7 +2345,7 @@ class NodeDouble:
         view = {"namespaceId": group["id"],
                 "appKey": group["bytecode"] if app else ZERO_HASH,     # the blob its root group runs (§0.7)
                 "targetApplicationId": group["applicationId"], "createdAt": group["createdAt"],
-                "founding": {"founderAccountId": NODE_ACCOUNT, "salt": hex_id("founding:" + group["id"])}}
+                "founding": {"founderAccountId": group.get("founder", self.account), "salt": hex_id("founding:" + group["id"])}}
         if group["name"]:
             view["name"] = group["name"]
         view.update(self._group_counts(group))
@@ -2315,7 +2356,8 @@ class NodeDouble:
 
     def _group_counts(self, group: Dict[str, Any]) -> Dict[str, int]:
         counts = {"memberCount": len(group["members"]),
-                  "contextCount": sum(1 for c in self._contexts.values() if c["groupId"] == group["id"])}
+                  "contextCount": sum(1 for c in dict(self._registered, **self._contexts).values()
+                                      if c["groupId"] == group["id"])}
         if self.subgroup_counts:
             counts["subgroupCount"] = sum(1 for g in self._groups.values() if g["parent"] == group["id"])
         return counts
@@ -2395,11 +2437,11 @@ class NodeDouble:
         """A SignedGroupOpenInvitation (§3.6): snake_case, byte arrays, signature over the inner object."""
         salt = self._new_id("salt")
         self._invitations[salt] = {"spent": False}
-        inner = {"inviter_identity": id_bytes(NODE_PUBLIC_KEY), "group_id": id_bytes(group["id"]),
+        inner = {"inviter_identity": id_bytes(self.public_key), "group_id": id_bytes(group["id"]),
                  "expiration_timestamp": expiration, "secret_salt": id_bytes(salt), "invited_role": 1}
         app = self._apps.get(group["applicationId"])
         invitation = {"invitation": inner, "inviter_signature": self._invitation_signature(inner),
-                      "inviter_account": NODE_ACCOUNT, "application_id": id_bytes(group["applicationId"])}
+                      "inviter_account": self.account, "application_id": id_bytes(group["applicationId"])}
         if app:
             invitation["app_key"] = id_bytes(self._blob_ids(app)[0])
         return invitation
@@ -2442,12 +2484,14 @@ class NodeDouble:
             raise error_reply(400, "invitation group_id does not match namespace_id in path")
         if signed.get("inviter_signature") != self._invitation_signature(inner):
             raise error_reply(400, INVITATION_INVALID)   # a reshaped invitation
+        if self.network is not None:
+            return self._network_join(namespace_id, inner)
         with self._lock:
             self._join_refusal(namespace_id, inner)
             if namespace_id in self._groups:
-                self._groups[namespace_id]["members"].setdefault(NODE_ACCOUNT, "Member")
-        return {"data": {"namespaceId": namespace_id, "memberIdentity": NODE_PUBLIC_KEY,
-                         "memberAccount": NODE_ACCOUNT}}
+                self._groups[namespace_id]["members"].setdefault(self.account, "Member")
+        return {"data": {"namespaceId": namespace_id, "memberIdentity": self.public_key,
+                         "memberAccount": self.account}}
 
     def _join_refusal(self, namespace_id: str, inner: Dict[str, Any]) -> None:
         """What a join can meet after the invitation checked out: spent or expired (409), no member reachable
@@ -2468,8 +2512,8 @@ class NodeDouble:
         with self._lock:
             namespace = self._namespace_or_404(namespace_id)
             self._refuse_last_admin(namespace)
-            namespace["members"].pop(NODE_ACCOUNT, None)
-        return {"data": {"namespaceId": namespace_id, "memberPublicKey": NODE_PUBLIC_KEY}}
+            namespace["members"].pop(self.account, None)
+        return {"data": {"namespaceId": namespace_id, "memberPublicKey": self.public_key}}
 
     def _h_namespace_groups(self, request):
         with self._lock:
@@ -2511,8 +2555,8 @@ class NodeDouble:
 
     def _refuse_last_admin(self, group: Dict[str, Any]) -> None:
         """This node may not leave a group others still belong to when no other admin would remain."""
-        others = {k: v for k, v in group["members"].items() if k != NODE_ACCOUNT}
-        if group["members"].get(NODE_ACCOUNT) == "Admin" and others and "Admin" not in others.values():
+        others = {k: v for k, v in group["members"].items() if k != self.account}
+        if group["members"].get(self.account) == "Admin" and others and "Admin" not in others.values():
             raise error_reply(409, LAST_ADMIN.format(group["id"]))
 
     def _h_create_group(self, request):
@@ -2556,19 +2600,20 @@ class NodeDouble:
             # Restricted children are hidden unless this node's account is a member of them (§3.7 subgroups).
             return {"subgroups": [row for row in self._child_groups(request.params["group_id"])
                                   if self._groups[row["groupId"]]["visibility"] != "restricted"
-                                  or NODE_ACCOUNT in self._groups[row["groupId"]]["members"]]}
+                                  or self.account in self._groups[row["groupId"]]["members"]]}
 
     def _require_member(self, group: Dict[str, Any]) -> None:
-        if NODE_ACCOUNT not in group["members"]:
+        if self.account not in group["members"]:
             raise error_reply(403, "node is not a member of group '{}'".format(group["id"]))
 
     def _h_group_contexts(self, request):
         with self._lock:
             group = self._group_or_404(request.params["group_id"])
             self._require_member(group)
-            entries = []
-            for key in sorted(self._contexts):
-                context = self._contexts[key]
+            entries = []   # a Network member lists the registrations governance brought, joined or not
+            known = dict(self._registered, **self._contexts)
+            for key in sorted(known):
+                context = known[key]
                 if context["groupId"] == group["id"]:
                     entries.append(dict({"contextId": key}, **({"name": context["name"]} if context["name"] else {})))
         return {"data": paginate(entries, request.query)}
@@ -2670,7 +2715,7 @@ class NodeDouble:
             pending = self.upgrade_pending_reads
             group["upgrade"] = {
                 "fromVersion": from_version, "toVersion": app["version"], "initiatedAt": int(time.time() * 1000),
-                "initiatedBy": NODE_ACCOUNT, "status": "in_progress" if pending else "completed",
+                "initiatedBy": self.account, "status": "in_progress" if pending else "completed",
                 "localContextsTotal": len(contexts) if pending else None, "localContextsSwapped": 0 if pending else None,
                 "localContextsFailed": 0 if pending else None, "completedAt": None, "pendingReads": pending}
             record = group["upgrade"]
@@ -2743,7 +2788,7 @@ class NodeDouble:
             group = self._group_or_404(request.params["group_id"])
             self._require_admin(group)
             group["metadata"] = {
-                "name": name, "data": dict(data), "updatedAt": int(time.time() * 1000), "updatedBy": NODE_PUBLIC_KEY}
+                "name": name, "data": dict(data), "updatedAt": int(time.time() * 1000), "updatedBy": self.public_key}
             group["name"] = name              # one record holds the name every listing reads (§0.7)
         return {}
 
@@ -2752,12 +2797,12 @@ class NodeDouble:
         with self._lock:
             group = self._group_or_404(group_id)
             parent = self._groups.get(group["parent"]) if group["parent"] else None
-            if NODE_ACCOUNT not in self._lineage(group)[-1]["members"]:
+            if self.account not in self._lineage(group)[-1]["members"]:
                 raise error_reply(403, NO_NAMESPACE_IDENTITY)
-            if group["visibility"] != "open" or parent is None or NODE_ACCOUNT not in parent["members"]:
+            if group["visibility"] != "open" or parent is None or self.account not in parent["members"]:
                 raise error_reply(403, NOT_ELIGIBLE)
-            group["members"].setdefault(NODE_ACCOUNT, "Member")
-        return {"data": {"groupId": group_id, "memberPublicKey": NODE_PUBLIC_KEY, "wasInherited": True}}
+            group["members"].setdefault(self.account, "Member")
+        return {"data": {"groupId": group_id, "memberPublicKey": self.public_key, "wasInherited": True}}
 
     def _h_leave_group(self, request):
         group_id = request.params["group_id"]
@@ -2766,8 +2811,178 @@ class NodeDouble:
             if group["parent"] is None:
                 raise error_reply(400, LEAVE_NAMESPACE_AS_GROUP.format(group_id))
             self._refuse_last_admin(group)
-            group["members"].pop(NODE_ACCOUNT, None)
-        return {"data": {"groupId": group_id, "memberPublicKey": NODE_PUBLIC_KEY}}
+            group["members"].pop(self.account, None)
+        return {"data": {"groupId": group_id, "memberPublicKey": self.public_key}}
+
+    # -- a Network's member (§0.8) -------------------------------------------------------------------------------
+
+    def _namespace_of(self, group_id: Optional[str]) -> Optional[str]:
+        group = self._groups.get(group_id) if group_id else None
+        return self._lineage(group)[-1]["id"] if group is not None else None
+
+    def governance(self, namespace_id: Optional[str] = None) -> Dict[tuple, Tuple[Any, Optional[str], int]]:
+        """What this node holds of namespaces' governance as facts a peer merges one by one, each
+        {key: (value, namespace, revision)}: a group exists (key (group, "exists")), each of its fields, each
+        member's role (group, "member", account), each context registration (context, "registered")."""
+        with self._lock:
+            facts: Dict[tuple, Tuple[Any, Optional[str], int]] = {}
+            for group_id, group in self._groups.items():
+                namespace = self._namespace_of(group_id)
+                if namespace_id is not None and namespace != namespace_id:
+                    continue
+                found = [((group_id, "exists"), namespace)]
+                found += [((group_id, f), json.loads(json.dumps(v))) for f, v in group.items() if f != "members"]
+                found += [((group_id, "member", a), role) for a, role in group["members"].items()]
+                for key, value in found:
+                    facts[key] = (value, namespace, self._gov_rev.get(key, 0))
+            for context_id, registration in self._registrations().items():
+                namespace = self._namespace_of(registration["groupId"])
+                if namespace is not None and namespace_id in (None, namespace):
+                    key = (context_id, "registered")
+                    facts[key] = (registration, namespace, self._gov_rev.get(key, 0))
+            return facts
+
+    def _registrations(self) -> Dict[str, Dict[str, Any]]:
+        """The contexts registered in this node's groups: the ones it holds and the ones governance told of."""
+        registered = {k: dict(r) for k, r in self._registered.items()}
+        for key, context in self._contexts.items():
+            if context["groupId"] in self._groups:
+                app = self._apps.get(context["applicationId"])
+                registered[key] = {"applicationId": context["applicationId"], "groupId": context["groupId"],
+                                   "serviceName": context["serviceName"], "name": context["name"],
+                                   "bytecode": self._blob_ids(app)[0] if app else context.get("bytecode")}
+        return registered
+
+    def _take_governance(self, facts: Dict[tuple, Tuple[Any, Optional[str], int]], joining: str = "") -> None:
+        """Merge a peer's facts: each replaces this node's own unless this node holds a newer revision of it.
+        Only namespaces this node holds take part (`joining`: the one its join brings)."""
+        with self._lock:
+            held = {g["id"] for g in self._namespaces()} | {joining}
+            ordered = sorted(facts.items(), key=lambda item: item[0][1:] != ("exists",))   # groups first
+            for key, (value, namespace, revision) in ordered:
+                if namespace not in held or revision < self._gov_rev.get(key, 0):
+                    continue
+                self._gov_rev[key] = revision
+                self._apply_fact(key, value)
+
+    def _apply_fact(self, key: tuple, value: Any) -> None:
+        subject, kind = key[0], key[1]
+        if kind == "registered":
+            if value is GONE:
+                self._registered.pop(subject, None)
+            elif subject not in self._contexts:
+                self._registered[subject] = dict(value)
+            return
+        if kind == "exists":
+            if value is GONE:
+                self._groups.pop(subject, None)
+            else:
+                self._groups.setdefault(subject, {"id": subject, "members": {}})
+            return
+        group = self._groups.get(subject)
+        if group is None:
+            return
+        if kind == "member":
+            if value is GONE:
+                group["members"].pop(key[2], None)
+            else:
+                group["members"][key[2]] = value
+        elif value is GONE:
+            group.pop(kind, None)
+        else:
+            group[kind] = json.loads(json.dumps(value))
+
+    def context_state(self, context_id: str) -> Optional[Dict[str, Any]]:
+        """A replica's state as a peer would send it (None: not held here, or not initialized)."""
+        with self._lock:
+            context = self._contexts.get(context_id)
+            if context is None or context["uninitialized"]:
+                return None
+            return {"kv": dict(context["kv"]), "seq": context["seq"], "heads": list(context["heads"])}
+
+    def _take_context_state(self, context_id: str, state: Dict[str, Any]) -> bool:
+        """A newer replica replaces this one; with reads_lag the hash moves at once and reads follow later."""
+        with self._lock:
+            context = self._contexts.get(context_id)
+            if context is None or not (state["seq"] > context["seq"] or context["uninitialized"]):
+                return False
+            if self.reads_lag and not context["uninitialized"]:
+                context["stale_kv"] = dict(context.get("stale_kv", context["kv"]))
+                timer = threading.Timer(self.reads_lag, self._reads_catch_up, (context_id, state["seq"]))
+                timer.daemon = True
+                timer.start()
+            context.update(kv=dict(state["kv"]), seq=state["seq"], heads=list(state["heads"]), uninitialized=False)
+            return True
+
+    def release_reads(self) -> None:
+        """End reads_lag now: every replica's reads catch up with its hash."""
+        with self._lock:
+            for context in self._contexts.values():
+                context.pop("stale_kv", None)
+
+    def _reads_catch_up(self, context_id: str, seq: int) -> None:
+        with self._lock:
+            context = self._contexts.get(context_id)
+            if context is not None and context["seq"] == seq:
+                context.pop("stale_kv", None)
+
+    def _replicated_marks(self) -> Tuple[Dict[tuple, Any], Dict[str, int]]:
+        """What a request may change that peers replicate: governance facts, each context's state."""
+        with self._lock:
+            contexts = {k: -1 if c["uninitialized"] else c["seq"] for k, c in self._contexts.items()}
+            return self.governance(), contexts
+
+    def _join_replica(self, context_id: str) -> None:
+        """§0.8: a join waits for the context's registration to arrive by governance, checks membership, and
+        makes an empty replica the next sync fills (a node without the app still joins and converges)."""
+        deadline = time.monotonic() + self.network.join_wait
+        while True:
+            with self._lock:
+                if context_id in self._contexts:
+                    return
+                registration = self._registered.get(context_id)
+                if registration is not None or time.monotonic() >= deadline:
+                    break
+            time.sleep(0.02)
+        if registration is None:
+            return                                        # the ordinary 404 follows
+        with self._lock:
+            group = self._groups.get(registration["groupId"])
+            if group is None or self._role_in(group) is None:
+                raise error_reply(403, NOT_A_MEMBER.format(registration["groupId"]))
+            self._contexts[context_id] = {
+                "id": context_id, "applicationId": registration["applicationId"], "groupId": registration["groupId"],
+                "serviceName": registration["serviceName"], "name": registration["name"], "kv": {}, "seq": 0,
+                "uninitialized": True, "heads": [], "replica": True, "bytecode": registration["bytecode"]}
+            self._registered.pop(context_id, None)
+        self.network.later(lambda: self.network.pull_context(self, context_id))
+
+    def _network_join(self, namespace_id: str, inner: Dict[str, Any]) -> Dict[str, Any]:
+        """A join fetches the namespace's bundle from a reachable member: none reachable is the 504; the key
+        on its way (join_outcome "key_pending") records the membership and answers 503 (§0.8)."""
+        with self.network.lock:
+            salt = bytes(inner.get("secret_salt") or []).hex()
+            entry = self._invitations.setdefault(salt, {"spent": False})
+            if entry["spent"] or int(inner.get("expiration_timestamp") or 0) < time.time():
+                raise error_reply(409, INVITATION_SPENT)
+            bundle = self.network.fetch_governance(self, namespace_id)
+            if not bundle or self.join_outcome == "no_peer":
+                raise error_reply(504, JOIN_NO_PEER)
+            if self.join_outcome == "not_endorsed":
+                raise error_reply(503, JOIN_NOT_ENDORSED.format(namespace_id))
+            entry["spent"] = True
+        self._take_governance(bundle, joining=namespace_id)
+        with self._lock:
+            self._groups[namespace_id]["members"].setdefault(self.account, "Member")
+        if self.join_outcome == "key_pending":
+            raise error_reply(503, JOIN_KEY_PENDING.format(namespace_id))
+        return {"data": {"namespaceId": namespace_id, "memberIdentity": self.public_key,
+                         "memberAccount": self.account}}
+
+    def authorizations(self) -> List[Optional[str]]:
+        """Every Authorization header this node received, in order (None for a request without one)."""
+        with self._lock:
+            return [entry["headers"].get("authorization") for entry in self.log]
 
     # -- JSON-RPC (§4) -------------------------------------------------------------------------------------------
 
@@ -2807,8 +3022,11 @@ class NodeDouble:
             context = self._contexts.get(params.get("contextId"))
             if context is None:
                 return {"error": {"type": "ContextNotFound"}}
-            return {"result": {"contextId": context["id"], "isInitialized": not context["uninitialized"],
-                               "syncState": {"state": "idle"}, "failureCount": 0}}
+            status = {"contextId": context["id"], "isInitialized": not context["uninitialized"],
+                      "syncState": {"state": "idle"}, "failureCount": 0}
+        if self.network is not None and self.network.peer_count(self) == 0:
+            status.update(syncState={"state": "waitingForPeers"}, lastError="No peers to sync with")
+        return {"result": status}
 
     def _rpc_set_ephemeral(self, params, request):
         return {"result": {}}
@@ -2876,6 +3094,9 @@ class NodeDouble:
             return {"error": {"type": "InternalError", "data": {"kind": "Group"}}}
         if context["uninitialized"]:
             return {"error": {"type": "Uninitialized"}}
+        if context["applicationId"] not in self._apps and context.get("replica"):
+            # joined from a peer, which never serves bytecode (core#3652): the state converged, the blob is absent
+            return rpc_error("InternalError", {"kind": "Runtime", "message": BLOB_MISSING.format(context["bytecode"])})
         if context["applicationId"] not in self._apps:
             return {"error": {"type": "ApplicationNotInstalled",
                               "data": {"application_id": context["applicationId"]}}}
@@ -2892,7 +3113,7 @@ class NodeDouble:
         # Execute upgrades a lagging context before it runs (§0.7): it then runs its app's version. A context that
         # never lagged keeps no key, so a [view] call leaves the record as it was.
         context.pop("version", None)
-        store = dict(context["kv"])
+        store = dict(context.get("stale_kv", context["kv"]))   # reads_lag: the hash moved, reads not yet
         try:
             output = run_guest(record["behaviour"], manifest, method, args, store)
         except GuestPanic as panic:
@@ -2916,6 +3137,7 @@ class NodeDouble:
     @staticmethod
     def _commit(context: Dict[str, Any], store: Dict[str, Any]) -> None:
         """A write moves the state hash and leaves a single new DAG head."""
+        context.pop("stale_kv", None)
         context["kv"] = store
         context["seq"] += 1
         context["heads"] = [hex_id("head:{}:{}".format(context["id"], context["seq"]))]
@@ -3008,6 +3230,187 @@ class NodeDouble:
             pair = self._auth.mint_pair("client-" + uuid.uuid4().hex, permissions, uuid.uuid4().hex,
                                         str(request.json.get("target_node_url") or ""))
         return auth_success(pair)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A network of doubles (§0.8): several nodes, each its own server, identity, auth, apps and replicas
+# ---------------------------------------------------------------------------------------------------------------
+
+class Network:
+    """Named NodeDoubles that replicate like connected merods, for the cross-node flow of node-api.md §0.8.
+
+        with Network() as net:
+            a = net.add("node1", apps=[kv_store_spec()]); b = net.add("node2")
+            ...   # a.url, b.url; every NodeDouble switch still works on each node
+
+    Each node is a NodeDouble(name=...): its own HTTP server, account / device / public key / peer id (so a member
+    identity tells which node it came from), auth (its own signing secret: a token one node minted is refused by
+    another; `node.authorizations()` lists every Authorization header it got), installed apps and replicas.
+
+    What replicates, `gossip_delay` seconds (default 0.1) after the request that changed it, to every connected
+    running node that holds it: a namespace's governance (groups, members, roles, metadata, names, context
+    registrations; the newest revision wins whole) and a context's state (kv, seq, DAG heads; the higher seq wins,
+    so equal hashes follow). Invitations are one table for the whole network: spent once, valid on any node.
+      POST /contexts/:id/join  waits up to `join_wait` (default 2 s) for the registration, needs membership, and
+                         makes an uninitialized replica that fills one gossip delay later (without the app too)
+      POST /contexts/sync/:id  pulls the newest replica from connected peers at once
+      POST /namespaces/:ns/join  takes the bundle from a connected running member: none is the 504 text
+      GET /peers         connected running nodes;  GET /network/status  `localPeerId`
+      sync_status        waitingForPeers with lastError "No peers to sync with" when the node has no peers
+    Switches:
+      connected=False (or disconnect(a, b) / connect(a, b))  not connected: peers 0, joins 504, nothing gossips
+      stop(name) / start(name)   a node down, then back (same port; it catches up from its peers on start)
+      an app not installed on the joiner: it joins and converges, and its execute answers InternalError
+                         "bytecode blob … not found in blobstore"
+      node.reads_lag = seconds   replicated writes move the hash at once, reads see them that much later
+                         (or when node.release_reads() is called)
+      node.join_outcome = "key_pending"   the join records the membership and answers 503 (key on its way);
+                         "not_endorsed": 503 with nothing recorded; "no_peer": 504
+    """
+
+    def __init__(self, gossip_delay: float = 0.1, connected: bool = True, join_wait: float = 2.0):
+        self.gossip_delay = float(gossip_delay)
+        self.join_wait = float(join_wait)
+        self.connected_by_default = connected
+        self.nodes: Dict[str, NodeDouble] = {}
+        self.lock = threading.RLock()                 # invitations and revisions; never held while gossip applies
+        self.invitations: Dict[str, Dict[str, Any]] = {}
+        self._links: Set[frozenset] = set()
+        self._cut: Set[frozenset] = set()
+        self._revision = 0
+        self._timers: List[threading.Timer] = []      # gossip on its way, cancelled when the network ends
+
+    def add(self, name: str, **options) -> NodeDouble:
+        """A new named node, started (options are NodeDouble's)."""
+        if name in self.nodes:
+            raise ValueError("duplicate node name " + name)
+        node = NodeDouble(name=name, **options)
+        node.network = self
+        node._invitations = self.invitations
+        self.nodes[name] = node
+        return node.start()
+
+    def __getitem__(self, name: str) -> NodeDouble:
+        return self.nodes[name]
+
+    def __enter__(self) -> "Network":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        with self.lock:
+            for timer in self._timers:
+                timer.cancel()
+        for node in self.nodes.values():
+            node.stop()
+
+    # -- connectivity ----------------------------------------------------------------------------------------
+
+    def connect(self, a: str, b: str) -> None:
+        pair = frozenset((a, b))
+        self._cut.discard(pair)
+        self._links.add(pair)
+
+    def disconnect(self, a: str, b: str) -> None:
+        pair = frozenset((a, b))
+        self._links.discard(pair)
+        self._cut.add(pair)
+
+    def linked(self, a: NodeDouble, b: NodeDouble) -> bool:
+        pair = frozenset((a.name, b.name))
+        return a is not b and pair not in self._cut and (self.connected_by_default or pair in self._links)
+
+    def peers_of(self, node: NodeDouble) -> List[NodeDouble]:
+        """The running nodes this one is connected to (none while it is down itself)."""
+        if not node.running:
+            return []
+        return [other for other in self.nodes.values() if other.running and self.linked(node, other)]
+
+    def peer_count(self, node: NodeDouble) -> int:
+        return len(self.peers_of(node))
+
+    def stop(self, name: str) -> None:
+        self.nodes[name].stop()
+
+    def start(self, name: str) -> None:
+        """Back up on its port, then catch up (the periodic sync a restarted node runs)."""
+        node = self.nodes[name].start()
+        with node._lock:
+            namespaces, contexts = [g["id"] for g in node._namespaces()], list(node._contexts)
+        for namespace_id in namespaces:
+            node._take_governance(self.fetch_governance(node, namespace_id))
+        for context_id in contexts:
+            self.pull_context(node, context_id)
+
+    # -- replication -----------------------------------------------------------------------------------------
+
+    def later(self, action: Callable[[], Any]) -> None:
+        timer = threading.Timer(self.gossip_delay, action)
+        timer.daemon = True
+        with self.lock:
+            self._timers = [t for t in self._timers if t.is_alive()] + [timer]
+        timer.start()
+
+    def fetch_governance(self, node: NodeDouble, namespace_id: str) -> Dict[tuple, Tuple[Any, Optional[str], int]]:
+        """The newest facts of a namespace among this node's peers (empty when no peer holds it)."""
+        facts: Dict[tuple, Tuple[Any, Optional[str], int]] = {}
+        for peer in self.peers_of(node):
+            for key, fact in peer.governance(namespace_id).items():
+                if key not in facts or fact[2] > facts[key][2]:
+                    facts[key] = fact
+        return facts
+
+    def pull_context(self, node: NodeDouble, context_id: str) -> bool:
+        """Take the newest state a peer holds of the context (what a sync does); True when it changed."""
+        states = [s for s in (peer.context_state(context_id) for peer in self.peers_of(node)) if s is not None]
+        return bool(states) and node._take_context_state(context_id, max(states, key=lambda s: s["seq"]))
+
+    def _next_revision(self) -> int:
+        with self.lock:
+            self._revision += 1
+            return self._revision
+
+    def spread(self, node: NodeDouble, marks: Tuple[Dict[tuple, Any], Dict[str, int]]) -> None:
+        """After a request on `node`: gossip what it changed (governance facts, context state) to its peers."""
+        facts_before, contexts_before = marks
+        facts_after, contexts_after = node._replicated_marks()
+        changed = {}
+        for key in set(facts_before) | set(facts_after):
+            before, after = facts_before.get(key), facts_after.get(key)
+            if (before[0] if before else GONE) != (after[0] if after else GONE):
+                changed[key] = (after[0] if after else GONE, (after or before)[1])
+        if changed:
+            revision = self._next_revision()
+            delta = {key: (value, namespace, revision) for key, (value, namespace) in changed.items()}
+            with node._lock:
+                node._gov_rev.update({key: revision for key in delta})
+            self.later(lambda: self._deliver_governance(node, delta))
+        for context_id, seq in contexts_after.items():
+            if seq >= 0 and contexts_before.get(context_id, -1) != seq:
+                self.later(lambda c=context_id: self._deliver_state(node, c))
+
+    def _deliver_governance(self, source: NodeDouble, delta: Dict[tuple, Tuple[Any, Optional[str], int]]) -> None:
+        for peer in self.peers_of(source):
+            peer._take_governance(delta)
+
+    def _deliver_state(self, source: NodeDouble, context_id: str) -> None:
+        state = source.context_state(context_id) if source.running else None
+        if state is not None:
+            for peer in self.peers_of(source):
+                peer._take_context_state(context_id, state)
+
+
+GONE = object()   # a governance fact that was deleted (a group, a member, a field, a registration)
+
+
+def peer_id_for(seed: str) -> str:
+    """A libp2p-looking peer id (base58, "12D3KooW…"), fixed per seed."""
+    alphabet = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+    number = int.from_bytes(hashlib.sha256(seed.encode()).digest(), "big")
+    digits = []
+    while number:
+        number, rest = divmod(number, 58)
+        digits.append(alphabet[rest])
+    return "12D3KooW" + "".join(digits)[:44]
 
 
 def spec_kwargs(spec: Dict[str, Any], renames: Dict[str, str]) -> Dict[str, Any]:

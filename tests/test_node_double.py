@@ -6,6 +6,7 @@ import copy
 import hashlib
 import http.client
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -1390,3 +1391,243 @@ def test_upgrade_moves_the_group_and_its_record_is_completed_at_once(node):
     node.upgrade_app(kv_id(), "4.0.0")
     nothing = call(node, "POST", "/admin-api/groups/%s/upgrade" % empty, {"targetApplicationId": kv_id()})
     assert (nothing.status, nothing.json()) == (409, {"error": "group %s has no contexts to upgrade" % empty})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A network of doubles (§0.8): each node its own server, identity, auth and replicas; gossip between members
+# ---------------------------------------------------------------------------------------------------------------
+
+def eventually(check, timeout=5.0):
+    """Poll until check() is truthy (gossip lands after its delay); the deadline only shows nothing hangs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)
+
+
+def two_nodes(network, joiner_apps=True):
+    """node1 with the kv app, a namespace and a context; node2 with (or without) the app installed."""
+    node1 = network.add("node1", apps=[kv_store_spec()])
+    node2 = network.add("node2", apps=[kv_store_spec()] if joiner_apps else [])
+    namespace = call(node1, "POST", "/admin-api/namespaces", {"applicationId": kv_id()}).json()["data"]["namespaceId"]
+    created = call(node1, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "initializationParams": [],
+                                                            "groupId": namespace}).json()["data"]
+    return node1, node2, namespace, created["contextId"]
+
+
+def invite_and_join(inviter, joiner, namespace):
+    invitation = call(inviter, "POST", "/admin-api/namespaces/{}/invite".format(namespace),
+                      {"expirationTimestamp": 600}).json()["data"]["invitation"]
+    return call(joiner, "POST", "/admin-api/namespaces/{}/join".format(namespace), {"invitation": invitation})
+
+
+def context_hash(node, context_id):
+    reply = call(node, "GET", "/admin-api/contexts/" + context_id)
+    return reply.json()["data"]["contextStateHash"] if reply.status == 200 else None
+
+
+def joined_pair(network, joiner_apps=True):
+    node1, node2, namespace, context_id = two_nodes(network, joiner_apps)
+    assert invite_and_join(node1, node2, namespace).status == 200
+    assert call(node2, "POST", "/admin-api/contexts/{}/join".format(context_id)).status == 200
+    return node1, node2, namespace, context_id
+
+
+def test_network_nodes_have_their_own_identity_peer_id_and_peers():
+    from node_double import Network
+    with Network() as network:
+        node1, node2 = network.add("node1"), network.add("node2")
+        ids = [call(n, "GET", "/admin-api/identity").json()["data"]["accountId"] for n in (node1, node2)]
+        peers = [call(n, "GET", "/admin-api/network/status").json()["localPeerId"] for n in (node1, node2)]
+        assert ids[0] != ids[1] and NODE_ACCOUNT not in ids
+        assert peers[0] != peers[1] and all(p.startswith("12D3KooW") for p in peers)
+        assert call(node1, "GET", "/admin-api/peers").json() == {"count": 1}
+        network.stop("node2")
+        assert call(node1, "GET", "/admin-api/peers").json() == {"count": 0}
+
+
+def test_a_token_minted_by_one_node_is_refused_by_another_and_every_authorization_is_recorded():
+    from node_double import Network
+    with Network() as network:
+        node1, node2 = network.add("node1", auth=CREDENTIALS), network.add("node2", auth=CREDENTIALS)
+        token = login(node1).json()["data"]["access_token"]
+        assert call(node1, "GET", "/admin-api/applications", headers=bearer(token)).status == 200
+        assert call(node2, "GET", "/admin-api/applications", headers=bearer(token)).status == 401
+        assert node2.authorizations()[-1] == "Bearer " + token
+        assert "Bearer " + token in node1.authorizations()
+
+
+def test_the_whole_flow_invitation_join_replica_and_a_write_that_arrives():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, namespace, context_id = two_nodes(network)
+        assert call(node2, "GET", "/admin-api/identity").status == 200
+        joined = invite_and_join(node1, node2, namespace).json()["data"]
+        assert joined["memberAccount"] == node2.account and joined["memberIdentity"] == node2.public_key
+        members = lambda: call(node1, "GET", "/admin-api/groups/{}/members".format(namespace)).json()["members"]
+        assert eventually(lambda: node2.account in json.dumps(members())), "membership gossiped back to node1"
+        assert call(node2, "POST", "/admin-api/contexts/{}/join".format(context_id)).status == 200
+        assert eventually(lambda: context_hash(node2, context_id) == context_hash(node1, context_id))
+        output_of(node1, context_id, "set", {"key": "greeting", "value": "hi"})
+        assert eventually(lambda: output_of(node2, context_id, "get", {"key": "greeting"}) == "hi")
+        assert context_hash(node2, context_id) == context_hash(node1, context_id)
+        status = execute(node2, context_id, "get", {"key": "greeting"})
+        assert status["result"]["output"] == "hi"
+        synced = call(node2, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": 1, "method": "sync_status",
+                                                  "params": {"contextId": context_id}}).json()["result"]
+        assert synced["isInitialized"] and synced["syncState"] == {"state": "idle"}
+
+
+def test_a_spent_invitation_is_spent_on_every_node():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, namespace, _ = two_nodes(network)
+        node3 = network.add("node3")
+        invitation = call(node1, "POST", "/admin-api/namespaces/{}/invite".format(namespace),
+                          {}).json()["data"]["invitation"]
+        path = "/admin-api/namespaces/{}/join".format(namespace)
+        assert call(node2, "POST", path, {"invitation": invitation}).status == 200
+        assert call(node3, "POST", path, {"invitation": invitation}).status == 409
+
+
+def test_sync_pulls_at_once_when_gossip_is_slow():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, _, context_id = joined_pair(network)
+        assert eventually(lambda: context_hash(node2, context_id) == context_hash(node1, context_id))
+        network.gossip_delay = 60
+        output_of(node1, context_id, "set", {"key": "k", "value": "v"})
+        assert context_hash(node2, context_id) != context_hash(node1, context_id)
+        assert call(node2, "POST", "/admin-api/contexts/sync/" + context_id).status == 200
+        assert context_hash(node2, context_id) == context_hash(node1, context_id)
+        assert output_of(node2, context_id, "get", {"key": "k"}) == "v"
+
+
+def test_not_connected_nodes_have_no_peers_and_the_join_is_the_504():
+    from node_double import JOIN_NO_PEER, Network
+    with Network(connected=False) as network:
+        node1, node2, namespace, context_id = two_nodes(network)
+        assert call(node2, "GET", "/admin-api/peers").json() == {"count": 0}
+        refused = invite_and_join(node1, node2, namespace)
+        assert refused.status == 504 and refused.json()["error"] == JOIN_NO_PEER
+        status = call(node1, "POST", "/jsonrpc", {"jsonrpc": "2.0", "id": 1, "method": "sync_status",
+                                                  "params": {"contextId": context_id}}).json()["result"]
+        assert status["syncState"] == {"state": "waitingForPeers"} and status["lastError"] == "No peers to sync with"
+        network.connect("node1", "node2")
+        assert invite_and_join(node1, node2, namespace).status == 200
+
+
+def test_the_key_on_its_way_join_records_the_membership_and_answers_503():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, namespace, _ = two_nodes(network)
+        node2.join_outcome = "key_pending"
+        refused = invite_and_join(node1, node2, namespace)
+        assert refused.status == 503 and "key is on its way" in refused.json()["error"]
+        members = lambda: call(node1, "GET", "/admin-api/groups/{}/members".format(namespace)).json()["members"]
+        assert eventually(lambda: node2.account in json.dumps(members()))
+
+
+def test_a_joiner_without_the_app_converges_but_its_execute_finds_no_bytecode():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, _, context_id = joined_pair(network, joiner_apps=False)
+        output_of(node1, context_id, "set", {"key": "k", "value": "v"})
+        assert eventually(lambda: context_hash(node2, context_id) == context_hash(node1, context_id))
+        error = execute(node2, context_id, "get", {"key": "k"})["error"]
+        assert error["type"] == "InternalError"
+        assert re.match(r"bytecode blob [0-9a-f]{64} not found in blobstore$", error["data"]["message"])
+
+
+def test_a_node_whose_hash_runs_ahead_of_its_reads():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, _, context_id = joined_pair(network)
+        assert eventually(lambda: context_hash(node2, context_id) == context_hash(node1, context_id))
+        node2.reads_lag = 60
+        output_of(node1, context_id, "set", {"key": "k", "value": "v"})
+        assert eventually(lambda: context_hash(node2, context_id) == context_hash(node1, context_id))
+        assert output_of(node2, context_id, "get", {"key": "k"}) is None, "the hash agreed before the read did"
+        node2.release_reads()
+        assert output_of(node2, context_id, "get", {"key": "k"}) == "v"
+
+
+def test_a_node_down_misses_gossip_and_catches_up_when_it_starts():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, _, context_id = joined_pair(network)
+        port = node2.port
+        network.stop("node2")
+        output_of(node1, context_id, "set", {"key": "k", "value": "v"})
+        with pytest.raises(OSError):
+            call(node2, "GET", "/admin-api/health", timeout=1)
+        time.sleep(0.1)                       # past the gossip delay: it went nowhere
+        assert node2.kv_state(context_id) == {}
+        network.start("node2")
+        assert node2.port == port
+        assert output_of(node2, context_id, "get", {"key": "k"}) == "v"
+
+
+def test_governance_metadata_replicates_and_a_context_joins_only_once_registered():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, namespace, _ = two_nodes(network)
+        assert invite_and_join(node1, node2, namespace).status == 200
+        assert call(node1, "PUT", "/admin-api/groups/{}/metadata".format(namespace),
+                    {"name": "team", "data": {}}).status == 200
+        metadata = lambda: call(node2, "GET", "/admin-api/groups/{}/metadata".format(namespace)).json()["data"]
+        assert eventually(lambda: (metadata() or {}).get("name") == "team")
+        network.gossip_delay = 0.3
+        created = call(node1, "POST", "/admin-api/contexts", {"applicationId": kv_id(), "initializationParams": [],
+                                                                "groupId": namespace}).json()["data"]
+        joined = call(node2, "POST", "/admin-api/contexts/{}/join".format(created["contextId"]))
+        assert joined.status == 200, "the join waited for the registration to arrive"
+        assert call(node2, "POST", "/admin-api/contexts/{}/join".format(hex_id("nowhere"))).status == 404
+
+
+def test_a_joiner_lists_the_namespace_contexts_governance_brought_before_joining_them():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as network:
+        node1, node2, namespace, context_id = two_nodes(network)
+        assert invite_and_join(node1, node2, namespace).status == 200
+        listed = call(node2, "GET", "/admin-api/groups/{}/contexts".format(namespace)).json()["data"]
+        assert [row["contextId"] for row in listed] == [context_id]
+        assert call(node2, "GET", "/admin-api/contexts/" + context_id).status == 404, "not joined yet"
+        assert call(node2, "GET", "/admin-api/namespaces/" + namespace).json()["data"]["contextCount"] == 1
+
+
+def test_the_real_server_carries_the_flow_across_two_networked_doubles(tmp_path):
+    """One session per node (phase B's multi-node server will be one): what the doubles replicate is what the
+    server reads, and each node only ever sees its own session's requests."""
+    from mcp_client import McpServer, minimal_env
+    from node_double import Network
+
+    def session(node, name):
+        server = McpServer(minimal_env(tmp_path / name, {"CALIMERO_NODE_URL": node.url,
+                                                         "CALIMERO_MCP_STATE_DIR": tmp_path / name / "state",
+                                                         "CALIMERO_NODE_HOME": tmp_path / "nodes"}))
+        server.initialize()
+        return server
+
+    with Network(gossip_delay=0.05) as network:
+        node1, node2 = network.add("node1", apps=[kv_store_spec()]), network.add("node2", apps=[kv_store_spec()])
+        one, two = session(node1, "one"), session(node2, "two")
+        try:
+            namespace = one.tool_json("create_namespace", {"application": KV_PACKAGE})["namespaceId"]
+            context_id = one.tool_json("create_context", {"application": KV_PACKAGE,
+                                                          "group": namespace})["contextId"]
+            invitation = one.tool_json("invite_to_namespace", {"namespace": namespace})
+            joined = two.tool_json("join_namespace", {"namespace": namespace, "invitation": invitation})
+            assert joined["memberAccount"] == node2.account
+            assert eventually(lambda: not two.call_tool("join_context", {"context": context_id}).get("isError"))
+            one.call_tool("call", {"app": KV_PACKAGE, "context": context_id, "method": "set",
+                                   "args": {"key": "k", "value": "v"}})
+            read = lambda: two.call_tool("call", {"app": KV_PACKAGE, "context": context_id, "method": "get",
+                                                  "args": {"key": "k"}})["content"][0]["text"]
+            assert eventually(lambda: read() == "v")
+        finally:
+            one.close()
+            two.close()
+        assert not any("/jsonrpc" == e["path"] and e["json"]["params"].get("method") == "set" for e in node2.log)
