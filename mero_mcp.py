@@ -698,7 +698,7 @@ class Scheduler:
             reply = self.on_this_thread(message, tickets)
         if reply:                            # None, or a batch whose items all went unanswered
             server.channel.send(reply)
-        server.apps.catalog.start()          # after the first answer of either era: off the answer path
+        server.catalog.start()               # after the first answer of either era: off the answer path
 
     def refused_batch(self, batch, tickets):
         """An empty batch, or one in a session that did not negotiate batches, answered with one error."""
@@ -762,13 +762,24 @@ class Request:
     that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
     or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
 
-    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named")
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "entry")
 
     def __init__(self, server, request_id, meta, version, ticket):
         self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
         self.ticket = ticket                 # set once the client cancels the request
         self.reads = None                    # a Reads while a scope of this call shares its node reads
         self.named = {}                      # argument -> the Carrier a namespace or group name resolved to
+        self.entry = None                    # the NodeEntry a tool call resolved (run_tool): the node it runs on
+
+    @property
+    def node(self):
+        """The node this call runs on: the only node a handler talks to."""
+        return self.entry.node
+
+    @property
+    def apps(self):
+        """That node's app model (its records, ABIs, contexts, handles)."""
+        return self.entry.apps
 
     @property
     def modern(self):
@@ -870,6 +881,55 @@ def helper_pool():
         return _helper_pool[0]
 
 
+class NodeEntry:
+    """One node of the directory (DESIGN.md: each call addresses one node): its `node.Node` (its own HTTP session,
+    credentials and token cache) and its app model (records, ABIs, handles' admission), each made on first use.
+    Nothing of one entry serves another; a call reaches its entry through `Request.entry`."""
+
+    def __init__(self, server, named=None):
+        self.server = server
+        self.named = named                   # node.NamedNode; None: the one node discovery finds (single mode)
+        self._node = None
+        self._apps = None
+        self.lock = threading.Lock()
+
+    @property
+    def name(self):
+        return self.named.name if self.named is not None else None
+
+    @property
+    def node(self):
+        with self.lock:
+            if self._node is None:
+                self._node = node_module().Node(self.server.env)
+            return self._node
+
+    @property
+    def apps(self):
+        with self.lock:
+            if self._apps is None:
+                self._apps = Apps(self)
+            return self._apps
+
+    def adopt(self, node):
+        """Use a Node already connected (--check's count of tools)."""
+        with self.lock:
+            self._node = node
+
+
+class NodeEntries:
+    """The node directory as the server holds it: an entry per node, the default's made at once (cheaply: its Node
+    and app model are lazy). A tool call resolves its entry here, in run_tool, and nowhere else."""
+
+    def __init__(self, server):
+        self.server = server
+        self.default = NodeEntry(server)
+
+    def resolve(self, t, arguments):
+        """The entry a call of tool `t` with these arguments runs on."""
+        return self.default
+
+
 class Server:
     """One stdio connection: what it negotiated, and the handlers for each method."""
 
@@ -886,18 +946,13 @@ class Server:
         # Rendered once: fixed tools declare no output schema, so one rendering serves both eras.
         self.fixed_definitions = [tool_definition(t, wrap=False) for t in self.fixed_tools.values()
                                   if advertised(t, self.config)]
-        self._node = None
-        self._node_lock = threading.Lock()
-        self.apps = Apps(self)               # catalog, admission, guides: loaded off the answer path
+        self.nodes = NodeEntries(self)       # each node's Node and app model, made on first use
         self.blob_pages = BlobPages()        # the one blob being read page by page (get_blob)
 
-    # ---- the node, created lazily (node.py imports requests) ----
     @property
-    def node(self):
-        with self._node_lock:
-            if self._node is None:
-                self._node = node_module().Node(self.env)
-            return self._node
+    def catalog(self):
+        """The default node's catalog: the one that polls and feeds tools/list and resources."""
+        return self.nodes.default.apps.catalog
 
     def handle_message(self, message, in_batch=False, ticket=None):
         """The response for one message, or None (notifications, stray responses and cancelled requests get
@@ -995,10 +1050,10 @@ class Server:
 
     # ---- tools ----
     def tool_definitions(self, call):
-        return self.fixed_definitions + self.apps.catalog.generated_definitions(self.wraps_output(call))
+        return self.fixed_definitions + self.catalog.generated_definitions(self.wraps_output(call))
 
     def find_tool(self, name):
-        return self.fixed_tools.get(name) or self.apps.catalog.generated_tool(name)
+        return self.fixed_tools.get(name) or self.catalog.generated_tool(name)
 
     def run_tool(self, t, arguments, call):
         """Run a tool; every failure that is not a bug of ours becomes an isError result."""
@@ -1010,8 +1065,9 @@ class Server:
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
             arguments = one_id_form(arguments, keys=self.id_keys(t))
-            with bound(call), self.node.scope(call.traceparent, call.ticket):
-                arguments = resolved_ids(self.apps, t, arguments, call)
+            call.entry = self.nodes.resolve(t, arguments)
+            with bound(call), call.node.scope(call.traceparent, call.ticket):
+                arguments = resolved_ids(call.apps, t, arguments, call)
                 if KINDS[t.kind].whole_call_reads:
                     with call.reading():
                         value = t.handler(arguments, call)
@@ -1029,7 +1085,7 @@ class Server:
         declare itself (the others, and every parameter, are the app's data, never touched)."""
         if t.kind != "generated":
             return ID_ARGUMENTS
-        binding = self.apps.catalog.snapshot.bindings.get(t.name)
+        binding = self.catalog.snapshot.bindings.get(t.name)
         own = {param.name for param in binding.method.params} if binding is not None else CONTEXT_OPTIONS
         return CONTEXT_OPTIONS - own
 
@@ -1179,7 +1235,7 @@ def secrets_out(value):
 
 def on_resources_list(server, params, call):
     check_cursor(params)
-    return {"resources": server.apps.catalog.guide_resources()}
+    return {"resources": server.catalog.guide_resources()}
 
 
 def on_resource_templates(server, params, call):
@@ -1191,7 +1247,7 @@ def on_resources_read(server, params, call):
     uri = params.get("uri")
     if not isinstance(uri, str):
         raise RpcError(INVALID_PARAMS, "resources/read needs a uri (string)")
-    contents = server.apps.catalog.read_guide(uri)
+    contents = server.catalog.read_guide(uri)
     if contents is None:
         code = INVALID_PARAMS if call.modern else RESOURCE_NOT_FOUND
         raise RpcError(code, "Resource not found: %s" % uri, {"uri": uri})
@@ -1867,7 +1923,7 @@ def unb64url(text):
 @tool("node_status", "Health and identity of the node in use, its count of network peers (connections, not "
       "namespace members), and whether this server is read-only.", annotations=READ_ONLY)
 def node_status(args, call):
-    return dict(call.server.node.status(), readOnly=call.server.config.read_only)
+    return dict(call.node.status(), readOnly=call.server.config.read_only)
 
 
 DESCRIPTION_LIMIT = 200
@@ -1890,9 +1946,9 @@ NAMESPACE_ID = {"type": "string", NAMES: "namespace"}
 GROUP_ID = {"type": "string", NAMES: "group"}
 
 
-def context_id_of(server, value):
+def context_id_of(entry, value):
     """A context id as given, or the id an alias names; tools.md lets every context argument be either."""
-    context_id = server.apps.context_id(value)
+    context_id = entry.apps.context_id(value)
     if context_id is None:
         raise ToolError('Context "%s" is neither a context id nor an alias on this node.' % value)
     return context_id
@@ -1908,14 +1964,14 @@ def hex_of(value):
 @tool("list_nodes", "Calimero nodes known on this machine or found by a local probe.",
       annotations=READ_ONLY)
 def list_nodes(args, call):
-    return node_module().list_nodes(call.server.env, connected_url(call.server))
+    return node_module().list_nodes(call.server.env, connected_url(call.entry))
 
 
-def connected_url(server):
+def connected_url(entry):
     """The url this session uses, or None when no node could be reached (list_nodes still lists the rest)."""
     try:
-        server.node.connect()
-        return server.node.url
+        entry.node.connect()
+        return entry.node.url
     except node_module().NodeError:
         return None
 
@@ -1926,7 +1982,7 @@ def connected_url(server):
       annotations=READ_ONLY)
 def list_applications(args, call):
     row = verbose_app_row if args.get("verbose") else compact_app_row
-    return paged("list_applications", args, {"apps": [row(app) for app in call.server.apps.installed()]}, "apps", "id")
+    return paged("list_applications", args, {"apps": [row(app) for app in call.apps.installed()]}, "apps", "id")
 
 
 def compact_app_row(app):
@@ -1950,18 +2006,18 @@ def verbose_app_row(app):
 
 @tool("list_namespaces", "Namespaces on this node.", {"cursor": CURSOR}, annotations=READ_ONLY)
 def list_namespaces(args, call):
-    server = call.server
-    namespaces = server.node.namespaces()
-    keys = app_keys(server) if namespaces else {}
+    entry = call.entry
+    namespaces = entry.node.namespaces()
+    keys = app_keys(entry) if namespaces else {}
     rows = [after_key(row, "targetApplicationId", "application", keys.get(row.get("targetApplicationId"),
                                                                           row.get("targetApplicationId")))
             for row in namespaces]
     return paged("list_namespaces", args, {"namespaces": rows}, "namespaces", "namespaceId")
 
 
-def app_keys(server):
+def app_keys(entry):
     """Application id -> package (or id): what list rows name an app by, so no one matches hashes by hand."""
-    return {app.id: app.key for app in server.apps.installed()}
+    return {app.id: app.key for app in entry.apps.installed()}
 
 
 def after_key(row, key, new_key, value):
@@ -1982,18 +2038,18 @@ def after_key(row, key, new_key, value):
        "cursor": CURSOR},
       annotations=READ_ONLY)
 def list_contexts(args, call):
-    server = call.server
+    entry = call.entry
     with call.reading():                     # the app list is read once, for the filter and the rows
         if args.get("application") is not None:
-            contexts = server.apps.contexts_of(server.apps.resolve(args["application"]))
+            contexts = entry.apps.contexts_of(entry.apps.resolve(args["application"]))
         else:
-            contexts = server.node.contexts()
-        keys = app_keys(server) if contexts else {}
-        newest = {app.id: app.version for app in server.apps.installed()} if contexts else {}
+            contexts = entry.node.contexts()
+        keys = app_keys(entry) if contexts else {}
+        newest = {app.id: app.version for app in entry.apps.installed()} if contexts else {}
     aliases = {}
-    for alias, context_id in sorted(server.node.context_aliases().items()) if contexts else ():
+    for alias, context_id in sorted(entry.node.context_aliases().items()) if contexts else ():
         aliases.setdefault(context_id, []).append(alias)
-    versions = GroupVersions(server.node, newest) if contexts else None
+    versions = GroupVersions(entry.node, newest) if contexts else None
     rows = [with_version_story(context_row(c, args.get("verbose"), keys, aliases), versions) for c in contexts]
     return paged("list_contexts", args, {"contexts": rows}, "contexts", "id")
 
@@ -2088,27 +2144,27 @@ def context_row(context, verbose, keys, aliases):
       required=("application",))
 def create_context(args, call):
     group = target_group(args)
-    server = call.server
+    entry = call.entry
     if args.get("alias") is not None:
-        refuse_unusable_alias(server, args["alias"])
-    app = server.apps.resolve(args["application"])
-    group = group or only_namespace(server.node, app, args["application"])
-    refuse_other_apps_group(server, group, app, args["application"])
-    service = require_service(server.apps, app, args.get("service"))
-    init = init_parameters(server, app, service, args.get("args"), args["application"])
-    created = server.node.create_context(app.id, group, init, name=args.get("name"), service=service)
-    return created if args.get("alias") is None else with_alias(server.node, created, args["alias"])
+        refuse_unusable_alias(entry, args["alias"])
+    app = entry.apps.resolve(args["application"])
+    group = group or only_namespace(entry.node, app, args["application"])
+    refuse_other_apps_group(entry, group, app, args["application"])
+    service = require_service(entry.apps, app, args.get("service"))
+    init = init_parameters(entry, app, service, args.get("args"), args["application"])
+    created = entry.node.create_context(app.id, group, init, name=args.get("name"), service=service)
+    return created if args.get("alias") is None else with_alias(entry.node, created, args["alias"])
 
 
 ALIAS_RULE = "1-50 of A-Z a-z 0-9 . _ -"
 
 
-def refuse_unusable_alias(server, alias):
+def refuse_unusable_alias(entry, alias):
     """An alias the node would refuse, or one already taken, is refused before the context is created."""
     import re
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,50}", alias):
         raise ToolError('alias "%s" is not an alias the node takes (%s). Nothing was created.' % (alias, ALIAS_RULE))
-    taken = server.node.lookup_alias(alias)
+    taken = entry.node.lookup_alias(alias)
     if taken is not None:
         raise ToolError('Alias "%s" already names context %s. Choose another alias (or delete_alias it first); '
                         "nothing was created." % (alias, taken))
@@ -2146,21 +2202,21 @@ def only_namespace(node, app, label):
                                                    for r in rows)))
 
 
-def refuse_other_apps_group(server, group, app, label):
+def refuse_other_apps_group(entry, group, app, label):
     """The node creates a context of the group's application whatever was asked (node-api §3.3, a warning in
     its log only), so a group of another application is refused before anything is created."""
-    target = server.node.group(group)["targetApplicationId"]
+    target = entry.node.group(group)["targetApplicationId"]
     if target != app.id:
-        owner = next((a.key for a in server.apps.installed() if a.id == target), None)
+        owner = next((a.key for a in entry.apps.installed() if a.id == target), None)
         raise ToolError('Group %s is for application %s, not "%s": the node would create a context of %s there. '
                         'Create the context in a namespace or group of "%s" (create_namespace makes one).'
                         % (group, owner or target, label, owner or "that application", label))
 
 
-def init_parameters(server, app, service, init_args, label):
+def init_parameters(entry, app, service, init_args, label):
     """initializationParams: UTF-8 bytes of the compact JSON of init's validated args, as an int list."""
     try:
-        manifest = server.apps.manifest(app, service)      # an ABI we refuse arrives as a ToolError
+        manifest = entry.apps.manifest(app, service)      # an ABI we refuse arrives as a ToolError
     except (node_module().NodeError, ToolError) as error:
         if init_args is None:
             return []                          # tools.md: no args and no ABI -> no init input; the node judges
@@ -2219,16 +2275,16 @@ def top_level_key(path):
 @tool("join_context", "Join a context this node is not yet a member of (in a namespace or group it joined).",
       {"context": STRING}, required=("context",))
 def join_context(args, call):
-    context_id = context_id_of(call.server, args["context"])
-    return call.server.node.join_context(context_id)
+    context_id = context_id_of(call.entry, args["context"])
+    return call.node.join_context(context_id)
 
 
 @tool("delete_context", "Delete a context (by id or alias), its data and the aliases naming it; also one a deleted "
       "namespace left behind.",
       {"context": STRING}, required=("context",), annotations=DESTRUCTIVE)
 def delete_context(args, call):
-    node = call.server.node
-    context_id = context_id_of(call.server, args["context"])
+    node = call.node
+    context_id = context_id_of(call.entry, args["context"])
     # The node keeps an alias whose context is gone, still resolving: the aliases are read first and deleted after.
     naming = sorted(alias for alias, target in node.context_aliases().items() if target == context_id)
     answer = node.delete_context(context_id)
@@ -2250,19 +2306,19 @@ def create_alias(args, call):
     given = args.get("context") if args.get("context") is not None else args.get("contextId")
     if not isinstance(given, str):
         raise ToolError("create_alias needs context: the id or an alias of the context to name.")
-    server, alias = call.server, args["alias"]
-    context_id = context_id_of(server, given)
-    taken = server.node.lookup_alias(alias)
+    entry, alias = call.entry, args["alias"]
+    context_id = context_id_of(entry, given)
+    taken = entry.node.lookup_alias(alias)
     if taken == context_id:
         return 'Alias "%s" already names context %s; nothing changed.' % (alias, context_id)
     if taken is None:
-        server.node.create_alias(alias, context_id)
+        entry.node.create_alias(alias, context_id)
         return 'Alias "%s" now resolves to context %s.' % (alias, context_id)
     if not args.get("replace"):
         raise ToolError('Alias "%s" already names context %s. Pass replace: true to point it at context %s instead; '
                         "nothing changed." % (alias, taken, context_id))
     return {"alias": alias, "contextId": context_id, "replaced": taken,
-            "note": repointed(server.node, alias, taken, context_id)}
+            "note": repointed(entry.node, alias, taken, context_id)}
 
 
 def repointed(node, alias, old, new):
@@ -2287,7 +2343,7 @@ def repointed(node, alias, old, new):
       {"name": text_property("The alias.")}, required=("name",), annotations=READ_ONLY)
 def lookup_alias(args, call):
     name = args["name"]
-    context_id = call.server.apps.lookup_alias(name)
+    context_id = call.apps.lookup_alias(name)
     if context_id is None:
         return NO_ALIAS % name
     return {"alias": name, "contextId": context_id}
@@ -2299,7 +2355,7 @@ NO_ALIAS = 'No alias named "%s" on this node.'
 @tool("delete_alias", "Delete a context alias (the context stays).",
       {"alias": STRING}, required=("alias",), annotations=DESTRUCTIVE_IDEMPOTENT)
 def delete_alias(args, call):
-    alias, node = args["alias"], call.server.node
+    alias, node = args["alias"], call.node
     context_id = node.lookup_alias(alias)        # the node answers a miss as a success: ask first, to say it
     if context_id is None:
         return NO_ALIAS % alias
@@ -2312,7 +2368,7 @@ def delete_alias(args, call):
       {"context": STRING, "force": {"type": "boolean"}}, required=("context",),
       annotations=DESTRUCTIVE_IDEMPOTENT)       # force overwrites local state
 def sync_context(args, call):
-    node, context_id = call.server.node, context_id_of(call.server, args["context"])
+    node, context_id = call.node, context_id_of(call.entry, args["context"])
     if args.get("force"):
         answer = node.resync_context(context_id, True)
     else:
@@ -2342,22 +2398,22 @@ def peer_count(node):
        "path": text_property("Absolute .mpk path.")},
       toolset="blobs")
 def install_application(args, call):
-    server, coords, path = call.server, args.get("coords"), args.get("path")
+    entry, coords, path = call.entry, args.get("coords"), args.get("path")
     if (coords is None) == (path is None):
         raise ToolError("Pass coords (package@version, from the node's registry) or path (a bundle file on the "
                         "node's machine), %s." % ("not both" if coords is not None else "one of them"))
     try:
-        before = {app.id: app for app in server.apps.installed()}
+        before = {app.id: app for app in entry.apps.installed()}
     except node_module().NodeError:
         before = None                       # the install goes ahead; what it changed is then not said
     if coords is not None:
-        answer = install_from_registry(server, *package_and_version(coords))
+        answer = install_from_registry(entry, *package_and_version(coords))
     else:
-        answer = server.node.install_dev_application(bundle_path(server.node, path))
-    server.apps.catalog.refresh()           # logs, never raises: the install itself succeeded
-    summary = installed_summary(server.apps, answer["applicationId"], coords)
+        answer = entry.node.install_dev_application(bundle_path(entry.node, path))
+    entry.apps.catalog.refresh()           # logs, never raises: the install itself succeeded
+    summary = installed_summary(entry.apps, answer["applicationId"], coords)
     if before is not None:
-        summary = what_changed(server.apps, before.get(answer["applicationId"]), summary)
+        summary = what_changed(entry.apps, before.get(answer["applicationId"]), summary)
     return dict(summary, note=summary.pop("note"))
 
 
@@ -2395,14 +2451,14 @@ def method_names(apps, app, cached_only=False):
     return names
 
 
-def install_from_registry(server, package, version):
+def install_from_registry(entry, package, version):
     """A registry miss names what the registry has instead: the package's versions, or the closest packages."""
     try:
-        return server.node.install_application(package, version)
+        return entry.node.install_application(package, version)
     except node_module().NodeError as error:
         if error.status != 502 or "no application published" not in str(error):
             raise
-        raise ToolError(("%s %s" % (node_error_text(error), registry_instead(server.node, package))).strip())
+        raise ToolError(("%s %s" % (node_error_text(error), registry_instead(entry.node, package))).strip())
 
 
 def registry_instead(node, package):
@@ -2425,13 +2481,13 @@ def registry_instead(node, package):
       "versions. For install_application's coords.",
       {"package": STRING, "cursor": CURSOR}, annotations=READ_ONLY, toolset="blobs")
 def list_registry(args, call):
-    server, package = call.server, args.get("package")
-    node = server.node
+    entry, package = call.entry, args.get("package")
+    node = entry.node
     place = node.registry()
     if place.url is None:
         raise ToolError(place.problem)
     shown = node_module().display_url(place.url)        # never its userinfo, query or fragment
-    installed = {app.package: app.version for app in server.apps.installed()}
+    installed = {app.package: app.version for app in entry.apps.installed()}
     rows = node.registry_bundles(package)
     if package:
         if not rows:
@@ -2517,13 +2573,13 @@ def package_and_version(coords):
       {"application": STRING},
       required=("application",), annotations=DESTRUCTIVE, toolset="blobs")
 def uninstall_application(args, call):
-    apps = call.server.apps
+    apps = call.apps
     app = resolve_as_given(apps.installed(), args["application"])
     tools = apps.catalog.tool_count_of(app.id)
-    answer = call.server.node.uninstall_application(app.id)
+    answer = call.node.uninstall_application(app.id)
     apps.catalog.refresh()
     said = dict(answer, package=app.package, version=app.version, uninstalled=True)
-    left = left_behind(call.server.node, app)
+    left = left_behind(call.node, app)
     if left:
         said["stillReferring"] = left
     if tools:
@@ -2553,8 +2609,8 @@ def left_behind(node, app):
 def upload_blob(args, call):
     data = blob_bytes(args)
     given = args.get("context")
-    context = context_id_of(call.server, given) if given is not None else None
-    answer = call.server.node.upload_blob(data, args.get("hash"), context)
+    context = context_id_of(call.entry, given) if given is not None else None
+    answer = call.node.upload_blob(data, args.get("hash"), context)
     # Which context's peers were told of it (an alias said beside the id it named), or that none were.
     announced = None if context is None else dict({"contextId": context}, **({"alias": given} if given != context
                                                                             else {}))
@@ -2581,17 +2637,17 @@ def decoded_base64(text):
 
 @tool("list_blobs", "Blobs stored on this node.", {"cursor": CURSOR}, annotations=READ_ONLY, toolset="blobs")
 def list_blobs(args, call):
-    return paged("list_blobs", args, {"blobs": call.server.node.blobs()}, "blobs", "blobId")
+    return paged("list_blobs", args, {"blobs": call.node.blobs()}, "blobs", "blobId")
 
 
 @tool("get_blob", "Read a blob's bytes: UTF-8 text, else base64; a long one in pages (offset, in bytes).",
       {"blob": STRING, "context": STRING, "offset": {"type": "integer", "minimum": 0}},
       required=("blob",), annotations=READ_ONLY, toolset="blobs")
 def get_blob(args, call):
-    context = context_id_of(call.server, args["context"]) if args.get("context") is not None else None
+    context = context_id_of(call.entry, args["context"]) if args.get("context") is not None else None
     offset = byte_offset(args)
     data, headers = call.server.blob_pages.read((args["blob"], context), offset,
-                                                lambda: call.server.node.download_blob(args["blob"], context))
+                                                lambda: call.node.download_blob(args["blob"], context))
     if offset > len(data) or (offset == len(data) and data):
         raise ToolError("offset %d is past the end of blob %s, which is %d bytes." % (offset, args["blob"], len(data)))
     page = {"blobId": args["blob"], "size": len(data), "mimeType": headers["mimeType"], "encoding": None,
@@ -2671,7 +2727,7 @@ def blob_page(data, offset, room):
       {"blob": STRING}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
 def delete_blob(args, call):
     call.server.blob_pages.forget(args["blob"])
-    return call.server.node.delete_blob(args["blob"])
+    return call.node.delete_blob(args["blob"])
 
 
 # ---- governance ----
@@ -2684,11 +2740,11 @@ VISIBILITIES = ("open", "restricted")
        "name": STRING},
       required=("application",), toolset="governance")
 def create_namespace(args, call):
-    apps = call.server.apps
+    apps = call.apps
     app = apps.resolve(args["application"])
     name = args.get("name")
     namesakes = namesakes_of(apps, name, call, namespaces_only=True)
-    created = call.server.node.create_namespace(app.id, name=name)
+    created = call.node.create_namespace(app.id, name=name)
     return with_namesakes(created, name, namesakes)
 
 
@@ -2722,21 +2778,21 @@ def with_namesakes(created, name, namesakes):
 @tool("delete_namespace", "Delete a namespace; delete its contexts first (they outlive it, uncallable).",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def delete_namespace(args, call):
-    acted_on = call.server.apps.carrier_of(args["namespace"], call, "namespace")
-    answer = call.server.node.delete_namespace(args["namespace"])
+    acted_on = call.apps.carrier_of(args["namespace"], call, "namespace")
+    answer = call.node.delete_namespace(args["namespace"])
     return dict(answer, namespaceId=args["namespace"], name=acted_on.name)
 
 
 @tool("invite_to_namespace", "Create an invitation to a namespace, for join_namespace on another node.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
-    server, namespace = call.server, args["namespace"]
+    entry, namespace = call.entry, args["namespace"]
     # Printed as join_namespace's arguments besides namespace, whichever form the node answered in.
-    signed, group_name = node_module().signed_invitation(server.node.invite_to_namespace(namespace))
+    signed, group_name = node_module().signed_invitation(entry.node.invite_to_namespace(namespace))
     invitation = dict({"invitation": signed}, **({"groupName": group_name} if group_name is not None else {}))
     try:
-        target = server.node.group(namespace)["targetApplicationId"]
-        app = next((a for a in server.apps.installed() if a.id == target), None)
+        target = entry.node.group(namespace)["targetApplicationId"]
+        app = next((a for a in entry.apps.installed() if a.id == target), None)
     except node_module().NodeError:
         app = None                          # the invitation exists: the note names the app in general words
     runs = ("install_application %s@%s if it lacks it" % (app.package, app.version) if app
@@ -2779,14 +2835,14 @@ def invitation_terms(invitation):
       required=("namespace", "invitation"), toolset="governance")
 def join_namespace(args, call):
     # The parsed dict keeps the sender's key order: the invitation goes out as it was signed.
-    return call.server.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName"))
+    return call.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName"))
 
 
 @tool("leave_namespace", "Leave a namespace (this node stops being a member).",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
-    acted_on = call.server.apps.carrier_of(args["namespace"], call, "namespace")
-    node = call.server.node
+    acted_on = call.apps.carrier_of(args["namespace"], call, "namespace")
+    node = call.node
     alone = sole_admin(node, args["namespace"])          # read before: after leaving, its members are not ours to read
     node.leave_namespace(args["namespace"])
     if alone is None:
@@ -2817,7 +2873,7 @@ def named_text(carrier):
 @tool("list_group_members", "Members of a group, with their roles.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
-    return paged("list_group_members", args, call.server.node.group_members(args["group"]), "members", "identity")
+    return paged("list_group_members", args, call.node.group_members(args["group"]), "members", "identity")
 
 
 @tool("add_group_members", "Add members to a group, each with a role.",
@@ -2829,7 +2885,7 @@ def list_group_members(args, call):
       required=("group", "members"), toolset="governance")
 def add_group_members(args, call):
     members = [{"identity": m["identity"], "role": m["role"]} for m in args["members"]]
-    call.server.node.add_group_members(args["group"], members)
+    call.node.add_group_members(args["group"], members)
     added = ", ".join("%s (%s)" % (m["identity"], m["role"]) for m in members)
     return "Added %s to group %s." % (added, args["group"])
 
@@ -2838,8 +2894,8 @@ def add_group_members(args, call):
       {"group": GROUP_ID, "members": {"type": "array", "minItems": 1, "items": text_property("Account id.")}},
       required=("group", "members"), annotations=DESTRUCTIVE, toolset="governance")
 def remove_group_members(args, call):
-    node, group = call.server.node, args["group"]
-    acted_on = call.server.apps.carrier_of(group, call, "group")
+    node, group = call.node, args["group"]
+    acted_on = call.apps.carrier_of(group, call, "group")
     members, repeated = canonical_accounts(args["members"])
     # The node checks no account (node-api §0.6): one that is not a member would be "removed" silently.
     listed = {m["identity"]: m.get("name") for m in node.group_members(group)["members"]}
@@ -2874,7 +2930,7 @@ MEMBER_ROLES = ("Admin", "Member", "ReadOnly")       # the node assigns its TEE 
        "role": {"type": "string", "enum": list(MEMBER_ROLES)}},
       required=("group", "member", "role"), toolset="governance")
 def set_member_role(args, call):
-    call.server.node.set_member_role(args["group"], args["member"], args["role"])
+    call.node.set_member_role(args["group"], args["member"], args["role"])
     return "Member %s of group %s now has role %s." % (args["member"], args["group"], args["role"])
 
 
@@ -2887,8 +2943,8 @@ def set_member_role(args, call):
        "parent": dict(GROUP_ID, description="Group to nest under.")},
       required=("namespace",), toolset="governance")
 def create_group(args, call):
-    node, namespace = call.server.node, args["namespace"]
-    namesakes = namesakes_of(call.server.apps, args.get("name"), call)
+    node, namespace = call.node, args["namespace"]
+    namesakes = namesakes_of(call.apps, args.get("name"), call)
     if args.get("parent") is None:
         visibility = args.get("visibility") or "open"
         group_id = node.create_group(namespace, args.get("name"), visibility)
@@ -2923,15 +2979,15 @@ def create_nested_group(node, args):
       "upgrade.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def describe_group(args, call):
-    server, group = call.server, args["group"]
-    node = server.node
+    entry, group = call.entry, args["group"]
+    node = entry.node
     info = node.group(group)
     namespaces = {row["namespaceId"]: row for row in node.namespaces()}
     parent, namespace = group_place(node, group, info.get("namespaceId"), namespaces)
     metadata = info.get("metadata") or {}
     own_row = namespaces.get(group) or (parent or {}).pop("child", None) or {}
     target = info["targetApplicationId"]
-    app = next((a for a in server.apps.installed() if a.id == target), None)
+    app = next((a for a in entry.apps.installed() if a.id == target), None)
     described = {"groupId": group, "name": metadata.get("name") or own_row.get("name"),
                  "kind": "namespace" if group in namespaces else "subgroup",
                  "namespace": namespace, "parent": parent["groupId"] if parent else None,
@@ -3034,12 +3090,12 @@ def group_place(node, group, namespace, namespaces):
       "their contexts.",
       {"group": GROUP_ID}, required=("group",), annotations=DESTRUCTIVE, toolset="governance")
 def delete_group(args, call):
-    node, group = call.server.node, args["group"]
+    node, group = call.node, args["group"]
     namespace = next((row for row in node.namespaces() if row["namespaceId"] == group), None)
     if namespace is not None:      # newest nodes refuse it too; older ones would delete the namespace
         raise ToolError("%s is a namespace%s: delete_group deletes subgroups. Delete a namespace with "
                         "delete_namespace." % (group, ' ("%s")' % namespace["name"] if namespace.get("name") else ""))
-    acted_on = call.server.apps.carrier_of(group, call, "group")
+    acted_on = call.apps.carrier_of(group, call, "group")
     below = groups_below(node, group)
     before = {c["id"]: c.get("groupId") for c in node.contexts()}
     answer = dict(node.delete_group(group), groupId=group, name=acted_on.name)
@@ -3094,7 +3150,7 @@ def group_exists(node, group):
        "visibility": {"type": "string", "enum": list(VISIBILITIES)}},
       required=("group", "visibility"), toolset="governance")
 def set_group_visibility(args, call):
-    node, group, visibility = call.server.node, args["group"], args["visibility"]
+    node, group, visibility = call.node, args["group"], args["visibility"]
     before = node.group(group).get("subgroupVisibility")
     node.set_group_visibility(group, visibility)
     said = "namespace members can join it (join_open_group)" if visibility == "open" else "members must be added"
@@ -3109,14 +3165,14 @@ def set_group_visibility(args, call):
        "data": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Replaces the data."}},
       required=("group",), toolset="governance")
 def set_group_metadata(args, call):
-    node, group = call.server.node, args["group"]
+    node, group = call.node, args["group"]
     # The node replaces the whole record (node-api §0.7): what is omitted is read back and sent as it was.
     record = node.group_metadata(group) or {}
     previous = record.get("name") or listed_name(node, group)
     name = args["name"] if args.get("name") is not None else previous
     namesakes = []
     if args.get("name") is not None and name != previous:        # a rename follows create's rules
-        namesakes = [c for c in namesakes_of(call.server.apps, name, call, done="Nothing was changed.")
+        namesakes = [c for c in namesakes_of(call.apps, name, call, done="Nothing was changed.")
                      if c.id != group]
     data = args["data"] if args.get("data") is not None else (record.get("data") or {})
     node.set_group_metadata(group, name, data)
@@ -3130,7 +3186,7 @@ def set_group_metadata(args, call):
       "contexts.",
       {"group": GROUP_ID}, required=("group",), toolset="governance")
 def join_open_group(args, call):
-    return call.server.node.join_open_group(args["group"])
+    return call.node.join_open_group(args["group"])
 
 
 @tool("upgrade_group", "Move a namespace or group to the latest installed version of its app (install that first); "
@@ -3138,12 +3194,12 @@ def join_open_group(args, call):
       {"group": GROUP_ID, "application": text_property("Default: the group's."), "cascade": {"type": "boolean"}},
       required=("group",), annotations=DESTRUCTIVE, toolset="governance")
 def upgrade_group(args, call):
-    server, group = call.server, args["group"]
-    node = server.node
+    entry, group = call.entry, args["group"]
+    node = entry.node
     current = node.group(group)["targetApplicationId"]
     target = current
     if args.get("application") is not None:
-        target = refuse_another_package(server.apps, group, current, server.apps.resolve(args["application"]))
+        target = refuse_another_package(entry.apps, group, current, entry.apps.resolve(args["application"]))
     started = node.upgrade_group(group, target, args.get("cascade"))
     record = settled_upgrade(node, group, started, call)
     if record.get("status") != "completed":
@@ -3339,7 +3395,7 @@ def squeezed(reference, room):
       {"app": STRING, "service": STRING, "cursor": CURSOR},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def describe_app(args, call):
-    apps = call.server.apps
+    apps = call.apps
     app = apps.resolve(args["app"])
     if args.get("service") is None and len(app.services) > 1:
         if args.get("cursor") is not None:      # a cursor pages one service's methods: never dropped unread
@@ -3429,7 +3485,7 @@ def installed_versions(node, app):
        "verbose": flag_property("Also methods, types and the guide.")},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def select_app(args, call):
-    apps, label = call.server.apps, args["app"]
+    apps, label = call.apps, args["app"]
     app = apps.resolve(label)
     contexts = apps.contexts_of(app)
     context = choose_context(apps, app, label, args.get("context"), contexts)
@@ -3499,7 +3555,7 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
       CALL_PROPERTIES, required=["method"], toolset="app", kind="app-call", synonyms=["_context"],
       annotations=APP_CALL)
 def call_tool(args, call):
-    ran = run_call(call.server.apps, args)
+    ran = run_call(call.apps, args)
     text = plain_text(ran.value)
     refuse_oversized(args.get("method"), text, call.server.config.result_bound)
     if ran.unit_null:                           # a null of a method that returns a value is that value
@@ -3659,11 +3715,11 @@ def call_many_item(call, item):
         return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
                                       "or app with context."}
     try:
-        server = call.server
-        refuse_unknown_arguments(server.fixed_tools["call"], item)
-        with server.node.scope(call.traceparent, call.ticket):
-            ran = run_call(server.apps, item, call.ticket)
-        refuse_oversized(item.get("method"), plain_text(ran.value), server.config.result_bound)
+        entry = call.entry
+        refuse_unknown_arguments(call.server.fixed_tools["call"], item)
+        with entry.node.scope(call.traceparent, call.ticket):
+            ran = run_call(entry.apps, item, call.ticket)
+        refuse_oversized(item.get("method"), plain_text(ran.value), call.server.config.result_bound)
         # The id of the context an alias named: what the next call, or the user, may need. (A handle's context id
         # came with the handle, from select_app.)
         aliased = any(item.get(key) not in (None, ran.context_id) for key in ("context", "_context"))
@@ -4043,8 +4099,8 @@ class Apps:
     """The installed applications as this server sees them: live resolution, ABIs, contexts, groups, handles and
     guides shown; `catalog` is the snapshot the generated tools and resources are served from."""
 
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, entry):
+        self.entry, self.server = entry, entry.server
         self.manifests = {}                       # (AppRecord.build, service) -> abi.Manifest
         self.validators = {}                      # (AppRecord.build, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
@@ -4055,7 +4111,7 @@ class Apps:
 
     @property
     def node(self):
-        return self.server.node
+        return self.entry.node
 
     @property
     def handle_key(self):
@@ -4070,7 +4126,7 @@ class Apps:
         """A node read, made once within the reading scope of the request this thread runs (Request.reading)."""
         request = current_request()
         reads = request.reads if request is not None else None
-        return fetch() if reads is None else reads.get(key, fetch)
+        return fetch() if reads is None else reads.get((self.entry.name,) + key, fetch)   # one memo, many nodes
 
     def installed(self):
         return self.memo(("installed",), self.read_installed)
@@ -4303,7 +4359,7 @@ class Catalog:
 
     @property
     def node(self):
-        return self.server.node
+        return self.apps.node
 
     def start(self):
         self.start_once("catalog", self.first_read)
@@ -4613,7 +4669,7 @@ def call_reads(apps, args):
 # ---- generated method tools ----
 
 def invoke_generated(name, args, call):
-    apps = call.server.apps
+    apps = call.apps
     binding = apps.catalog.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
@@ -4736,8 +4792,8 @@ ToolCount = namedtuple("ToolCount", "advertised fixed fewest_fixed left_out unma
 def count_tools(env, node):
     """--check's ToolCount against a connected `node`, made by the code that answers tools/list (so the two agree)."""
     server = Server(None, env)
-    server._node = node
-    apps = server.apps
+    server.nodes.default.adopt(node)
+    apps = server.nodes.default.apps
     installed = apps.installed()
     unmatched = apps.catalog.budget.unmatched(installed)
     apps.catalog.budget.warned.update(unmatched)  # --check reports them itself, not as a log line too

@@ -2353,6 +2353,15 @@ class Node:
         self._renewal_attempts = 0        # counts token renewals, so waiting threads can share an outcome
         self._renewal_failure = None      # how the last renewal failed, for the threads that waited on it
         self._ids = itertools.count(1)
+        self._http = None                 # this node's own requests.Session, made on first use
+
+    @property
+    def session(self):
+        """This node's own session: its cookies and pooled connections never serve another node (issue 33)."""
+        with _session_lock:
+            if self._http is None:
+                self._http = _new_session()
+            return self._http
 
     # ---- identity ----
     @property
@@ -3009,7 +3018,7 @@ class Node:
     def _send(self, method, url, token, data, content_type, params, timeout, changes=None):
         """One request and its whole answer. `changes` (default: not a GET) is whether a request that went out
         unanswered may have changed the node, which its error then says instead of "retry"."""
-        requests, session = _requests(), _session()
+        requests, session = _requests(), self.session
         kind = method if changes is None else ("POST" if changes else "GET")
         try:
             prepared = _prepared(requests, session, method, url, params, data, _headers(token, content_type))

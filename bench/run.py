@@ -482,9 +482,9 @@ def bench_own_work(home):
             channel = DiscardingChannel(mero_mcp.encode_message)
             server = mero_mcp.Server(channel, server_env(home, node.double.url))
             in_process_answer(server, channel, 1, "initialize", json.loads(INITIALIZE)["params"])
-            server.apps.catalog.start()
+            server.catalog.start()
             deadline = time.monotonic() + CATALOG_DEADLINE
-            while len(server.apps.catalog.snapshot.bindings) < APPS * METHODS_PER_APP and time.monotonic() < deadline:
+            while len(server.catalog.snapshot.bindings) < APPS * METHODS_PER_APP and time.monotonic() < deadline:
                 time.sleep(0.2)
             tool_name = kv_get_tool(in_process_answer(server, channel, 2, "tools/list")["tools"], node.kv_package)
             call = {"name": tool_name, "arguments": dict(GREETING, context=node.context_id)}

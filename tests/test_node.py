@@ -787,7 +787,7 @@ def test_a_request_carries_the_sessions_headers_and_cookies_beside_ours(tmp_path
     """Requests are prepared without Session.request's merging (node._prepared): the session's headers and cookie
     jar must still reach the node, with the request's own headers and query."""
     client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
-    jar = node._session().cookies
+    jar = client.session.cookies
     jar.set("route", "b7")
     try:
         with client.traced(GOOD_TRACE):
