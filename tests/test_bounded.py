@@ -385,7 +385,8 @@ def test_the_result_bound_is_configurable_and_0_lifts_it(serve):
     server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="0")
     big = "y" * 70000
     server.call_tool("call", kv_call("set", key="big", value=big))
-    assert server.call_tool("call", kv_call("get", key="big")) == {"content": [{"type": "text", "text": big}]}
+    ran = {"type": "text", "text": 'get ran in context %s (alias "demo").' % double._aliases["context"]["demo"]}
+    assert server.call_tool("call", kv_call("get", key="big")) == {"content": [{"type": "text", "text": big}, ran]}
     server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="100")
     assert error_text(server.call_tool("call", kv_call("get", key="big"))).startswith(
         "Error: The result of get is 70000 characters, more than one answer carries (100, ")
@@ -419,8 +420,10 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
     server = serve(double)
     assert not server.call_tool("call", kv_call("set", key="blank", value="")).get("isError")
     assert not server.call_tool("call", kv_call("set", key="word", value="raw text")).get("isError")
-    assert server.call_tool("call", kv_call("get", key="blank")) == {"content": [{"type": "text", "text": '""'}]}
-    assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"}]}
+    ran = {"type": "text", "text": 'get ran in context %s (alias "demo").' % double._aliases["context"]["demo"]}
+    assert server.call_tool("call", kv_call("get", key="blank")) == {"content": [{"type": "text", "text": '""'}, ran]}
+    assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"},
+                                                                                ran]}
     many = server.call_tool("call_many", {"calls": [kv_call("get", key="blank"), kv_call("get", key="word")]})
     assert '"result": ""' in many["content"][0]["text"]
     named = {"app": "kv-store", "context": "demo", "method": "get", "contextId": double._aliases["context"]["demo"]}
@@ -428,7 +431,8 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
                                                       dict(named, index=1, ok=True, result="raw text")]
     handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
     generated = server.call_tool("kv_store_get", {"app_handle": handle, "key": "blank"})
-    assert generated["content"] == [{"type": "text", "text": '""'}]
+    assert generated["content"] == [{"type": "text", "text": '""'}, {"type": "text", "text": (
+        'get ran in context %s (named "demo").' % double._aliases["context"]["demo"])}]  # a handle names no alias
 
 
 def test_a_cursor_continues_with_arguments_equal_to_their_defaults(start_server, tmp_path, crowded):

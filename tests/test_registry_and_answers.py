@@ -253,12 +253,14 @@ def test_a_unit_method_answers_null_and_says_what_ran_where(server, double):
         "null", 'set ran in context %s (alias "demo"); it returns nothing.' % demo]
 
 
-def test_a_null_a_method_returns_is_its_value_not_nothing(server):
+def test_a_null_a_method_returns_is_its_value_not_nothing(server, double):
     """get of a key with no value answers null, its Option's None: no line saying the method returns nothing."""
+    demo = next(c["id"] for c in double._contexts.values() if c["name"] == "demo")
+    ran = {"type": "text", "text": 'get ran in context %s (alias "demo").' % demo}
     result = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "zz"}})
-    assert result == {"content": [{"type": "text", "text": "null"}]}
+    assert result == {"content": [{"type": "text", "text": "null"}, ran]}
     generated = server.call_tool("kv_store_get", {"context": "demo", "key": "zz"})
-    assert generated["content"] == [{"type": "text", "text": "null"}]
+    assert generated["content"] == [{"type": "text", "text": "null"}, ran]
 
 
 def test_call_many_items_name_their_call(server):
