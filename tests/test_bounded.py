@@ -380,6 +380,23 @@ def test_an_app_result_past_the_bound_is_an_error_carrying_its_start_and_size(se
     assert text_length(many) <= BOUND
 
 
+def test_an_app_result_is_whole_with_its_line_or_refused_never_cut(serve):
+    """The line saying where a call ran counts against the bound: a value that fits only without it is refused,
+    never cut by the last guard (which would also drop structuredContent); one that fits with it comes whole."""
+    double = sample_double()
+    server = serve(double)
+    demo = double._aliases["context"]["demo"]
+    line = 'get ran in context %s (alias "demo").' % demo
+    for size, whole in [(BOUND - len(line), True), (BOUND - len(line) + 1, False)]:
+        value = "v" * size
+        assert not server.call_tool("call", kv_call("set", key="k", value=value)).get("isError")
+        result = server.call_tool("call", kv_call("get", key="k"))
+        if whole:
+            assert result == {"content": [{"type": "text", "text": value}, {"type": "text", "text": line}]}
+        else:
+            assert error_text(result).startswith("Error: The result of get is %d characters" % size)
+
+
 def test_the_result_bound_is_configurable_and_0_lifts_it(serve):
     double = sample_double()
     server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="0")
