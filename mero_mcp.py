@@ -1895,7 +1895,8 @@ def context_id_of(server, value):
     """A context id as given, or the id an alias names; tools.md lets every context argument be either."""
     context_id = server.apps.context_id(value)
     if context_id is None:
-        raise ToolError('Context "%s" is neither a context id nor an alias on this node.' % value)
+        raise ToolError('Context "%s" is neither a context id nor an alias on this node.%s'
+                        % (value, server.apps.named_so(value)))
     return context_id
 
 
@@ -2068,6 +2069,8 @@ def context_row(context, verbose, keys, aliases):
     app_id = context.get("applicationId")
     row = after_key(context, "applicationId", "application", keys.get(app_id, app_id))
     row["aliases"] = aliases.get(context.get("id"), [])
+    if app_id not in keys:
+        row["nextCall"] = "fails: its application is not installed here (delete_context removes the context)"
     if verbose:
         row["contextStateHash"] = hex_of(row.get("contextStateHash"))
         heads = row.get("dagHeads") or []
@@ -2370,7 +2373,9 @@ def what_changed(apps, old, summary):
         return dict(summary, change="new application")
     if new is not None and new.blob == old.blob:
         return dict(summary, change="same bundle again: nothing changed")
-    change = ("new version (was %s)" % old.version if old.version != summary["version"]
+    # A group runs the bytecode it records: installing moves none of them (node-api.md §0.7).
+    change = ("new version (was %s): its namespaces and groups keep the version they run until upgrade_group "
+              "moves them" % old.version if old.version != summary["version"]
               else "rebuilt bundle of the same version %s" % old.version)
     before, after = method_names(apps, old, cached_only=True), method_names(apps, new) if new else None
     summary = dict(summary, change=change)
@@ -4180,8 +4185,8 @@ class Apps:
         context_id = self.context_id(value)
         context = self.context_by_id(context_id) if context_id else None
         if context is None:
-            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
-                            % (value, self.candidates(app, label, value)))
+            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node.%s %s'
+                            % (value, self.named_so(value, app), self.candidates(app, label, value)))
         if context.get("applicationId") != app.id:
             raise ToolError('Context "%s" %s. %s' % (value, self.runs_other(context, app, label),
                                                      self.candidates(app, label, value)))
@@ -4198,6 +4203,19 @@ class Apps:
         named = "%s (application %s)" % (other.key, other_id) if other is not None and other.package else \
             "application %s" % other_id
         return 'runs %s, not "%s"' % (named, label or app.key)
+
+    def named_so(self, value, app=None):
+        """The contexts whose name (list_contexts' label, not an alias) is `value`, said after a context argument
+        that resolved to nothing: a model takes a listed name for a reference. Empty when none is."""
+        try:
+            rows = self.contexts_of(app) if app is not None else self.node.contexts()
+        except node_module().NodeError:
+            return ""
+        ids = [row["id"] for row in rows if row.get("name") == value and isinstance(row.get("id"), str)]
+        if not ids:
+            return ""
+        return ' Context %s is named "%s": a name is a label, not an alias; pass the id (or create_alias).' % (
+            " and ".join(ids[:3]), value)
 
     def candidates(self, app, label, rejected):
         ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]

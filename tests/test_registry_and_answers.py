@@ -217,7 +217,8 @@ def test_install_says_new_new_version_or_the_same_bundle_and_what_changed(serve)
     assert again["change"] == "same bundle again: nothing changed"
     server.call_tool("describe_app", {"app": "com.calimero.issues"})        # this session reads its methods
     moved = server.call_tool("install_application", {"coords": "com.calimero.issues@1.1.0"})["structuredContent"]
-    assert moved["change"] == "new version (was 1.0.0)"
+    assert moved["change"] == ("new version (was 1.0.0): its namespaces and groups keep the version they run until "
+                               "upgrade_group moves them")
     assert (moved["methodsAdded"], moved["methodsRemoved"]) == (["reset"], [])
 
 
