@@ -1706,10 +1706,11 @@ def plain_text(value):
     return value if isinstance(value, str) else json_text(value)
 
 
-def refuse_oversized(method, text, bound):
+def refuse_oversized(method, text, bound, where=None):
     """An app's result past the bound is an error carrying its size, what to do, and its first part: whole, it
-    is an answer Claude Code rejects (and a context it floods)."""
-    if bound is None or len(text) <= bound:
+    is an answer Claude Code rejects (and a context it floods). `where`, the block saying where it ran, counts
+    against the bound too: the answer must fit whole, or the last guard would cut the value."""
+    if bound is None or len(text) + (len(where["text"]) if where else 0) <= bound:
         return
     head = ("The result of %s is %d characters, more than one answer carries (%d, %s): call a narrower method or "
             "pass arguments that select less. Its first part:\n" % (method, len(text), bound, RESULT_BOUND_VARIABLE))
@@ -1950,7 +1951,8 @@ def context_id_of(entry, value):
     """A context id as given, or the id an alias names; tools.md lets every context argument be either."""
     context_id = entry.apps.context_id(value)
     if context_id is None:
-        raise ToolError('Context "%s" is neither a context id nor an alias on this node.' % value)
+        raise ToolError('Context "%s" is neither a context id nor an alias on this node.%s'
+                        % (value, entry.apps.named_so(value)))
     return context_id
 
 
@@ -2123,6 +2125,8 @@ def context_row(context, verbose, keys, aliases):
     app_id = context.get("applicationId")
     row = after_key(context, "applicationId", "application", keys.get(app_id, app_id))
     row["aliases"] = aliases.get(context.get("id"), [])
+    if app_id not in keys:
+        row["nextCall"] = "fails: its application is not installed here (delete_context removes the context)"
     if verbose:
         row["contextStateHash"] = hex_of(row.get("contextStateHash"))
         heads = row.get("dagHeads") or []
@@ -2425,7 +2429,9 @@ def what_changed(apps, old, summary):
         return dict(summary, change="new application")
     if new is not None and new.blob == old.blob:
         return dict(summary, change="same bundle again: nothing changed")
-    change = ("new version (was %s)" % old.version if old.version != summary["version"]
+    # A group runs the bytecode it records: installing moves none of them (node-api.md §0.7).
+    change = ("new version (was %s): its namespaces and groups keep the version they run until upgrade_group "
+              "moves them" % old.version if old.version != summary["version"]
               else "rebuilt bundle of the same version %s" % old.version)
     before, after = method_names(apps, old, cached_only=True), method_names(apps, new) if new else None
     summary = dict(summary, change=change)
@@ -3555,21 +3561,41 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
       CALL_PROPERTIES, required=["method"], toolset="app", kind="app-call", synonyms=["_context"],
       annotations=APP_CALL)
 def call_tool(args, call):
-    ran = run_call(call.apps, args)
+    apps = call.apps
+    ran = run_call(apps, args)
     text = plain_text(ran.value)
-    refuse_oversized(args.get("method"), text, call.server.config.result_bound)
-    if ran.unit_null:                           # a null of a method that returns a value is that value
-        return {"content": [{"type": "text", "text": "null"}, what_ran(
-            ran.context_id, args.get("method"), [args.get(key) for key in ("_context", "context")])]}
-    return text
+    where = what_ran(apps, ran.context_id, args.get("method"), [args.get(key) for key in ("_context", "context")],
+                     ran.unit_null)
+    refuse_oversized(args.get("method"), text, call.server.config.result_bound, where)
+    return {"content": [{"type": "text", "text": text}, where]}
 
 
-def what_ran(context_id, method, named):
-    """A method that returns nothing answers null; this block says that it ran, and where: the context id, and
-    the alias the call named it by (`named`: the call's context arguments)."""
-    alias = next((value for value in named if isinstance(value, str) and value.strip() != context_id), None)
-    return {"type": "text", "text": "%s ran in context %s%s; it returns nothing." % (
-        method, context_id, ' (alias "%s")' % alias if alias else "")}
+NAME_SHOWN = 80          # a context's name in the line saying where a call ran: the node's text, so cut
+
+
+def what_ran(apps, context_id, method, named, returns_nothing=False):
+    """The block after every app result saying where it ran: the method, the context id, and the alias the call
+    named it by (`named`: the call's context arguments), else the context's name; and, for a method that returns
+    nothing (whose answer is null), that it returns nothing. The context was read by this call's admission: its
+    name comes from the call's memo."""
+    alias = next((value.strip() for value in named if isinstance(value, str) and value.strip()
+                  and value.strip() != context_id), None)
+    if alias:
+        label = ' (alias "%s")' % alias
+    else:
+        name = context_name(apps, context_id)
+        label = ' (named "%s")' % cut_text(name, NAME_SHOWN) if name else ""
+    return {"type": "text", "text": "%s ran in context %s%s%s" % (
+        method, context_id, label, "; it returns nothing." if returns_nothing else ".")}
+
+
+def context_name(apps, context_id):
+    try:
+        context = apps.context_by_id(context_id)
+    except node_module().NodeError:      # admission read it already; a failure now costs only the name
+        return None
+    name = context.get("name") if isinstance(context, dict) else None
+    return name if isinstance(name, str) and name.strip() else None
 
 
 Ran = namedtuple("Ran", "context_id unit_null value")     # unit_null: the value is the null of a unit method
@@ -4215,8 +4241,8 @@ class Apps:
         context_id = self.context_id(value)
         context = self.context_by_id(context_id) if context_id else None
         if context is None:
-            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node. %s'
-                            % (value, self.candidates(app, label, value)))
+            raise ToolError('Context "%s" not found: it is neither a context id nor an alias on this node.%s %s'
+                            % (value, self.named_so(value, app), self.candidates(app, label, value)))
         if context.get("applicationId") != app.id:
             raise ToolError('Context "%s" %s. %s' % (value, self.runs_other(context, app, label),
                                                      self.candidates(app, label, value)))
@@ -4233,6 +4259,19 @@ class Apps:
         named = "%s (application %s)" % (other.key, other_id) if other is not None and other.package else \
             "application %s" % other_id
         return 'runs %s, not "%s"' % (named, label or app.key)
+
+    def named_so(self, value, app=None):
+        """The contexts whose name (list_contexts' label, not an alias) is `value`, said after a context argument
+        that resolved to nothing: a model takes a listed name for a reference. Empty when none is."""
+        try:
+            rows = self.contexts_of(app) if app is not None else self.node.contexts()
+        except node_module().NodeError:
+            return ""
+        ids = [row["id"] for row in rows if row.get("name") == value and isinstance(row.get("id"), str)]
+        if not ids:
+            return ""
+        return ' Context %s is named "%s": a name is a label, not an alias; pass the id (or create_alias).' % (
+            " and ".join(ids[:3]), value)
 
     def candidates(self, app, label, rejected):
         ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]
@@ -4743,12 +4782,13 @@ def strip_injected(method, args):
 
 
 def generated_result(binding, value, call, context_id, named=()):
-    """Compact JSON text, plus structuredContent for a method that returns something (reference §3.14)."""
+    """Compact JSON text, then the block saying where it ran, plus structuredContent (the app's value) for a method
+    that returns something (reference §3.14)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    refuse_oversized(binding.method.name, text, call.server.config.result_bound)
-    result = {"content": [{"type": "text", "text": text}]}
-    if value is None and not binding.has_output:                # a unit method: has_output is its return type's
-        result["content"].append(what_ran(context_id, binding.method.name, named))
+    unit = value is None and not binding.has_output                # a unit method: has_output is its return type's
+    where = what_ran(call.apps, context_id, binding.method.name, named, unit)
+    refuse_oversized(binding.method.name, text, call.server.config.result_bound, where)
+    result = {"content": [{"type": "text", "text": text}, where]}
     if binding.has_output:
         wrapped = binding.wraps and call.server.wraps_output(call)
         result["structuredContent"] = {"result": value} if wrapped else value

@@ -1805,10 +1805,9 @@ _ADVICE = (
                                           "for a new one (invite_to_namespace on their node) and join with that."),
     (400, JOIN_ROUTE, "invitation", "Pass the invitation object exactly as invite_to_namespace returned it, to "
                                     "the namespace it was made for."),
-    (409, UPGRADE_ROUTE, "already targeting", "The group already runs the newest installed version of its app. "
-                                              "Install a newer version first (install_application with coords or "
-                                              "path; the app keeps its id across versions), then retry "
-                                              "upgrade_group."),
+    (409, UPGRADE_ROUTE, "already targeting", "Nothing newer is installed: list_registry shows what the "
+                                              "registry has; install_application (coords or path; the app keeps "
+                                              "its id), then retry upgrade_group."),
     (409, UPGRADE_ROUTE, "in progress", "Wait: describe_group shows the upgrade's progress until it is completed."),
     (409, UPGRADE_ROUTE, "no contexts", "Nothing runs in that group: pass cascade to upgrade its subgroups too, or "
                                         "upgrade the group that holds the contexts."),

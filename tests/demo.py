@@ -50,9 +50,11 @@ def session(server):
     show("kv_store_set {key: greeting, value: hello}", first_text(stored))
     print("   (null: set returns nothing, its ABI return type is unit, so the result is JSON null)")
     got = server.call_tool("kv_store_get", {"app_handle": handle, "key": "greeting"})
-    show("kv_store_get {key: greeting}", {"text": first_text(got), "structuredContent": got["structuredContent"]})
+    show("kv_store_get {key: greeting}", {"text": first_text(got), "structuredContent": got["structuredContent"],
+                                          "then": got["content"][1]["text"]})
     print("   (one value in two forms: text is its JSON for any client, structuredContent the same value as an\n"
-          "    object matching the tool's outputSchema; a string rides as {\"result\": ...} in this protocol era)")
+          "    object matching the tool's outputSchema; a string rides as {\"result\": ...} in this protocol era;\n"
+          "    then a line saying where it ran, as every app call's answer ends)")
     refused = server.call_tool("kv_store_set", {"app_handle": handle, "key": "greeting", "value": 42})
     show("kv_store_set with a wrong type (refused locally, nothing sent)", first_text(refused))
 

@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import shlex
 import subprocess
 import sys
@@ -38,6 +39,8 @@ SNAPSHOT = ROOT / "tests" / "snapshots" / "fixed_tools.json"
 TOOLSETS = ("core", "blobs", "governance")
 # tools.md's application tools: in every toolset, beside core's own.
 APP_TOOLS = frozenset({"describe_app", "select_app", "call", "call_many"})
+# The block after an app call's value saying where it ran (mero_mcp.what_ran).
+RAN_IN = re.compile(r"\S+ ran in context [0-9a-f]{64}")
 
 
 class ServerTimeout(AssertionError):
@@ -208,10 +211,14 @@ class McpServer:
         return self.result("tools/call", params, timeout=timeout)
 
     def tool_json(self, name, arguments=None, **kw):
-        """Call a tool that must succeed and return its JSON text parsed."""
+        """Call a tool that must succeed and return its JSON text parsed (an app call's: the value, before the
+        block saying where it ran)."""
         result = self.call_tool(name, arguments, **kw)
         assert not result.get("isError"), result
-        return json.loads(result["content"][-1]["text"])
+        blocks = result["content"]
+        if len(blocks) > 1 and RAN_IN.match(blocks[-1].get("text", "")):
+            blocks = blocks[:-1]
+        return json.loads(blocks[-1]["text"])
 
     def tool_names(self):
         return [t["name"] for t in self.result("tools/list")["tools"]]

@@ -713,11 +713,13 @@ def test_call_by_handle_and_by_context(own, fresh):
     handle = handle_of(own, KV)
     # a method returning unit: the JSON null, then what ran where; a handle names no alias
     assert texts(own.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}})) \
-        == ["null", "set ran in context %s; it returns nothing." % fresh.kv_ctx]
+        == ["null", 'set ran in context %s (named "demo"); it returns nothing.' % fresh.kv_ctx]   # not its alias
     result = own.call_tool("call", {"app": KV, "context": "demo", "method": "get", "args": {"key": "a"}})
-    assert texts(result) == ["1"] and "structuredContent" not in result      # strings raw, no structuredContent
+    assert texts(result) == ["1", 'get ran in context %s (alias "demo").' % fresh.kv_ctx]   # strings raw
+    assert "structuredContent" not in result
     result = own.call_tool("call", {"app": "KV Store", "context": fresh.kv_ctx, "method": "entries"})
-    assert texts(result) == [json.dumps({"a": "1"}, indent=2)]
+    assert texts(result) == [json.dumps({"a": "1"}, indent=2), 'entries ran in context %s (named "demo").'
+                             % fresh.kv_ctx]
     assert [(e["contextId"], e["method"]) for e in fresh.double.executions] == [(fresh.kv_ctx, "set"),
                                                                               (fresh.kv_ctx, "get"),
                                                                               (fresh.kv_ctx, "entries")]
@@ -964,9 +966,10 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
     assert set_result == {"content": [{"type": "text", "text": "null"}, {"type": "text", "text": (
         'set ran in context %s (alias "demo"); it returns nothing.' % fresh.kv_ctx)}]}   # its ABI says "kind": "unit"
     by_id = own.call_tool("kv_store_set", {"context": fresh.kv_ctx, "key": "a", "value": "1"})
-    assert by_id["content"][-1]["text"] == "set ran in context %s; it returns nothing." % fresh.kv_ctx
+    assert by_id["content"][-1]["text"] == 'set ran in context %s (named "demo"); it returns nothing.' % fresh.kv_ctx
     entries = own.call_tool("kv_store_entries", {"context": "demo"})
-    assert entries["content"] == [{"type": "text", "text": '{"a":"1","b":"2"}'}]
+    assert entries["content"] == [{"type": "text", "text": '{"a":"1","b":"2"}'}, {"type": "text", "text": (
+        'entries ran in context %s (alias "demo").' % fresh.kv_ctx)}]            # a value too says where it ran
     assert entries["structuredContent"] == {"result": {"a": "1", "b": "2"}}
     length = own.call_tool("kv_store_len", {"context": "demo"})
     assert length["content"][0]["text"] == "2" and length["structuredContent"] == {"result": 2}
@@ -977,7 +980,8 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
                                        "_meta": MODERN_META})
     assert modern["structuredContent"] == {"a": "1", "b": "2"}
     missing = own.call_tool("kv_store_get", {"context": "demo", "key": "zz"})
-    assert missing["content"] == [{"type": "text", "text": "null"}]         # a value: get returns an Option
+    assert missing["content"][0] == {"type": "text", "text": "null"}        # a value: get returns an Option
+    assert missing["content"][1]["text"] == 'get ran in context %s (alias "demo").' % fresh.kv_ctx
     assert missing["structuredContent"] == {"result": None}
     profile = own.call_tool("gadgets_profile", {"context": "gadgets-main"})
     assert profile["structuredContent"] == {"result": {"name": "sample", "age": 1}}
@@ -987,6 +991,26 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
               ("kv_store_len", {"structuredContent": 2}, tools_new)]
     for name, result, tools in checks:
         abi.compile_schema(tools[name]["outputSchema"]).validate(result["structuredContent"])
+
+
+def test_after_a_switch_a_view_tools_answer_names_the_context_it_ran_in(own, fresh):
+    """A [view] tool's bare value (`2`, `0`) says which context it came from: the alias the call named, else the
+    context's name; structuredContent stays the app's value."""
+    other = fresh.double.add_context(fresh.kv, name="scratch")
+    fresh.double.add_alias("work", fresh.kv_ctx)
+    own.call_tool("kv_store_set", {"context": "work", "key": "a", "value": "1"})
+    first = own.call_tool("kv_store_len", {"context": "work"})
+    assert texts(first) == ["1", 'len ran in context %s (alias "work").' % fresh.kv_ctx]
+    switched = own.call_tool("kv_store_len", {"app_handle": handle_of(own, KV, context=other)})
+    assert texts(switched) == ["0", 'len ran in context %s (named "scratch").' % other]
+    assert switched["structuredContent"] == {"result": 0}
+    fresh.double.add_alias("work", other)                  # the same alias, another context: the answer says so
+    moved = own.call_tool("kv_store_len", {"context": "work"})
+    assert texts(moved) == ["0", 'len ran in context %s (alias "work").' % other]
+    by_call = own.call_tool("call", {"app": KV, "context": fresh.kv_ctx, "method": "len"})
+    assert texts(by_call) == ["1", 'len ran in context %s (named "demo").' % fresh.kv_ctx]
+    assert [e["contextId"] for e in fresh.double.executions if e["method"] == "len"] == [
+        fresh.kv_ctx, other, other, fresh.kv_ctx]
 
 
 def test_generated_tool_sends_exactly_the_declared_parameters(own, fresh):

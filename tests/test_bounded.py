@@ -380,12 +380,30 @@ def test_an_app_result_past_the_bound_is_an_error_carrying_its_start_and_size(se
     assert text_length(many) <= BOUND
 
 
+def test_an_app_result_is_whole_with_its_line_or_refused_never_cut(serve):
+    """The line saying where a call ran counts against the bound: a value that fits only without it is refused,
+    never cut by the last guard (which would also drop structuredContent); one that fits with it comes whole."""
+    double = sample_double()
+    server = serve(double)
+    demo = double._aliases["context"]["demo"]
+    line = 'get ran in context %s (alias "demo").' % demo
+    for size, whole in [(BOUND - len(line), True), (BOUND - len(line) + 1, False)]:
+        value = "v" * size
+        assert not server.call_tool("call", kv_call("set", key="k", value=value)).get("isError")
+        result = server.call_tool("call", kv_call("get", key="k"))
+        if whole:
+            assert result == {"content": [{"type": "text", "text": value}, {"type": "text", "text": line}]}
+        else:
+            assert error_text(result).startswith("Error: The result of get is %d characters" % size)
+
+
 def test_the_result_bound_is_configurable_and_0_lifts_it(serve):
     double = sample_double()
     server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="0")
     big = "y" * 70000
     server.call_tool("call", kv_call("set", key="big", value=big))
-    assert server.call_tool("call", kv_call("get", key="big")) == {"content": [{"type": "text", "text": big}]}
+    ran = {"type": "text", "text": 'get ran in context %s (alias "demo").' % double._aliases["context"]["demo"]}
+    assert server.call_tool("call", kv_call("get", key="big")) == {"content": [{"type": "text", "text": big}, ran]}
     server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="100")
     assert error_text(server.call_tool("call", kv_call("get", key="big"))).startswith(
         "Error: The result of get is 70000 characters, more than one answer carries (100, ")
@@ -419,8 +437,10 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
     server = serve(double)
     assert not server.call_tool("call", kv_call("set", key="blank", value="")).get("isError")
     assert not server.call_tool("call", kv_call("set", key="word", value="raw text")).get("isError")
-    assert server.call_tool("call", kv_call("get", key="blank")) == {"content": [{"type": "text", "text": '""'}]}
-    assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"}]}
+    ran = {"type": "text", "text": 'get ran in context %s (alias "demo").' % double._aliases["context"]["demo"]}
+    assert server.call_tool("call", kv_call("get", key="blank")) == {"content": [{"type": "text", "text": '""'}, ran]}
+    assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"},
+                                                                                ran]}
     many = server.call_tool("call_many", {"calls": [kv_call("get", key="blank"), kv_call("get", key="word")]})
     assert '"result": ""' in many["content"][0]["text"]
     named = {"app": "kv-store", "context": "demo", "method": "get", "contextId": double._aliases["context"]["demo"]}
@@ -428,7 +448,8 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
                                                       dict(named, index=1, ok=True, result="raw text")]
     handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
     generated = server.call_tool("kv_store_get", {"app_handle": handle, "key": "blank"})
-    assert generated["content"] == [{"type": "text", "text": '""'}]
+    assert generated["content"] == [{"type": "text", "text": '""'}, {"type": "text", "text": (
+        'get ran in context %s (named "demo").' % double._aliases["context"]["demo"])}]  # a handle names no alias
 
 
 def test_a_cursor_continues_with_arguments_equal_to_their_defaults(start_server, tmp_path, crowded):

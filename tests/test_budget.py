@@ -108,10 +108,12 @@ def test_left_out_apps_stay_reachable(start_server, server_env, double):
 
     ran = server.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}})
     demo = double.executions[-1]["contextId"]
-    assert ran == {"content": [{"type": "text", "text": "null"},        # unit: null, then what ran where
-                               {"type": "text", "text": "set ran in context %s; it returns nothing." % demo}]}
+    assert ran == {"content": [{"type": "text", "text": "null"},        # unit: null, then what ran where (a handle
+                               {"type": "text", "text": 'set ran in context %s (named "demo"); it returns '   # names
+                                                        'nothing.' % demo}]}                     # no alias)
     got = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "a"}})
-    assert got == {"content": [{"type": "text", "text": "1"}]}
+    assert got == {"content": [{"type": "text", "text": "1"},
+                               {"type": "text", "text": 'get ran in context %s (alias "demo").' % demo}]}
     refused = server.call_tool("call", {"app_handle": handle, "method": "get", "args": {"key": 5}})
     assert refused.get("isError") is True and "key: expected string" in refused["content"][-1]["text"]
     many = server.call_tool("call_many", {"calls": [{"app_handle": handle, "method": "len"}] * 2})

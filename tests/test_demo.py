@@ -4,6 +4,7 @@ leaves no .venv either way."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def test_the_demo_shows_and_explains_its_session(demo):
     assert "negotiated protocol 2025-11-25 with mero-mcp" in printed
     assert "null\n   (null: set returns nothing, its ABI return type is unit" in printed
     assert '"structuredContent": {\n    "result": "hello"\n  }' in printed and "one value in two forms" in printed
+    assert re.search(r'"then": "get ran in context [0-9a-f]{64} \(named \\"demo\\"\)\."', printed), printed
     assert "- value: expected string, got 42" in printed
     assert "python3 tests/node_double.py --sample --port 2530" in printed
     assert "claude mcp add -s user mero-mcp --env CALIMERO_NODE_URL=http://127.0.0.1:2530 -- " in printed

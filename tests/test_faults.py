@@ -171,8 +171,8 @@ def test_node_down_at_start_then_started_on_the_same_port(start_server, server_e
     assert status_of(server)["health"] == {"status": "alive"}
     apps = server.tool_json("list_applications")["apps"]
     assert [a["package"] for a in apps] == ["com.calimero.kv-store", "com.example.counter"]
-    assert server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "len"}) \
-        == {"content": [{"type": "text", "text": "0"}]}
+    assert server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "len"})["content"][0] \
+        == {"type": "text", "text": "0"}
     # The catalog recovers: the first app tool to meet the app reads it again and announces the change.
     selected = server.call_tool("select_app", {"app": "kv-store"})
     assert not selected.get("isError"), selected
@@ -839,8 +839,9 @@ def counter(double):
 
 
 def counter_value(server, context_id):
-    return json.loads(text_of(server.call_tool("call", {"app": "counter", "context": context_id,
-                                                         "method": "value"})))
+    result = server.call_tool("call", {"app": "counter", "context": context_id, "method": "value"})
+    assert result["content"][1]["text"] == "value ran in context %s." % context_id, result
+    return json.loads(result["content"][0]["text"])
 
 
 def test_a_write_sent_and_unanswered_says_it_may_have_run(start_server, server_env, double, counter):

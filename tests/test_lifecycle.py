@@ -315,9 +315,8 @@ def test_upgrade_group_moves_to_the_installed_version_and_describe_group_follows
     namespace, kv_id = namespace_of(double), double._app_key(KV)
     same = error_text(server.call_tool("upgrade_group", {"group": namespace}))
     assert same == ("Error: group %s is already targeting this application; install a new version of it to upgrade. "
-                    "The group already runs the newest installed version of its app. Install a newer version first "
-                    "(install_application with coords or path; the app keeps its id across versions), then retry "
-                    "upgrade_group." % namespace)
+                    "Nothing newer is installed: list_registry shows what the registry has; install_application "
+                    "(coords or path; the app keeps its id), then retry upgrade_group." % namespace)
     double.upgrade_app(kv_id, "2.0.0")
     start = len(double.log)
     upgraded = server.tool_json("upgrade_group", {"group": namespace, "application": "kv-store", "cascade": True})

@@ -500,5 +500,6 @@ def test_a_generated_tools_context_is_one_id_form_and_its_parameters_are_the_app
         time.sleep(0.1)
     stored = server.call_tool("kv_store_set", {"_context": node.notes.upper(), "key": "k", "value": value})
     assert not stored.get("isError"), stored
+    assert stored["content"][1]["text"] == 'set ran in context %s (named "notes"); it returns nothing.' % node.notes
     got = server.call_tool("call", {"app": KV, "context": node.notes, "method": "get", "args": {"key": "k"}})
-    assert value in text_of(got), got
+    assert got["content"][0]["text"] == value, got

@@ -217,7 +217,8 @@ def test_install_says_new_new_version_or_the_same_bundle_and_what_changed(serve)
     assert again["change"] == "same bundle again: nothing changed"
     server.call_tool("describe_app", {"app": "com.calimero.issues"})        # this session reads its methods
     moved = server.call_tool("install_application", {"coords": "com.calimero.issues@1.1.0"})["structuredContent"]
-    assert moved["change"] == "new version (was 1.0.0)"
+    assert moved["change"] == ("new version (was 1.0.0): its namespaces and groups keep the version they run until "
+                               "upgrade_group moves them")
     assert (moved["methodsAdded"], moved["methodsRemoved"]) == (["reset"], [])
 
 
@@ -253,12 +254,14 @@ def test_a_unit_method_answers_null_and_says_what_ran_where(server, double):
         "null", 'set ran in context %s (alias "demo"); it returns nothing.' % demo]
 
 
-def test_a_null_a_method_returns_is_its_value_not_nothing(server):
+def test_a_null_a_method_returns_is_its_value_not_nothing(server, double):
     """get of a key with no value answers null, its Option's None: no line saying the method returns nothing."""
+    demo = next(c["id"] for c in double._contexts.values() if c["name"] == "demo")
+    ran = {"type": "text", "text": 'get ran in context %s (alias "demo").' % demo}
     result = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "zz"}})
-    assert result == {"content": [{"type": "text", "text": "null"}]}
+    assert result == {"content": [{"type": "text", "text": "null"}, ran]}
     generated = server.call_tool("kv_store_get", {"context": "demo", "key": "zz"})
-    assert generated["content"] == [{"type": "text", "text": "null"}]
+    assert generated["content"] == [{"type": "text", "text": "null"}, ran]
 
 
 def test_call_many_items_name_their_call(server):

@@ -10,6 +10,7 @@ waits 2 round trips (the reads, then the execute), by alias 3 (the lookup first:
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -63,12 +64,15 @@ def text_of(result):
 
 
 def answer(result):
-    """A generated tool's JSON text, or call's (which gives a string as it is)."""
+    """A generated tool's JSON text, or call's (which gives a string as it is); an app call's second block says
+    where it ran."""
     assert not result.get("isError"), result
+    blocks = result["content"]
+    assert len(blocks) == 1 or re.match(r"\w+ ran in context [0-9a-f]{64}", blocks[1]["text"]), result
     try:
-        return json.loads(text_of(result))
+        return json.loads(blocks[0]["text"])
     except ValueError:
-        return text_of(result)
+        return blocks[0]["text"]
 
 
 def handle_of(server, app, context):
@@ -147,7 +151,8 @@ def test_call_many_reads_the_app_and_the_context_once(server, world):
     for _ in range(2):
         since = world.mark()
         items = answer(server.call_tool("call_many", {"calls": [item] * 32}))
-        assert [(i["result"], i["items"]) for i in items] == [("from the first", "0-31")]   # equal answers, one row
+        assert items == [{"items": "0-31", "app": KV, "context": world.first, "method": "get", "ok": True,
+                          "result": "from the first"}]          # 32 equal answers, one row
         sent = kinds(world.requests(since))
         assert sorted(sent) == ["GET /admin-api/applications", "context"] + ["execute"] * 32, sent
 
@@ -279,7 +284,8 @@ def test_a_view_method_on_a_context_whose_group_moved_runs_nothing(serve, env):
     server = serve(double, **env)
     tool = next(name for name in server.tool_names() if name.endswith("_clear") and name != "kv_store_clear")
     handle = handle_of(server, VIEWER, context)
-    assert answer(server.call_tool(tool, {"context": context})).startswith("clear ran in context")   # before
+    assert server.call_tool(tool, {"context": context})["content"][1]["text"].startswith(
+        "clear ran in context %s" % context)                                                        # before
     double.move_group(namespace, kv)
     since = len(double.log)
     moved = 'runs %s (application %s), not "%s"' % (KV, kv, VIEWER)

@@ -220,3 +220,32 @@ def test_call_many_collapses_a_run_of_equal_successes_into_one_row(serve):
     assert items[2] == dict(named, items="4-5", contextId=demo_of(double), ok=True, result=None)
     assert items[3]["index"] == 6 and items[3]["ok"] is True     # a len: another result, its own row
     assert len(items) == 4
+
+
+# ── what a model playing the host stumbled on ────────────────────────────────────────────────────
+
+def test_a_context_named_where_an_alias_goes_is_refused_pointing_at_its_id(serve):
+    """list_contexts shows each context's name; a model passes it as a context. The refusal says which context
+    has that name and that a name is no alias, for a fixed tool and an app tool alike."""
+    double = sample_double()
+    scratch = double.add_context(double._app_key(KV), name="scratch")
+    server = serve(double)
+    hint = ' Context %s is named "scratch": a name is a label, not an alias; pass the id (or create_alias).' % scratch
+    refused = error_text(server.call_tool("create_alias", {"alias": "main", "context": "scratch"}))
+    assert refused == 'Error: Context "scratch" is neither a context id nor an alias on this node.' + hint
+    refused = error_text(server.call_tool("kv_store_len", {"context": "scratch"}))
+    assert hint in refused and refused.startswith('Error: Context "scratch" not found')
+    unknown = error_text(server.call_tool("create_alias", {"alias": "main", "context": "nowhere"}))
+    assert unknown == 'Error: Context "nowhere" is neither a context id nor an alias on this node.'
+
+
+def test_a_context_whose_app_was_uninstalled_says_its_next_call_fails(serve):
+    double = sample_double()
+    demo = demo_of(double)
+    server = serve(double)
+    server.tool_json("uninstall_application", {"application": "kv-store"})
+    row = next(r for r in server.tool_json("list_contexts")["contexts"] if r["id"] == demo)
+    assert row["nextCall"] == "fails: its application is not installed here (delete_context removes the context)"
+    assert row["behind"] is None
+    kept = server.tool_json("list_contexts", {"application": "counter"})
+    assert kept["contexts"] == []

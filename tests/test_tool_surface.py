@@ -164,7 +164,9 @@ def test_a_null_record_map_or_list_validates_against_its_output_schema(server, w
         schema = tools[name]["outputSchema"]
         assert '"%s"' % declared in json.dumps(schema)
         result = server.call_tool(name, {"context": context, "key": "missing"}, meta=meta)
-        assert not result.get("isError") and result["content"] == [{"type": "text", "text": "null"}], result
+        assert not result.get("isError") and result["content"] == [
+            {"type": "text", "text": "null"},
+            {"type": "text", "text": "%s ran in context %s." % (name.rsplit("_", 1)[1], context)}], result
         abi.compile_schema(schema).validate(result["structuredContent"])
         assert result["structuredContent"] == ({"result": None} if era == "handshake" else None)
 
