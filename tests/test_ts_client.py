@@ -89,8 +89,9 @@ def test_tool_calls_pass_the_sdk_output_validation(report, double):
     assert not selected["isError"] and selected["structuredContent"]["package"] == "com.calimero.kv-store"
     assert report["handle"], selected
     # non-unit returns by handle: structuredContent the SDK checked against the outputSchema itself
-    assert calls["len_before"] == {"isError": False, "content": [{"type": "text", "text": "0"}],
-                                   "structuredContent": {"result": 0}}
+    assert calls["len_before"]["content"][0] == {"type": "text", "text": "0"} and not calls["len_before"]["isError"]
+    assert calls["len_before"]["content"][1]["text"].startswith("len ran in context ")      # where it ran
+    assert calls["len_before"]["structuredContent"] == {"result": 0}
     assert calls["entries_before"]["structuredContent"] == {"result": {}} and not calls["entries_before"]["isError"]
     # a unit return: no outputSchema, so no structuredContent
     assert not calls["set"]["isError"] and "structuredContent" not in calls["set"]
