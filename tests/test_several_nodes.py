@@ -119,6 +119,30 @@ def test_single_mode_takes_no_node_argument(server):
     assert "wait_for_sync" not in server.tool_names()
 
 
+def test_generated_tools_gain_no_bytes_in_multi_mode(network, several, serve):
+    node1, node2 = pair(network)
+    multi = several(("node1", node1.url), ("node2", node2.url))
+    generated = [t for t in multi.result("tools/list")["tools"] if "_meta" in t]
+    single = [t for t in serve(node1).result("tools/list")["tools"] if "_meta" in t]
+    assert generated and generated == single
+
+
+def test_multi_node_off_keeps_one_node(network, several):
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url), CALIMERO_MCP_MULTI_NODE="off")
+    assert "wait_for_sync" not in server.tool_names()
+    assert server.call_tool("list_contexts", {"node": "node2"})["isError"]
+    status = server.call_tool("node_status")
+    assert json.loads(texts(status)[-1])["url"] == node1.url          # the first entry: the default
+
+
+def test_one_named_node_is_single_mode_bound_to_that_node(network, several):
+    node1 = network.add("node1", apps=[kv_store_spec()])
+    server = several(("node1", node1.url))
+    status = server.call_tool("node_status")
+    assert len(texts(status)) == 1 and json.loads(texts(status)[0])["url"] == node1.url
+
+
 # ---- handles bind a node ----
 
 def test_a_handle_binds_its_node_and_a_contradicting_node_is_refused(network, several):
@@ -330,6 +354,8 @@ def test_the_whole_flow(network, several):
     waited = server.call_tool("wait_for_sync", {"context": context, "method": "get", "args": {"key": "greeting"},
                                                 "equals": '"hello"'}, meta={"progressToken": "w"})
     body = answer(waited)
+    assert server.wait_notification(lambda n: n.get("method") == "notifications/progress"
+                                    and n["params"]["progressToken"] == "w")["params"]["total"] == 2
     assert body["result"] == "in sync" and {row["node"] for row in body["nodes"]} == {"node1", "node2"}
     assert all(row["value"] == "hello" and row["stateHash"] for row in body["nodes"])
     read = server.call_tool("call", {"app": KV, "context": context, "node": "node2", "method": "get",
