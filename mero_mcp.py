@@ -2553,6 +2553,7 @@ def wait_for_sync(args, call):
     entries = ([nodes.named(name) for name in args["nodes"]] if args.get("nodes") else joined_entries(nodes, context_id))
     if not entries:
         raise ToolError("No named node has joined context %s (join_context with node joins one)." % context_id)
+    left_out = [name for name in nodes.entries if name not in {entry.name for entry in entries}]
     read = sync_read(entries, context_id, args) if args.get("method") else None
     deadline, asked_at = time.monotonic() + timeout, {}
     while True:
@@ -2560,10 +2561,10 @@ def wait_for_sync(args, call):
         agreed = sync_agreed(rows, read, expected)
         progress(call, sum(1 for row in rows if row.get("agrees")), len(rows))
         if agreed:
-            return sync_answer(rows, read, "in sync")
+            return sync_answer(rows, read, "in sync", left_out)
         if time.monotonic() >= deadline or call.ticket.is_set():
             raise ToolError(json_text(sync_answer(rows, read, "not in sync after %gs: %s" % (
-                timeout, sync_diagnosis(rows, read)))))
+                timeout, sync_diagnosis(rows, read)), left_out)))
         if not call.server.config.read_only:
             ask_laggards(entries, rows, context_id, asked_at)
         time.sleep(SYNC_POLL_SECONDS)
@@ -2644,8 +2645,10 @@ def sync_agreed(rows, read, expected):
     return all(row["agrees"] for row in rows)
 
 
-def sync_answer(rows, read, verdict):
+def sync_answer(rows, read, verdict, left_out=()):
     answer = {"result": verdict, "nodes": [{k: v for k, v in row.items() if k != "agrees"} for row in rows]}
+    if left_out:
+        answer["notCompared"] = list(left_out)       # named nodes without the context, or that could not be read
     if read is None:
         answer["note"] = ("Only state hashes were compared: equal hashes are a claim, not proof; pass method (a [view] "
                           "read) to see the value on every node.")

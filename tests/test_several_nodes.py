@@ -374,6 +374,28 @@ def test_wait_for_sync_compares_hashes_alone_when_no_method_and_refuses_a_mut_me
     assert refused["isError"] and "not [view]" in texts(refused)[0]
 
 
+def test_wait_for_sync_in_read_only_mode_waits_without_asking_for_syncs(network, several):
+    node1, node2 = pair(network)
+    _, context = whole_flow(several(("node1", node1.url), ("node2", node2.url)))
+    network.gossip_delay = 60
+    from test_node_double import call as http, output_of
+    output_of(node1, context, "set", {"key": "k", "value": "v"})
+    server = several(("node1", node1.url), ("node2", node2.url), CALIMERO_MCP_READ_ONLY="1")
+    syncs = len(node2.syncs)
+    refused = server.call_tool("wait_for_sync", {"context": context, "timeout": 1})
+    assert refused["isError"] and len(node2.syncs) == syncs
+    assert http(node2, "POST", "/admin-api/contexts/sync/" + context).status == 200
+    assert answer(server.call_tool("wait_for_sync", {"context": context}))["result"] == "in sync"
+
+
+def test_wait_for_sync_says_which_named_nodes_it_did_not_compare(network, several):
+    node1, node2 = pair(network)
+    node3 = network.add("node3", apps=[kv_store_spec()])
+    server = several(("node1", node1.url), ("node2", node2.url), ("node3", node3.url))
+    _, context = whole_flow(server)
+    assert answer(server.call_tool("wait_for_sync", {"context": context}))["notCompared"] == ["node3"]
+
+
 def test_wait_for_sync_times_out_with_a_diagnosis_when_the_app_is_missing(network, several):
     node1, node2 = pair(network, joiner_apps=False)
     server = several(("node1", node1.url), ("node2", node2.url))
