@@ -3273,8 +3273,16 @@ class Node:
         return auth_plan(self._env, handoff, self._named.url if self._named else None, self._default)[0]
 
     def planned_auth(self) -> str:
-        """list_nodes' `auth` before any request: none, token or login (the mode auth_plan gives this node)."""
-        return {"handoff": "token", "credentials": "login"}.get(self._planned_mode(), self._planned_mode())
+        """list_nodes' `auth` before any request: token, login or none (the mode auth_plan gives this node), "none"
+        saying why when the environment's credentials are kept from it (issue 33: not the default, or remote)."""
+        mode = {"handoff": "token", "credentials": "login"}.get(self._planned_mode(), self._planned_mode())
+        if mode != "none" or self._default:
+            return mode
+        if setting(self._env, "CALIMERO_AUTH_TOKEN"):
+            return "none: CALIMERO_AUTH_TOKEN goes to the default node only"
+        if setting(self._env, "CALIMERO_USERNAME"):
+            return "none: the password goes to the default node and loopback nodes only"
+        return mode
 
     def reachable(self, timeout: float = PROBE_TIMEOUT) -> bool:
         """A live health probe under a short deadline (list_nodes): no sign-in, no retry."""

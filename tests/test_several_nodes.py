@@ -208,6 +208,8 @@ def test_a_token_of_the_environment_goes_to_the_default_node_only(network, sever
     server = several(("node1", node1.url), ("node2", node2.url), CALIMERO_AUTH_TOKEN="env-token-for-node1")
     server.call_tool("list_contexts", {"node": "node2"})
     server.call_tool("list_contexts", {})
+    rows = {row["name"]: row for row in answer(server.call_tool("list_nodes"))["nodes"] if row["name"]}
+    assert rows["node1"]["auth"] == "token" and rows["node2"]["auth"].startswith("none: CALIMERO_AUTH_TOKEN")
     assert "Bearer env-token-for-node1" in node1.authorizations()
     assert all(header is None for header in node2.authorizations())
 
