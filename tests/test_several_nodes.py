@@ -257,6 +257,22 @@ def test_a_down_node_fails_only_the_calls_aimed_at_it(network, several):
     assert not server.call_tool("list_contexts", {"node": "node1"}).get("isError")
 
 
+def test_start_up_never_touches_a_node_that_is_not_the_default(network, several):
+    import socket
+    node1 = network.add("node1", apps=[kv_store_spec()])
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    silent.setblocking(False)
+    try:
+        server = several(("node1", node1.url), ("node2", "http://127.0.0.1:%d" % silent.getsockname()[1]))
+        assert any(name.endswith("_set") for name in server.tool_names())
+        with pytest.raises(BlockingIOError):
+            silent.accept()                    # nobody connected: start-up and tools/list never asked node2
+    finally:
+        silent.close()
+
+
 # ---- read-only ----
 
 def test_a_read_only_node_refuses_writes_before_sending_and_others_still_write(network, several):
