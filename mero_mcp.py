@@ -886,9 +886,10 @@ class NodeEntry:
     credentials and token cache) and its app model (records, ABIs, handles' admission), each made on first use.
     Nothing of one entry serves another; a call reaches its entry through `Request.entry`."""
 
-    def __init__(self, server, named=None):
+    def __init__(self, server, named=None, default=True):
         self.server = server
         self.named = named                   # node.NamedNode; None: the one node discovery finds (single mode)
+        self.default = default               # the default node takes the environment's token (node.auth_plan)
         self._node = None
         self._apps = None
         self.lock = threading.Lock()
@@ -901,8 +902,17 @@ class NodeEntry:
     def node(self):
         with self.lock:
             if self._node is None:
-                self._node = node_module().Node(self.server.env)
+                self._node = node_module().Node(self.server.env, named=self.named, default=self.default)
             return self._node
+
+    @property
+    def read_only(self):
+        """A " (ro)" CALIMERO_NODES entry: writes aimed at it are refused before anything is sent."""
+        return self.named is not None and self.named.read_only
+
+    @property
+    def url(self):
+        return self.named.url if self.named is not None else None
 
     @property
     def apps(self):
@@ -918,16 +928,89 @@ class NodeEntry:
 
 
 class NodeEntries:
-    """The node directory as the server holds it: an entry per node, the default's made at once (cheaply: its Node
-    and app model are lazy). A tool call resolves its entry here, in run_tool, and nowhere else."""
+    """The node directory as the server holds it (node.node_directory): an entry per named node in multi-node mode,
+    else the one entry; every entry is cheap until used (its Node and app model are lazy). A tool call resolves its
+    entry here (run_tool; each call_many item) and nowhere else: its `node`, else its handle's node, else the
+    default (kubernetes-mcp-server's target provider)."""
 
     def __init__(self, server):
         self.server = server
-        self.default = NodeEntry(server)
+        self.directory = node_directory_of(server.env)
+        self.multi = self.directory is not None and self.directory.multi
+        default = self.directory.default if self.directory is not None else None
+        if self.multi:
+            self.entries = {n.name: NodeEntry(server, n, default=n == default) for n in self.directory.nodes}
+            self.default = self.entries[default.name]
+        else:
+            self.default = NodeEntry(server, default)      # a lone CALIMERO_NODES entry, else discovery's node
+            self.entries = {}
 
-    def resolve(self, t, arguments):
-        """The entry a call of tool `t` with these arguments runs on."""
-        return self.default
+    def named(self, name):
+        entry = self.entries.get(name) if isinstance(name, str) else None
+        if entry is None:
+            raise ToolError('There is no node "%s". The nodes are: %s. list_nodes shows them.'
+                            % (name, self.known_names()))
+        return entry
+
+    def known_names(self):
+        return ", ".join(name + (" (default)" if entry is self.default else "") for name, entry in self.entries.items())
+
+    def resolve(self, arguments, fallback=None):
+        """(the entry a call runs on, its arguments without `node`). A `node` that contradicts the node the call's
+        app_handle was made on is refused: a handle's admission holds on its own node only. `fallback`: the entry
+        when neither names one (a call_many item: call_many's own; else the default)."""
+        fallback = fallback or self.default
+        if not self.multi:
+            return fallback, arguments
+        arguments = dict(arguments)
+        asked = arguments.pop("node", None)
+        bound_to = self.handle_node(arguments.get("app_handle"))
+        if asked is not None:
+            entry = self.named(asked)
+            if bound_to is not None and bound_to != entry.name:
+                raise ToolError('node "%s" contradicts the app_handle, which was made on node "%s": drop node (the '
+                                'handle runs there), or select_app with node "%s" for a handle of that node.'
+                                % (entry.name, bound_to, entry.name))
+            return entry, arguments
+        return (self.named(bound_to) if bound_to is not None else fallback), arguments
+
+    def handle_node(self, text):
+        if not isinstance(text, str):
+            return None
+        handle = read_handle(self.default.apps.handle_key, text)
+        return handle.node if handle is not None else None
+
+    def said_where(self, result, entry):
+        """Multi-node mode: every result names the node it ran on (a last text block); single mode: unchanged."""
+        if not self.multi or entry is None or not isinstance(result, dict):
+            return result
+        content = list(result.get("content") or [])
+        content.append({"type": "text", "text": 'Ran on node "%s".' % entry.name})
+        return dict(result, content=content)
+
+
+def node_directory_of(env):
+    """node.node_directory(env), or None when it cannot be had: discovery then decides, and says what is wrong, on
+    the first call (start-up already refused a bad CALIMERO_NODES entry)."""
+    try:
+        return own_module("node").node_directory(env)      # node.py alone: requests waits for the first request
+    except Exception:
+        return None
+
+
+def on_node(entry, text):
+    """An error in multi-node mode names the node and its URL: the other nodes keep working."""
+    if entry is None:
+        return text
+    return 'Node "%s" (%s): %s' % (entry.name, entry.url, text)
+
+
+def refuse_write_to_read_only_node(entry, t):
+    """A " (ro)" node takes no write: a fixed tool that writes is refused before anything is sent (call,
+    call_many and generated tools run [view] methods only there: refuse_unless_view)."""
+    if entry is not None and entry.read_only and t.kind == "fixed" and t.annotations.get("readOnlyHint") is not True:
+        raise ToolError('%s is refused: node "%s" is read-only (" (ro)" in CALIMERO_NODES); nothing was sent. Its '
+                        'reads work, and the other nodes take writes (pass node).' % (t.name, entry.name))
 
 
 class Server:
@@ -940,13 +1023,17 @@ class Server:
         self.scheduler = None                # serve's: whoever runs requests also applies cancels
         self.listens = Listens(channel)      # 2026-07-28 subscriptions/listen streams
         self.config = server_config(self.env)
+        self.nodes = NodeEntries(self)       # each node's Node and app model, made on first use
+        multi = self.nodes.multi
         # A tool read-only mode leaves out is still found by name, to be refused saying why.
-        self.fixed_tools = {t.name: as_configured(t, self.config) for t in FIXED_TOOLS if in_toolsets(t, self.config)}
+        self.fixed_tools = {t.name: with_node_argument(as_configured(t, self.config), multi) for t in FIXED_TOOLS
+                            if in_toolsets(t, self.config) and (multi or t.name not in MULTI_NODE_TOOLS)}
         self.instructions = INSTRUCTIONS + "\n" + READ_ONLY_INSTRUCTION if self.config.read_only else INSTRUCTIONS
+        if multi:
+            self.instructions += "\n" + MULTI_NODE_INSTRUCTION % self.nodes.default.name
         # Rendered once: fixed tools declare no output schema, so one rendering serves both eras.
         self.fixed_definitions = [tool_definition(t, wrap=False) for t in self.fixed_tools.values()
                                   if advertised(t, self.config)]
-        self.nodes = NodeEntries(self)       # each node's Node and app model, made on first use
         self.blob_pages = BlobPages()        # the one blob being read page by page (get_blob)
 
     @property
@@ -1065,7 +1152,8 @@ class Server:
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
             arguments = one_id_form(arguments, keys=self.id_keys(t))
-            call.entry = self.nodes.resolve(t, arguments)
+            call.entry, arguments = self.nodes.resolve(arguments)
+            refuse_write_to_read_only_node(call.entry, t)
             with bound(call), call.node.scope(call.traceparent, call.ticket):
                 arguments = resolved_ids(call.apps, t, arguments, call)
                 if KINDS[t.kind].whole_call_reads:
@@ -1075,10 +1163,12 @@ class Server:
                     value = t.handler(arguments, call)
         except Exception as error:
             error = as_failure(error)
-            return error_result(failure_text(error), error.blocks if isinstance(error, ToolError) else ())
+            result = error_result(on_node(call.entry, failure_text(error)) if self.nodes.multi else failure_text(error),
+                                  error.blocks if isinstance(error, ToolError) else ())
+            return self.nodes.said_where(result, call.entry)
         # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's
         # last guard (sealed) bounds every answer.
-        return render_result(value)
+        return self.nodes.said_where(render_result(value), call.entry)
 
     def id_keys(self, t):
         """The arguments of `t` that take ids: a generated tool's are its context options the method does not
@@ -1344,6 +1434,29 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
 
 
 FIXED_TOOLS = []                # filled by @tool, in declaration order
+MULTI_NODE_TOOLS = ("wait_for_sync",)        # offered in multi-node mode only
+NODE_UNAWARE = ("list_nodes",)               # talks to no one node: takes no `node`
+NODE_ARGUMENT = {"type": "string"}           # no enum (names change) and no description: the instructions say it
+MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (a name from list_nodes); a call runs "
+                          "on its node, else where its app_handle was made, else on the default node, %s.")
+
+
+def with_node_argument(t, multi):
+    """Multi-node mode: a `node` on every tool that talks to a node (and on each call_many item); join_namespace
+    takes `from` instead of an invitation. Single mode: the tool as declared, byte for byte."""
+    if not multi or t.name in NODE_UNAWARE or t.kind == "generated":
+        return t
+    schema = dict(t.input_schema)
+    properties = dict(schema.get("properties") or {}, node=NODE_ARGUMENT)
+    if t.name == "call_many":
+        calls = properties["calls"]
+        items = dict(calls["items"], properties=dict(calls["items"]["properties"], node=NODE_ARGUMENT))
+        properties["calls"] = dict(calls, items=items)
+    if t.name == "join_namespace":
+        properties["from"] = FROM_ARGUMENT
+        schema["required"] = ["namespace"]
+    schema.update(type="object", properties=properties)
+    return t._replace(input_schema=schema)
 
 
 def unmarked(properties):
@@ -1501,6 +1614,9 @@ def refuse_unless_view(apps, method, app, listed=None):
     method as its tool was listed, when that was another build); an intent left unspecified could write, so it
     is refused too."""
     is_view = heavy("abi").is_read_only
+    if apps.entry.read_only and not is_view(method):
+        raise ToolError('Method %s of %s is not [view]: node "%s" is read-only (" (ro)" in CALIMERO_NODES), so only '
+                        '[view] methods run there; nothing was sent.' % (method.name, app.key, apps.entry.name))
     if apps.server.config.read_only and not is_view(method):
         was = ("; it was [view] when this tool was listed" if listed is not None and is_view(listed) else "")
         raise ToolError("Method %s of %s is not [view] in the installed build (version %s, intent %s%s): this server "
@@ -1966,7 +2082,49 @@ def hex_of(value):
 @tool("list_nodes", "Calimero nodes known on this machine or found by a local probe.",
       annotations=READ_ONLY)
 def list_nodes(args, call):
+    if call.server.nodes.multi:
+        return node_directory_rows(call.server.nodes)
     return node_module().list_nodes(call.server.env, connected_url(call.entry))
+
+
+LIST_PROBE_SECONDS = 2.0      # each node's live probe: all at once, so a list of any size costs about one of these
+NOT_CONNECTED = ("These nodes are not connected to each other (0 peers each): nothing they write reaches the other. "
+                 "Run both with --mdns (merod --node NAME init/run --mdns), or start one with --boot-nodes "
+                 "/ip4/127.0.0.1/tcp/<the other's swarm port>/p2p/<its peer id> (node_status there shows it).")
+
+
+def node_directory_rows(nodes):
+    """list_nodes in multi-node mode: every named node (and any a local probe finds besides) with its name, url,
+    whether it is the default, reachable (a live probe), read-only, and how it signs in."""
+    entries = list(nodes.entries.values())
+    rows = together(*[partial(directory_row, entry, entry is nodes.default) for entry in entries],
+                    partial(probe_found, [entry.url for entry in entries]))
+    found = rows.pop()
+    rows += [{"name": None, "url": url, "default": False, "reachable": True, "readOnly": False, "auth": None}
+             for url in found]
+    answer = {"nodes": rows}
+    if sum(1 for row in rows if row.get("peers") == 0) >= 2:
+        answer["note"] = NOT_CONNECTED
+    return answer
+
+
+def directory_row(entry, default):
+    row = {"name": entry.name, "url": entry.url, "default": default, "reachable": False, "readOnly": entry.read_only,
+           "auth": entry.node.planned_auth()}
+    if not entry.node.reachable(LIST_PROBE_SECONDS):
+        return row
+    row["reachable"] = True
+    try:
+        row["peers"] = entry.node.peers(timeout=LIST_PROBE_SECONDS)
+    except node_module().NodeError as error:
+        if error.status in (401, 403) or error.auth_error:
+            row["auth"] = "cannot sign in: %s" % error
+    return row
+
+
+def probe_found(known):
+    same = node_module().same_node
+    return [url for url in node_module().probe() if not any(same(url, other) for other in known)]
 
 
 def connected_url(entry):
@@ -2381,6 +2539,159 @@ def sync_context(args, call):
     if peer_count(node) == 0:      # the node accepts the request with no one to ask: say what will come of it
         return {"answer": answer, "note": NO_PEERS} if isinstance(answer, dict) else answer + " " + NO_PEERS
     return answer
+
+
+@tool("wait_for_sync", "Wait until nodes agree on a context: the same state hash and, given method (a [view] one), "
+      "the same read or equals; a lagging node is asked to sync.",
+      {"context": STRING, "nodes": {"type": "array", "items": STRING}, "method": STRING, "args": {"type": "object"},
+       "equals": text_property("Expected value, JSON."), "timeout": {"type": "number", "description": "Seconds; "
+                                                                      "30, at most 55."}},
+      required=("context",), annotations=READ_ONLY)
+def wait_for_sync(args, call):
+    nodes = call.server.nodes
+    context_id = context_id_of(call.entry, args["context"])
+    timeout = args.get("timeout", SYNC_WAIT_DEFAULT)
+    if not 0 < timeout <= SYNC_WAIT_LIMIT:
+        raise ToolError("timeout is seconds, more than 0 and at most %d." % SYNC_WAIT_LIMIT)
+    expected = parsed_equals(args.get("equals"))
+    entries = ([nodes.named(name) for name in args["nodes"]] if args.get("nodes") else joined_entries(nodes, context_id))
+    if not entries:
+        raise ToolError("No named node has joined context %s (join_context with node joins one)." % context_id)
+    left_out = [name for name in nodes.entries if name not in {entry.name for entry in entries}]
+    read = sync_read(entries, context_id, args) if args.get("method") else None
+    deadline, asked_at = time.monotonic() + timeout, {}
+    while True:
+        rows = together(*[partial(sync_row, entry, context_id, read) for entry in entries])
+        agreed = sync_agreed(rows, read, expected)
+        progress(call, sum(1 for row in rows if row.get("agrees")), len(rows))
+        if agreed:
+            return sync_answer(rows, read, "in sync", left_out)
+        if time.monotonic() >= deadline or call.ticket.is_set():
+            raise ToolError(json_text(sync_answer(rows, read, "not in sync after %gs: %s" % (
+                timeout, sync_diagnosis(rows, read)), left_out)))
+        if not call.server.config.read_only:
+            ask_laggards(entries, rows, context_id, asked_at)
+        time.sleep(SYNC_POLL_SECONDS)
+
+
+SYNC_WAIT_DEFAULT, SYNC_WAIT_LIMIT, SYNC_POLL_SECONDS, SYNC_ASK_EVERY = 30, 55, 0.25, 2.0
+ZERO_HASH = "0" * 64
+SyncRead = namedtuple("SyncRead", "method wire_args")
+
+
+def parsed_equals(text):
+    if text is None:
+        return NOTHING_EXPECTED
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ToolError('equals is the expected value as JSON text: 5, true, null or "on" (a string in quotes).') from None
+
+
+NOTHING_EXPECTED = object()
+
+
+def joined_entries(nodes, context_id):
+    """Every named node that holds the context (a node that cannot be read is left out)."""
+    def holds(entry):
+        try:
+            return entry.node.context(context_id) is not None
+        except node_module().NodeError:
+            return False
+    held = together(*[partial(holds, entry) for entry in nodes.entries.values()])
+    return [entry for entry, yes in zip(nodes.entries.values(), held) if yes]
+
+
+def sync_read(entries, context_id, args):
+    """The [view] method to read on every node, its arguments checked against the ABI of the first node that can
+    say (a [mut] method is refused: this reads, it never writes)."""
+    problem = None
+    for entry in entries:
+        try:
+            context = entry.apps.context_by_id(context_id)
+            app = entry.apps.app_by_id(context["applicationId"]) if context else None
+            if app is None:
+                continue
+            unit = Unit(app, context_service(context, app), entry.apps.manifest(app, context_service(context, app)))
+        except (node_module().NodeError, ToolError) as error:
+            problem = error
+            continue
+        method = find_method(unit, args["method"])
+        if not heavy("abi").is_read_only(method):
+            raise ToolError("Method %s of %s is not [view]: wait_for_sync reads, it never writes." % (
+                method.name, app.key))
+        return SyncRead(method.name, wire_arguments(entry.apps, unit, method, args.get("args") or {}))
+    raise ToolError("No node could say what method %s takes%s." % (args["method"], ": %s" % problem if problem else ""))
+
+
+def sync_row(entry, context_id, read):
+    row = {"node": entry.name}
+    try:
+        context = entry.node.context(context_id)
+        row["stateHash"] = hex_of(context.get("contextStateHash")) if context else None
+        row["syncState"] = (entry.node.sync_status(context_id).get("syncState") or {}).get("state")
+        if read is not None:
+            row["value"] = entry.node.execute(context_id, read.method, read.wire_args)
+    except node_module().NodeError as error:
+        row["error"] = node_error_text(error)
+    return row
+
+
+def sync_agreed(rows, read, expected):
+    hashes = {row.get("stateHash") for row in rows}
+    wanted = expected
+    if read is not None and expected is NOTHING_EXPECTED:
+        wanted = rows[0].get("value") if "value" in rows[0] else NOTHING_EXPECTED
+    for row in rows:
+        row["agrees"] = ("error" not in row and row.get("stateHash") not in (None, ZERO_HASH) and len(hashes) == 1
+                         and (read is None or ("value" in row and (wanted is NOTHING_EXPECTED or
+                                                                    row["value"] == wanted))))
+    return all(row["agrees"] for row in rows)
+
+
+def sync_answer(rows, read, verdict, left_out=()):
+    answer = {"result": verdict, "nodes": [{k: v for k, v in row.items() if k != "agrees"} for row in rows]}
+    if left_out:
+        answer["notCompared"] = list(left_out)       # named nodes without the context, or that could not be read
+    if read is None:
+        answer["note"] = ("Only state hashes were compared: equal hashes are a claim, not proof; pass method (a [view] "
+                          "read) to see the value on every node.")
+    return answer
+
+
+def sync_diagnosis(rows, read):
+    errors = " ".join(row.get("error", "") for row in rows)
+    if "not found in blobstore" in errors:
+        missing = [row["node"] for row in rows if "not found in blobstore" in row.get("error", "")]
+        return ("the application is missing on %s: install_application there (a node never gets the app from its "
+                "peers)." % ", ".join(missing))
+    if any(row.get("syncState") == "waitingForPeers" for row in rows):
+        return "not connected (no peers). " + NOT_CONNECTED
+    hashes = {row.get("stateHash") for row in rows if "error" not in row}
+    if read is not None and len(hashes) == 1 and None not in hashes:
+        return "the hashes agree but the reads differ: the write is not applied on every node yet."
+    if errors.strip():
+        return "some nodes could not be read: " + errors.strip()
+    return "the state hashes still differ (the lagging nodes were asked to sync)."
+
+
+def ask_laggards(entries, rows, context_id, asked_at):
+    """Ask each node that does not agree to sync now, at most every SYNC_ASK_EVERY seconds (never a ro node)."""
+    now = time.monotonic()
+    for entry, row in zip(entries, rows):
+        if row.get("agrees") or entry.read_only or now - asked_at.get(entry.name, -SYNC_ASK_EVERY) < SYNC_ASK_EVERY:
+            continue
+        asked_at[entry.name] = now
+        try:
+            entry.node.sync_context(context_id)
+        except node_module().NodeError:
+            pass                        # its row says what is wrong with it
+
+
+def progress(call, done, total):
+    if call.progress_token is not None and not call.ticket.is_set():
+        call.server.notify("notifications/progress", {"progressToken": call.progress_token, "progress": done,
+                                                      "total": total})
 
 
 NO_PEERS = "This node has no peers right now: nothing arrives until one connects (node_status counts them)."
@@ -2840,8 +3151,63 @@ def invitation_terms(invitation):
        "groupName": text_property("Local name.")},
       required=("namespace", "invitation"), toolset="governance")
 def join_namespace(args, call):
+    if args.get("from") is not None:
+        if args.get("invitation") is not None:
+            raise ToolError("Pass invitation or from, not both: with from the server mints the invitation itself.")
+        return handed_over_join(call, call.server.nodes.named(args["from"]), args["namespace"], args.get("groupName"))
+    if args.get("invitation") is None:
+        raise ToolError("join_namespace needs the invitation from invite_to_namespace, or from: a node that is a "
+                        "member of the namespace (list_nodes names them), which the server asks for one.")
     # The parsed dict keeps the sender's key order: the invitation goes out as it was signed.
     return call.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName"))
+
+
+FROM_ARGUMENT = {"type": "string"}
+HANDOVER_SECONDS = 600        # the invitation minted for a hand-over lives ten minutes: it is spent at once
+
+
+def handed_over_join(call, giver, namespace, group_name):
+    """join_namespace with from (issue 33 item 9): the app checked on the joiner first, then an invitation minted
+    on `giver` and spent on this node at once. The bearer invitation never leaves this function: no result, error
+    or log line carries it."""
+    here = call.entry
+    if giver is here:
+        raise ToolError('from names node "%s", the node the join runs on: name the member node to invite from.'
+                        % giver.name)
+    if giver.read_only:
+        raise ToolError('node "%s" is read-only, so it mints no invitation; nothing was sent.' % giver.name)
+    if any(row["namespaceId"] == namespace for row in here.node.namespaces()):
+        return {"namespaceId": namespace, "alreadyMember": True,
+                "note": 'Node "%s" is already a member of namespace %s: nothing was minted. Next: join_context with '
+                        'node "%s" for its contexts (list_contexts there shows them).' % (here.name, namespace,
+                                                                                         here.name)}
+    target = giver.node.group(namespace)["targetApplicationId"]
+    if not any(app.id == target for app in here.apps.installed()):
+        app = next((a for a in giver.apps.installed() if a.id == target), None)
+        install = ('install_application with coords "%s@%s" and node "%s"' % (app.package, app.version, here.name)
+                   if app is not None and app.package and app.version else
+                   'install_application with node "%s" (application %s)' % (here.name, target))
+        raise ToolError('Node "%s" does not have the namespace\'s application installed, and a node never receives '
+                        'it from its peers: call %s first. Nothing was minted.' % (here.name, install))
+    invitation = giver.node.invite_to_namespace(namespace, expires_in=HANDOVER_SECONDS)
+    try:
+        joined = here.node.join_namespace(namespace, invitation, group_name)
+    except node_module().NodeError as error:
+        raise ToolError(join_failure(error, giver, here)) from None
+    return {"namespaceId": namespace, "joined": joined, "invitedBy": giver.name,
+            "next": 'join_context with node "%s" for each of the namespace\'s contexts (list_contexts with node "%s" '
+                    'shows them).' % (here.name, giver.name)}
+
+
+def join_failure(error, giver, here):
+    """A join's 504 or 503 in words; never the request (it carried the invitation)."""
+    if error.status == 504:
+        return ('Node "%s" could not reach any member of the namespace (504): it is not connected to "%s". %s'
+                % (here.name, giver.name, NOT_CONNECTED))
+    if error.status == 503:
+        return ('Node "%s" joined but the namespace key is still on its way (503): the membership is recorded and '
+                'catches up; join_context there will wait for it.' % here.name)
+    return 'Node "%s" could not join: %s' % (here.name, node_error_text(error))
 
 
 @tool("leave_namespace", "Leave a namespace (this node stops being a member).",
@@ -3302,7 +3668,8 @@ def app_summary(apps, app, service, contexts, handle_context):
         summary["serviceNote"] = SERVICE_NOTE
     if apps.catalog.served_guide_uri(app):
         summary["guide"] = app.guide_uri
-    summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context))
+    node = apps.entry.name if apps.server.nodes.multi else None
+    summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context, node))
     return summary
 
 
@@ -3737,12 +4104,21 @@ def describe_count(items):
 
 
 def call_many_item(call, item):
+    """One item's result; in multi-node mode it names the node it ran on (its `node`, else its handle's node, else
+    the node call_many itself runs on)."""
+    where = {}
+    return dict(where, **item_result(call, item, where))
+
+
+def item_result(call, item, where):
     if not isinstance(item, dict):
         return {"ok": False, "error": "Error: each call must be an object with method, args, and an app_handle "
                                       "or app with context."}
     try:
-        entry = call.entry
         refuse_unknown_arguments(call.server.fixed_tools["call"], item)
+        entry, item = call.server.nodes.resolve(item, fallback=call.entry)
+        if call.server.nodes.multi:
+            where["node"] = entry.name
         with entry.node.scope(call.traceparent, call.ticket):
             ran = run_call(entry.apps, item, call.ticket)
         refuse_oversized(item.get("method"), plain_text(ran.value), call.server.config.result_bound)
@@ -3973,14 +4349,17 @@ def read_handle_key(path):
     return key if len(key) == 32 else None
 
 
-Handle = namedtuple("Handle", "app package version guide context service")
+Handle = namedtuple("Handle", "app package version guide context service node")   # node: multi-node mode's
 
 
 def sign_handle(key, handle):
     import hashlib
     import hmac
-    payload = json.dumps({"a": handle.app, "p": handle.package, "v": handle.version, "g": handle.guide,
-                          "c": handle.context, "s": handle.service}, separators=(",", ":")).encode("utf-8")
+    fields = {"a": handle.app, "p": handle.package, "v": handle.version, "g": handle.guide, "c": handle.context,
+              "s": handle.service}
+    if handle.node is not None:
+        fields["n"] = handle.node                 # inside the signed payload: a handle cannot be moved to a node
+    payload = json.dumps(fields, separators=(",", ":")).encode("utf-8")
     return b64url(payload) + "." + b64url(hmac.new(key, payload, hashlib.sha256).digest())
 
 
@@ -3996,13 +4375,13 @@ def read_handle(key, text):
         if not hmac.compare_digest(given, hmac.new(key, payload, hashlib.sha256).digest()):
             return None
         fields = json.loads(payload)
-        return Handle(fields["a"], fields["p"], fields["v"], fields["g"], fields["c"], fields["s"])
+        return Handle(fields["a"], fields["p"], fields["v"], fields["g"], fields["c"], fields["s"], fields.get("n"))
     except (ValueError, KeyError, TypeError):
         return None
 
 
-def handle_for(app, service, context_id):
-    return Handle(app.id, app.key, app.version or "", app.guide_hash, context_id, service)
+def handle_for(app, service, context_id, node=None):
+    return Handle(app.id, app.key, app.version or "", app.guide_hash, context_id, service, node)
 
 
 # ---- the catalog: an immutable snapshot swapped in whole ----
@@ -4133,7 +4512,10 @@ class Apps:
         self.shown_guides = set()                 # guide uris this session has already shown in full
         self._handle_key = None
         self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
-        self.catalog = Catalog(self)
+        # One catalog, the default node's (tools/list, guides): another node's calls find their unit there by build
+        # (the same build is the same ABI) or read that node's own ABI (unit_for).
+        nodes = entry.server.nodes
+        self.catalog = Catalog(self) if entry is nodes.default else nodes.default.apps.catalog
 
     @property
     def node(self):
@@ -4572,7 +4954,7 @@ def foreign_handle(apps, handle, app, service=None):
 def admit_handle(apps, handle, app, service, context_value=None, context_label=None):
     """Check a signed handle against the app as installed now and its live context; the context id. A refusal
     says what changed since the handle was made."""
-    current = handle_for(app, handle.service, handle.context)
+    current = handle_for(app, handle.service, handle.context, handle.node)
     if handle[:4] != current[:4]:
         raise refusal_for(apps, app, moved_on(handle, app) + RETRY_TEXT % app.key)
     if handle.service != service:
@@ -4709,7 +5091,7 @@ def call_reads(apps, args):
 
 def invoke_generated(name, args, call):
     apps = call.apps
-    binding = apps.catalog.snapshot.bindings.get(name)
+    binding = call.server.catalog.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
     ahead(apps, generated_reads(apps, binding, args))

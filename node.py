@@ -894,11 +894,11 @@ def probe(ports=PROBE_PORTS) -> List[str]:
     return [url for url, ok in zip(urls, healthy) if ok]
 
 
-def _answers_health(url) -> bool:
+def _answers_health(url, timeout: float = PROBE_TIMEOUT) -> bool:
     requests, session = _requests(), _session()
     try:
         prepared = _prepared(requests, session, "GET", url + "/admin-api/health", None, None, {})
-        response = fetch(session, prepared, PROBE_TIMEOUT, LOCAL_FILE_LIMIT)   # a health answer is a few bytes
+        response = fetch(session, prepared, timeout, LOCAL_FILE_LIMIT)   # a health answer is a few bytes
     except (requests.RequestException, Late, TooLarge):
         return False
     if not 200 <= response.status_code < 300:
@@ -1138,23 +1138,26 @@ def _pid_alive(pid) -> bool:
 
 # ── Authentication plan (§1.4) ────────────────────────────────────────────────────────────────────
 
-def auth_plan(env, handoff: Optional[Handoff], node_url: Optional[str]):
+def auth_plan(env, handoff: Optional[Handoff], node_url: Optional[str], default: bool = True):
     """(mode, injected (access, refresh) or None), first that applies: handoff, token, credentials, none.
 
     The handoff token belongs to the handoff's node: it is used when the file names no node or names this one,
-    never sent to a node found some other way (e.g. a remote CALIMERO_NODE_URL).
+    never sent to a node found some other way (e.g. a remote CALIMERO_NODE_URL). With several nodes (issue 33) a
+    node that is not the `default` takes no token of the environment (CALIMERO_AUTH_TOKEN, an unnamed handoff),
+    and the username and password only when it is on this machine (loopback): they never travel to a remote one.
     """
-    if handoff and (handoff.node_url is None or same_node(handoff.node_url, node_url)):
+    if handoff and ((handoff.node_url is None and default) or same_node(handoff.node_url, node_url)):
         return "handoff", (handoff.access_token, handoff.refresh_token)
     orphan = password_without_username(env)
     if orphan:
         _warn_once(orphan)
     token = setting(env, "CALIMERO_AUTH_TOKEN")
-    if token:
+    if token and default:
         return "token", (token, setting(env, "CALIMERO_REFRESH_TOKEN") or "")
     if setting(env, "CALIMERO_USERNAME") and (setting(env, "CALIMERO_PASSWORD")
                                               or setting(env, "CALIMERO_PASSWORD_FILE")):
-        return "credentials", None
+        if default or is_loopback_url(node_url):
+            return "credentials", None
     return "none", None
 
 
@@ -2335,8 +2338,11 @@ class Node:
     """The node this process talks to. Lazy: nothing touches the node until the first call; `connect()`
     resolves and authenticates, success is kept, failure is not (the next call tries again)."""
 
-    def __init__(self, env: Optional[Mapping[str, str]] = None, ports=None):
+    def __init__(self, env: Optional[Mapping[str, str]] = None, ports=None, named: Optional[NamedNode] = None,
+                 default: bool = True):
         self._env = os.environ if env is None else env
+        self._named = named               # a NamedNode: this node, never discovery's choice (issue 33)
+        self._default = default           # the default node takes the environment's token (auth_plan)
         self._timeout = request_timeout(self._env)
         self.max_response_bytes = response_cap(self._env)     # CALIMERO_MCP_MAX_RESPONSE_BYTES
         self._ports = ports               # probe ports; injectable so tests need not bind the real ones
@@ -2392,7 +2398,11 @@ class Node:
         if self._location is None:
             with self._connect_lock:
                 if self._location is None:
-                    location, handoff = _resolve(self._env, self._ports)
+                    if self._named is not None:
+                        location = Location(self._named.url, self._named.name, "named")
+                        handoff = read_handoff(state_dir(self._env))[0]
+                    else:
+                        location, handoff = _resolve(self._env, self._ports)
                     self._connect_to(location, handoff)
         return self
 
@@ -2402,7 +2412,7 @@ class Node:
         is written only by a sign-in that succeeds, and only when it held no usable pair."""
         env = self._env
         username = setting(env, "CALIMERO_USERNAME")
-        mode, injected = auth_plan(env, handoff, location.url)
+        mode, injected = auth_plan(env, handoff, location.url, self._default)
         self._attempt = (location, mode)
         self._base, self._mode = location.url, mode
         self._store = TokenStore(token_cache_path(state_dir(env), location.url, username))
@@ -2460,6 +2470,18 @@ class Node:
                                    'an "error"', answer.body)
         return result["output"]
 
+    def sync_status(self, context_id: str) -> Dict[str, Any]:
+        """JSON-RPC sync_status (§0.8): {contextId, isInitialized, syncState: {state, …}, failureCount, lastError?}."""
+        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": "sync_status", "params": {"contextId": context_id}}
+        answer = self._exchange("POST", "/jsonrpc", body=body)
+        reply = answer.value if isinstance(answer.value, dict) else {}
+        if reply.get("error") is not None:
+            raise self._scrubbed(rpc_error(reply["error"], context_id, "sync_status"))
+        result = reply.get("result")
+        if not isinstance(result, dict):
+            raise self._unexpected("POST", "/jsonrpc", 'a JSON-RPC reply with a "result" object', answer.body)
+        return result
+
     # ---- the admin API (node-api §3, §0.5): one method per node operation the server uses ----
     # Each knows its path, its body (current nodes refuse unknown keys) and the shape of its answer, and returns
     # plain values or raises NodeError: an answer of the wrong shape never turns into an empty list upstream.
@@ -2471,9 +2493,9 @@ class Node:
         """`{accountId, publicKey, deviceId?, ...}`; a fresh node answers 404 with why it has none yet (§0.6)."""
         return self._call("GET", "/admin-api/identity", lambda a: a.object("accountId"))
 
-    def peers(self) -> int:
+    def peers(self, timeout=None) -> int:
         """How many peers the node is connected to: `{"count": N}`, no wrapper (§0.6)."""
-        return self._call("GET", "/admin-api/peers", lambda a: a.count("count"))
+        return self._call("GET", "/admin-api/peers", lambda a: a.count("count"), timeout=timeout)
 
     # applications (§3.2)
     def applications(self) -> List[Dict[str, Any]]:
@@ -2732,10 +2754,12 @@ class Node:
         return self._call("DELETE", "/admin-api/namespaces/" + quoted(namespace_id), lambda a: a.flag("isDeleted"),
                           body={})
 
-    def invite_to_namespace(self, namespace_id: str) -> Dict[str, Any]:
-        """The signed invitation, bare or wrapped as `{invitation, groupName}` depending on the release."""
+    def invite_to_namespace(self, namespace_id: str, expires_in: Optional[int] = None) -> Dict[str, Any]:
+        """The signed invitation, bare or wrapped as `{invitation, groupName}` depending on the release.
+        `expires_in`: seconds it stays valid (the request's expirationTimestamp is a duration, §0.8)."""
+        body = {} if expires_in is None else {"expirationTimestamp": int(expires_in)}
         return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), Answer.invitation,
-                          body={})
+                          body=body)
 
     def join_namespace(self, namespace_id: str, invitation: Dict[str, Any],
                        group_name: Optional[str] = None) -> Dict[str, Any]:
@@ -3245,7 +3269,24 @@ class Node:
     def _planned_mode(self) -> str:
         """The auth mode the environment asks for, when discovery found no node to pair it with."""
         handoff, _ = read_handoff(state_dir(self._env))
-        return auth_plan(self._env, handoff, None)[0]
+        return auth_plan(self._env, handoff, self._named.url if self._named else None, self._default)[0]
+
+    def planned_auth(self) -> str:
+        """list_nodes' `auth` before any request: token, login or none (the mode auth_plan gives this node), "none"
+        saying why when the environment's credentials are kept from it (issue 33: not the default, or remote)."""
+        mode = {"handoff": "token", "credentials": "login"}.get(self._planned_mode(), self._planned_mode())
+        if mode != "none" or self._default:
+            return mode
+        if setting(self._env, "CALIMERO_AUTH_TOKEN"):
+            return "none: CALIMERO_AUTH_TOKEN goes to the default node only"
+        if setting(self._env, "CALIMERO_USERNAME"):
+            return "none: the password goes to the default node and loopback nodes only"
+        return mode
+
+    def reachable(self, timeout: float = PROBE_TIMEOUT) -> bool:
+        """A live health probe under a short deadline (list_nodes): no sign-in, no retry."""
+        url = self._named.url if self._named else self.url
+        return bool(url) and _answers_health(url, timeout)
 
 
 def no_longer_accepted(token: str, url: str) -> str:
@@ -3370,7 +3411,12 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     if orphan:
         report.problem(orphan, ORPHAN_PASSWORD_FIX, fatal=False)
     try:
-        location, handoff = _resolve(env, ports)
+        directory = node_directory(env)
+        if directory.multi:
+            _report_named_nodes(report, env, directory)
+            location = Location(directory.default.url, directory.default.name, "named")
+        else:
+            location, handoff = _resolve(env, ports)
     except NodeError as error:
         report.line("Node", "none: %s" % error)
         report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, None)[0]])
@@ -3411,6 +3457,32 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     if counted:
         _report_tool_budget(report, counted, apps)
     return report.finish()
+
+
+def _report_named_nodes(report, env, directory) -> None:
+    """Multi-node mode: one line per named node (its health and how it signs in), all probed at once. A node
+    other than the default being down is said, not fatal: the server works without it. The default's own lines
+    follow, as in single mode."""
+    report.line("Nodes", "%d named (multi-node mode); default: %s" % (len(directory.nodes), directory.default.name))
+
+    def line(named):
+        node = Node(env, named=named, default=named == directory.default)
+        try:
+            node.connect()
+            return named, "%s, auth %s" % (node.health()["status"], _MODE_TEXT[node.auth_mode]), True
+        except NodeError as error:
+            return named, str(error), False
+
+    with ThreadPoolExecutor(max_workers=len(directory.nodes)) as pool:
+        results = list(pool.map(line, directory.nodes))
+    for named, said, ok in results:
+        label = "%s%s%s" % (named.name, " (default)" if named == directory.default else "",
+                            " (ro)" if named.read_only else "")
+        report.line("  " + label, "%s: %s" % (named.url, said if ok else "unreachable or refused: " + said))
+        if not ok and named != directory.default:
+            report.problem('node "%s" cannot be used now: %s' % (named.name, said),
+                           "Start it (merod --node %s run), or fix its entry; the other nodes work meanwhile."
+                           % named.name, fatal=False)
 
 
 def _report_packages(report) -> bool:

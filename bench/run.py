@@ -963,6 +963,90 @@ def link_only():
     return 0
 
 
+# ── Several nodes (issue 33): multi-node mode's start-up beside single mode's, and list_nodes' probes ──────────
+
+NODES_SPAWNS = 9
+
+
+def spawn_to_tools_list(env, stderr):
+    """Seconds from spawn to the whole tools/list answer (initialize first): what a host waits for at start."""
+    started = time.perf_counter()
+    session = open_session(env, stderr)
+    try:
+        session.request("tools/list")
+        return time.perf_counter() - started
+    finally:
+        session.close()
+
+
+class Blackhole:
+    """A port that accepts connections and never answers: a node that is down behind a firewall, the case a probe
+    deadline exists for (a refused connection fails at once and proves nothing)."""
+
+    def __enter__(self):
+        import socket
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(64)
+        self.url = "http://127.0.0.1:%d" % self.socket.getsockname()[1]
+        return self
+
+    def __exit__(self, *exc_info):
+        self.socket.close()
+
+
+def bench_nodes(home, stderr):
+    """Median spawn → tools/list in single mode and in multi-node mode (two nodes); list_nodes of 5 nodes, 2 down."""
+    with node_double.Network() as network:
+        node1 = network.add("node1", apps=[node_double.kv_store_spec()])
+        node2 = network.add("node2", apps=[node_double.kv_store_spec()])
+        single = server_env(Path(home) / "single", node1.url)
+        multi = minimal_env(Path(home) / "multi", {"CALIMERO_NODES": "node1=%s,node2=%s" % (node1.url, node2.url),
+                                                   "CALIMERO_MCP_STATE_DIR": Path(home) / "multi" / "state",
+                                                   "CALIMERO_NODE_HOME": Path(home) / "multi" / "nodes"})
+        times = {"single": [], "multi": []}
+        for _ in range(NODES_SPAWNS):                    # round-robin: noise lands on both alike
+            for name, env in (("single", single), ("multi", multi)):
+                times[name].append(spawn_to_tools_list(env, stderr))
+        node3 = network.add("node3")
+        with Blackhole() as down1, Blackhole() as down2:
+            nodes = [("node1", node1.url), ("node2", node2.url), ("node3", node3.url), ("down1", down1.url),
+                     ("down2", down2.url)]
+            env = minimal_env(Path(home) / "five", {"CALIMERO_NODES": ",".join("%s=%s" % n for n in nodes),
+                                                    "CALIMERO_MCP_STATE_DIR": Path(home) / "five" / "state",
+                                                    "CALIMERO_NODE_HOME": Path(home) / "five" / "nodes"})
+            session = open_session(env, stderr)
+            try:
+                session.request("tools/list")
+                listed = [session.call_tool("list_nodes", {})[0] for _ in range(3)]
+            finally:
+                session.close()
+    import mero_mcp
+    return {name: statistics.median(values) for name, values in times.items()}, statistics.median(listed), \
+        mero_mcp.LIST_PROBE_SECONDS
+
+
+def nodes_rows(spawns, listed, deadline):
+    ratio = spawns["multi"] / spawns["single"]
+    return [("spawn → tools/list, one node", rms(spawns["single"]), "", ""),
+            ("spawn → tools/list, two nodes", rms(spawns["multi"]), "within 10%",
+             "x%.2f of one node%s" % (ratio, "" if ratio <= 1.10 else " (missed)")),
+            ("list_nodes, 5 nodes, 2 down", rms(listed), "one probe deadline (%s)" % rms(deadline),
+             "" if listed <= deadline * 1.5 else "(missed)")]
+
+
+def nodes_only():
+    """`bench/run.py nodes`: the several-nodes rows alone."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mero-bench-") as home:
+        with open(Path(home) / "stderr.log", "wb") as stderr:
+            print("several nodes: %d spawns each, one node and two; list_nodes of 5 with 2 down …" % NODES_SPAWNS,
+                  flush=True)
+            print_table(nodes_rows(*bench_nodes(home, stderr)))
+    print("wall time %.0f s" % (time.monotonic() - started))
+    return 0
+
+
 # ── The README's "Speed and footprint" section, printed in its form: paste it whole, never retype a figure ─────
 
 def sig(value):
@@ -1079,6 +1163,8 @@ def print_readme_section(*figures):
 def main():
     if sys.argv[1:] == ["link"]:
         return link_only()
+    if sys.argv[1:] == ["nodes"]:
+        return nodes_only()
     started = time.monotonic()
     answer_without_nagle()
     with tempfile.TemporaryDirectory(prefix="mero-bench-") as home:

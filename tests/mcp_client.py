@@ -36,6 +36,8 @@ FIXED_TOOL_BYTES = 305
 # The fixed tools' definitions as tools/list serves them, per toolset and in read-only mode: `make snapshot`
 # writes it from the live server; tests read counts and texts from it instead of repeating them.
 SNAPSHOT = ROOT / "tests" / "snapshots" / "fixed_tools.json"
+# The same in multi-node mode (two named nodes: `node` on the node tools, wait_for_sync, join_namespace's from).
+MULTI_SNAPSHOT = ROOT / "tests" / "snapshots" / "fixed_tools_multi.json"
 TOOLSETS = ("core", "blobs", "governance")
 # tools.md's application tools: in every toolset, beside core's own.
 APP_TOOLS = frozenset({"describe_app", "select_app", "call", "call_many"})
@@ -254,14 +256,17 @@ class McpServer:
 
 # ---- the fixed tools' snapshot ----
 
-def fixed_tools_listed(home, extra=None):
+def fixed_tools_listed(home, extra=None, multi=False):
     """The fixed tools' definitions tools/list serves, from the real server over stdio, against a node double
-    with no apps (so every listed tool is fixed), in both eras; they must agree (fixed tools declare no output)."""
+    with no apps (so every listed tool is fixed), in both eras; they must agree (fixed tools declare no output).
+    `multi`: the double is the default of two named nodes (the other never answers: tools/list never asks it)."""
     from node_double import NodeDouble
     double = NodeDouble().start()
     try:
         env = minimal_env(home, dict({"CALIMERO_NODE_URL": double.url, "CALIMERO_MCP_STATE_DIR": Path(home) / "state",
                                       "CALIMERO_NODE_HOME": Path(home) / "nodes"}, **(extra or {})))
+        if multi:
+            env["CALIMERO_NODES"] = "node1=%s,node2=http://127.0.0.1:9" % double.url
         server = McpServer(env)
         try:
             server.initialize()
@@ -311,10 +316,18 @@ def fixed_definitions():
     return fixed_snapshot()["tools"]
 
 
+def live_multi_snapshot(home):
+    """What MULTI_SNAPSHOT holds: every fixed definition multi-node mode lists, in tools/list order."""
+    return {"tools": fixed_tools_listed(Path(home) / "multi", multi=True)}
+
+
 def write_snapshot():
     import tempfile
     with tempfile.TemporaryDirectory(prefix="mero-snapshot-") as home:
         text = snapshot_text(live_snapshot(home))
+        multi = snapshot_text(live_multi_snapshot(home))
+    MULTI_SNAPSHOT.parent.mkdir(exist_ok=True)
+    MULTI_SNAPSHOT.write_text(multi, encoding="utf-8")
     SNAPSHOT.parent.mkdir(exist_ok=True)
     SNAPSHOT.write_text(text, encoding="utf-8")
     snapshot = json.loads(text)

@@ -224,9 +224,10 @@ def test_node_status_names_the_node_only_when_one_directory_matches(start_server
     assert start_server(server_env).tool_json("node_status")["nodeName"] is None, "no directory gives its port"
     write_node_dir(home, "a", double.port)
     write_node_dir(home, "b", double.port)
-    assert start_server(server_env).tool_json("node_status")["nodeName"] is None, "two directories claim it"
+    single = dict(server_env, CALIMERO_MCP_MULTI_NODE="off")     # several homes are multi-node mode (issue 33)
+    assert start_server(single).tool_json("node_status")["nodeName"] is None, "two directories claim it"
     (home / "b" / "config.toml").unlink()
-    assert start_server(server_env).tool_json("node_status")["nodeName"] == "a"
+    assert start_server(single).tool_json("node_status")["nodeName"] == "a"
 
 
 def test_list_applications_compact_rows(server):

@@ -5,8 +5,8 @@ repeating them; a change of a fixed tool is one `make snapshot` and a reviewable
 import difflib
 import json
 
-from mcp_client import APP_TOOLS, FIXED_TOOL_BYTES, SNAPSHOT, TOOLSETS, fixed_names, fixed_snapshot, live_snapshot, \
-    snapshot_text
+from mcp_client import APP_TOOLS, FIXED_TOOL_BYTES, MULTI_SNAPSHOT, SNAPSHOT, TOOLSETS, fixed_names, fixed_snapshot, \
+    live_multi_snapshot, live_snapshot, snapshot_text
 
 
 def test_the_live_fixed_tools_are_the_snapshot(tmp_path):
@@ -39,3 +39,21 @@ def test_what_a_model_reads_of_the_fixed_tools_stays_within_the_budget():
                               ensure_ascii=False).encode("utf-8")) for t in tools)
     assert size <= FIXED_TOOL_BYTES * len(tools), "the %d fixed tools take %d B of a model's context, over %d" % (
         len(tools), size, FIXED_TOOL_BYTES * len(tools))
+
+
+def test_the_live_multi_node_fixed_tools_are_the_second_snapshot(tmp_path):
+    live, committed = snapshot_text(live_multi_snapshot(tmp_path)), MULTI_SNAPSHOT.read_text(encoding="utf-8")
+    if live != committed:
+        diff = "".join(difflib.unified_diff(committed.splitlines(True), live.splitlines(True),
+                                            "%s (committed)" % MULTI_SNAPSHOT.name, "tools/list (live)", n=2))
+        raise AssertionError("The multi-node fixed tools differ from %s. If the change is meant, run `make snapshot` "
+                             "and commit the file.\n%s" % (MULTI_SNAPSHOT.name, diff))
+
+
+def test_multi_node_mode_costs_at_most_2000_bytes_more_than_single_mode():
+    """Issue 33: the `node` argument, join_namespace's from and wait_for_sync together, as compact JSON."""
+    def size(tools):
+        return len(json.dumps(tools, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    multi = json.loads(MULTI_SNAPSHOT.read_text(encoding="utf-8"))["tools"]
+    grown = size(multi) - size(fixed_snapshot()["tools"])
+    assert 0 < grown <= 2000, "multi-node mode adds %d B to the fixed tools" % grown
