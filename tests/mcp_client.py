@@ -37,7 +37,7 @@ FIXED_TOOL_BYTES = 305
 SNAPSHOT = ROOT / "tests" / "snapshots" / "fixed_tools.json"
 TOOLSETS = ("core", "blobs", "governance")
 # tools.md's application tools: in every toolset, beside core's own.
-APP_TOOLS = frozenset({"describe_app", "select_app", "call", "call_many"})
+APP_TOOLS = frozenset({"describe_app", "select_app", "call", "call_many", "events"})
 
 
 class ServerTimeout(AssertionError):
