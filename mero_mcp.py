@@ -1980,7 +1980,7 @@ def after_key(row, key, new_key, value):
 
 
 @tool("list_contexts", "Contexts on this node; applicationVersion: what one last ran; behind: older than its "
-      "app's newest.",
+      "app's newest installed version.",
       {"application": text_property("Only this app's."),
        "verbose": flag_property("Also state hash and DAG heads."),
        "cursor": CURSOR},
@@ -3340,8 +3340,8 @@ EVENT_PAGE = 50             # entries one events answer lists at most
 MAX_WAIT = 50               # seconds an events call may wait: under the usual hosts' 60 s tool timeout
 
 
-@tool("events", "What happened in a context (id or alias) since watched, oldest first. after: a previous "
-      "next; wait: seconds for one.",
+@tool("events", "What happened in a context (id or alias), oldest first. after: a previous next; wait: "
+      "seconds for one.",
       {"context": STRING, "after": {"type": "integer"}, "kind": STRING, "wait": {"type": "number", "maximum": MAX_WAIT}},
       required=["context"], annotations=READ_ONLY, toolset="app")
 def events(args, call):
