@@ -3791,17 +3791,18 @@ class EventStream:
                 return None
             return watched.count, watched.mutations
 
-    def since_mark(self, context_id: str, mark: Tuple[int, int], grace: float) -> List[Dict[str, Any]]:
-        """The entries written after `mark`, once a StateMutation came after it or `grace` seconds passed."""
+    def since_mark(self, context_id: str, mark: Tuple[int, int], grace: float) -> Tuple[List[Dict[str, Any]], bool]:
+        """(the entries written after `mark`, whether a StateMutation came after it), once one came or `grace`
+        seconds passed."""
         deadline = time.monotonic() + grace
         with self._cond:
             while True:
                 watched = self._watched.get(context_id)
                 if watched is None:
-                    return []
+                    return [], False
                 left = deadline - time.monotonic()
                 if watched.mutations > mark[1] or left <= 0:
-                    return [e for e in watched.entries if e["n"] > mark[0]]
+                    return [e for e in watched.entries if e["n"] > mark[0]], watched.mutations > mark[1]
                 self._cond.wait(left)
 
     def entries(self, context_id: str, after: int = 0, kinds=None) -> Tuple[List[Dict[str, Any]], int, int]:
@@ -4045,6 +4046,7 @@ class EventStream:
             return None
         if response.status_code in (400, 404):       # the node forgot the session: reconnect for a new one
             with self._cond:
+                self._down_since = self._down_since or _now_text()     # what it sent meanwhile is lost: a Gap
                 self._session_id, self._last_id = None, None
             reading = self._response
             if reading is not None:

@@ -77,7 +77,8 @@ def emitted(result):
     if not blocks:
         return None
     text = blocks[0]
-    return [] if text.endswith(": none.") else json.loads(text.split("data): ", 1)[1])
+    listed = text.split("data): ", 1)[1]
+    return [] if listed.startswith("none") else json.loads(listed)
 
 
 # ---- 3. what my call emitted ----
@@ -122,7 +123,9 @@ def test_a_mut_call_that_emits_nothing_says_none(served, node):
     node.faults.clear()
     cleared = served.call_tool("call", {"app": KV, "context": "demo", "method": "update_if_exists",
                                         "args": {"key": "absent", "value": "x"}})
-    assert emitted(cleared) == []
+    assert emitted(cleared) == [] and "none by the answer" in cleared["content"][-1]["text"]   # no frame came
+    counter = node._app_key("com.example.counter")        # event-less: its StateMutation carries events: []
+    assert node._apps[counter]["abi"].get("events") in (None, [])
 
 
 def test_the_stream_can_be_turned_off(start_server, tmp_path, node):
@@ -375,3 +378,26 @@ def test_an_expired_token_is_refreshed_for_the_stream(start_server, tmp_path):
         until(lambda: events(server)["stream"] == "live", "the stream back with a fresh token")
     finally:
         double.stop()
+
+
+def test_keep_alives_hold_a_quiet_stream_open(tmp_path, node):
+    node.sse_keepalive = 0.2
+    server = tuned(env_for(tmp_path, node), "node.SSE_READ_TIMEOUT = 1.0")
+    try:
+        live(server)
+        answer = server.tool_json("events", {"context": "demo", "wait": 3}, timeout=90)
+        assert answer["entries"] == [] and answer["stream"] == "live"     # no Gap: keep-alives kept it read
+        assert len([e for e in node.sse_log if e["path"] == "/sse"]) == 1
+    finally:
+        server.close()
+
+
+def test_a_mutation_with_no_events_writes_no_entry_and_explains_the_hash(served, node):
+    counter = node._app_key("com.example.counter")
+    context = node.add_context(counter)
+    live(served, context)
+    served.call_tool("call", {"app": "counter", "context": context, "method": "increment", "args": {"by": 1}})
+    until(lambda: node.sse_sessions() and all(s["written"] == s["n"] for s in node._sse_sessions.values()),
+          "the frame written")
+    time.sleep(0.2)                       # the reader has taken the frame (it was written before the answer)
+    assert events(served, context=context)["entries"] == []    # a StateMutation with events: [] moved the hash
