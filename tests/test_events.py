@@ -399,5 +399,5 @@ def test_a_mutation_with_no_events_writes_no_entry_and_explains_the_hash(served,
     served.call_tool("call", {"app": "counter", "context": context, "method": "increment", "args": {"by": 1}})
     until(lambda: node.sse_sessions() and all(s["written"] == s["n"] for s in node._sse_sessions.values()),
           "the frame written")
-    time.sleep(0.2)                       # the reader has taken the frame (it was written before the answer)
+    time.sleep(1.0)                       # the reader has taken the frame (it was written before the answer)
     assert events(served, context=context)["entries"] == []    # a StateMutation with events: [] moved the hash
