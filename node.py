@@ -3883,16 +3883,20 @@ class EventStream:
         node = self._node
         node.connect()
         url = node._base + path
-        session = self._session()
+        session, sent = self._session(), []
 
         def send(token):
+            if sent:
+                sent.pop().close()                  # a refused attempt: its connection goes back, unread
             headers = _headers(token, "application/json" if body is not None else None)
             headers.update(extra or {})
             try:
-                return session.request(method, url, headers=headers, json=body, stream=stream, allow_redirects=False,
-                                       timeout=(node._timeout, SSE_READ_TIMEOUT if stream else node._timeout))
+                sent.append(session.request(method, url, headers=headers, json=body, stream=stream,
+                                            allow_redirects=False,
+                                            timeout=(node._timeout, SSE_READ_TIMEOUT if stream else node._timeout)))
             except _requests().RequestException as error:
                 raise network_error(error, url, node._timeout, "GET") from None
+            return sent[-1]
         return node._send_authenticated(send)
 
     def _connect(self):
