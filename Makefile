@@ -67,7 +67,7 @@ OLDEST_VENV  := .venv-oldest
 OLDEST_PINS  := requests==2.25.1 jsonschema==3.2.0 pytest
 OLDEST_TESTS := tests/test_abi.py tests/test_fixed_tools.py tests/test_app_tools.py tests/test_node.py \
                 tests/test_adversarial.py tests/test_names_and_rows.py tests/test_lifecycle.py \
-                tests/test_faults.py
+                tests/test_faults.py tests/test_events.py
 # 3.2 has no 2020-12 validator: test_abi compares its Draft 7 verdicts with those of the suite's venv, when it has one
 OLDEST_MODERN = $(if $(wildcard $(PY)),MERO_MCP_TEST_MODERN_PYTHON=$(abspath $(PY)))
 PYTHON39 = $(firstword $(foreach p,$(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.9.*/bin/python3.9) \

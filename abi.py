@@ -97,9 +97,16 @@ class Method(NamedTuple):
         return [param.name for param in self.params]
 
 
+class Event(NamedTuple):
+    name: str
+    payload: Any                  # a TypeRef, or None for an event that carries nothing
+    doc: Optional[str]
+
+
 class Manifest(NamedTuple):
     types: dict                   # name -> type definition; treat as read-only
     methods: Tuple[Method, ...]   # in ABI order
+    events: Tuple[Event, ...] = ()   # what the app's methods may emit (node-api §0.9), in ABI order
 
     def method(self, name: str) -> Optional[Method]:
         for method in self.methods:
@@ -128,7 +135,23 @@ def parse_manifest(raw: Any, label: str) -> Manifest:
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise refuse(f"method {duplicates[0]} is declared twice")
-    return Manifest(types=copy.deepcopy(types), methods=methods)
+    return Manifest(types=copy.deepcopy(types), methods=methods, events=_parse_events(raw.get("events")))
+
+
+def _parse_events(raw: Any) -> Tuple[Event, ...]:
+    """The declared events; an entry without a name is left out (events never make an ABI unusable)."""
+    events = []
+    for entry in raw if isinstance(raw, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"]:
+            doc = entry.get("doc") if isinstance(entry.get("doc"), str) else None
+            events.append(Event(entry["name"], copy.deepcopy(entry.get("payload")), doc))
+    return tuple(events)
+
+
+def event_reference(event: Event) -> str:
+    """An event as describe_app lists it: `Name(PayloadType)` like a signature, then its doc."""
+    shown = event.name if event.payload is None else f"{event.name}({type_name(event.payload)})"
+    return f"{shown}: {event.doc}" if event.doc else shown
 
 
 def _parse_method(entry: Any, index: int, refuse) -> Method:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -670,6 +671,9 @@ LINK_GOALS = (("[view] call by context id (kv_store_get)", "view_id", 2, 2.3),
               ("[view] call by alias", "view_alias", 3, 3.3),
               ("[mut] call by context id (kv_store_set)", "mut_id", 2, 2.3),
               ("[mut] call by alias", "mut_alias", 3, 3.3),
+              # issue 36: the kv store declares events; the stream follows the context, so this answer carries
+              # the events block, and waits for no round trip more than any [mut] call
+              ("[mut] call answering its events (call)", "mut_events", 2, 2.3),
               ("call_many of 32 gets (app + context id)", "many", 2, 3.3))
 
 
@@ -751,6 +755,9 @@ class DelayLink:
             threading.Thread(target=work, name="delay-link-pipe", daemon=True).start()
 
 
+VALUES = itertools.count()
+
+
 class LinkNode:
     """The kv store with one context holding `greeting`, aliased `far`, and the counter."""
 
@@ -768,12 +775,19 @@ class LinkNode:
                 "view_alias": ("kv_store_get", dict(get, context="far")),
                 "mut_id": ("kv_store_set", dict(put, context=self.context_id)),
                 "mut_alias": ("kv_store_set", dict(put, context="far")),
+                "mut_events": ("call", {"app": "com.calimero.kv-store", "context": self.context_id,
+                                        "method": "set", "args": put}),
                 "many": ("call_many", {"calls": [item] * CALL_MANY_SIZE})}
 
 
 def timed_link_call(session, tool_name, arguments):
+    if tool_name == "call":                       # a new value each time: the set emits Updated
+        arguments["args"]["value"] = "v%d" % next(VALUES)
     elapsed, result = session.call_tool(tool_name, arguments)
     tool_result_or_fail(result, tool_name)
+    if tool_name == "call" and arguments.get("method") == "set" and not any(
+            b.get("text", "").startswith("Events in context") for b in result["content"]):
+        raise RuntimeError("a [mut] call to an app with events answered no events block: %s" % result)
     if tool_name == "call_many":
         failed = [i for i in json.loads(result["content"][-1]["text"]) if not i.get("ok")]
         if failed:

@@ -40,7 +40,7 @@ SNAPSHOT = ROOT / "tests" / "snapshots" / "fixed_tools.json"
 MULTI_SNAPSHOT = ROOT / "tests" / "snapshots" / "fixed_tools_multi.json"
 TOOLSETS = ("core", "blobs", "governance")
 # tools.md's application tools: in every toolset, beside core's own.
-APP_TOOLS = frozenset({"describe_app", "select_app", "call", "call_many"})
+APP_TOOLS = frozenset({"describe_app", "select_app", "call", "call_many", "events"})
 # The block after an app call's value saying where it ran (mero_mcp.what_ran).
 RAN_IN = re.compile(r"\S+ ran in context [0-9a-f]{64}")
 

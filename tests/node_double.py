@@ -744,6 +744,19 @@ COUNTER_METHODS: Dict[str, Callable[[dict, dict], Any]] = {
 BEHAVIOURS: Dict[str, Dict[str, Callable[[dict, dict], Any]]] = {"kv": KV_METHODS, "counter": COUNTER_METHODS}
 
 
+def app_events(manifest: Dict[str, Any], method: str, before: dict, after: dict) -> List[Tuple[str, Any]]:
+    """What a kv call emits, as the kv-store app does: Inserted/Updated/Removed per key, Cleared for clear; only
+    the kinds its ABI declares (an app without events emits none)."""
+    declared = {e.get("name") for e in manifest.get("events") or [] if isinstance(e, dict)}
+    if method == "clear":
+        found = [("Cleared", None)]
+    else:
+        found = [("Removed", {"key": k}) for k in before if k not in after]
+        found += [("Inserted" if k not in before else "Updated", {"key": k, "value": v})
+                  for k, v in after.items() if before.get(k, object()) != v]
+    return [(kind, payload) for kind, payload in found if kind in declared]
+
+
 def run_guest(behaviour: str, manifest: Dict[str, Any], method: Dict[str, Any], args: Any, store: dict) -> Any:
     """Execute one method: decode arguments, then the app's own logic or a sample of the return type."""
     decode_arguments(manifest, method, args)
@@ -1286,6 +1299,7 @@ class NodeDouble:
                  auth=None, list_services=True, exec_delay=0.0, port=0, legacy_upgrade_policy=False, host="127.0.0.1",
                  name=None):
         self._lock = threading.RLock()
+        self._init_sse()
         # Who this node is. Unnamed: the fixed NODE_* ids every single-node test knows; named (a Network's
         # member): ids of its own, so an account, a member identity or a peer id tells which node it came from.
         self.name = name
@@ -1677,6 +1691,9 @@ class NodeDouble:
             return
         request = Request(handler.command, split.path, dict(parse_qsl(split.query, keep_blank_values=True)),
                           {k.lower(): v for k, v in handler.headers.items()}, body)
+        if request.path == "/sse" or request.path.startswith("/sse/"):
+            self._serve_sse(handler, request)       # logged in sse_log, so the admin log reads as before
+            return
         ok, parsed = parse_json_body(body) if body else (False, None)
         entry = {"method": request.method, "path": request.path, "query": dict(request.query),
                  "headers": dict(request.headers), "json": parsed if ok else None, "body": body,
@@ -3060,7 +3077,9 @@ class NodeDouble:
             if self.exec_delay:
                 self._hold(self.exec_delay)   # outside the lock, so concurrent calls overlap
             with self._lock:
-                return self._execute_in_app(self._contexts.get(context_id), params["method"], params["argsJson"])
+                outcome = self._execute_in_app(self._contexts.get(context_id), params["method"], params["argsJson"])
+            self._sse_flush()      # the StateMutation is out before the answer (§0.9)
+            return outcome
         finally:
             with self._lock:
                 self._inflight -= 1
@@ -3114,6 +3133,7 @@ class NodeDouble:
         # never lagged keeps no key, so a [view] call leaves the record as it was.
         context.pop("version", None)
         store = dict(context.get("stale_kv", context["kv"]))   # reads_lag: the hash moved, reads not yet
+        before = dict(store)
         try:
             output = run_guest(record["behaviour"], manifest, method, args, store)
         except GuestPanic as panic:
@@ -3124,6 +3144,9 @@ class NodeDouble:
             if self._writes_refused(context, record, store):
                 return {"error": {"type": "ReadOnlyWriteRefused", "data": {"context_id": context["id"]}}}
             self._commit(context, store)
+            emitted = app_events(manifest, method_name, before, store) if record["behaviour"] == "kv" else []
+            if store != before or emitted or record["behaviour"] != "kv":
+                self.sse_mutation(context["id"], emitted)
         return {"result": {"output": output}}
 
     def _writes_refused(self, context: Dict[str, Any], record: Dict[str, Any], store: Dict[str, Any]) -> bool:
@@ -3141,6 +3164,188 @@ class NodeDouble:
         context["kv"] = store
         context["seq"] += 1
         context["heads"] = [hex_id("head:{}:{}".format(context["id"], context["seq"]))]
+
+    # -- events over SSE (§0.9) ---------------------------------------------------------------------------------
+    # sse_mode: "on", "off" (SSE switched off in config: 404) or "forbidden" (the token lacks context:subscribe:
+    # 403). sse_hidden: contexts a subscription drops silently (the caller may not observe them). sse_log: every
+    # /sse request (kept out of `log`). Test helpers: sse_event (a peer's frame), sse_mutation (a StateMutation,
+    # times=2 for the author's echo), silent_change (the hash moves, no frame), sse_disconnect, sse_stall,
+    # sse_flood. sse_keepalive: seconds between `:` comments (15 on core).
+
+    def _init_sse(self) -> None:
+        self.sse_mode = "on"
+        self.sse_hidden: Set[str] = set()
+        self.sse_log: List[Dict[str, Any]] = []
+        self.sse_keepalive = 15.0
+        self._sse_cond = threading.Condition()
+        self._sse_sessions: Dict[str, Dict[str, Any]] = {}
+        self._sse_ids = iter(range(7000001, 1 << 62))
+        self._sse_stalled_until = 0.0
+
+    def _serve_sse(self, handler: _Handler, request: Request) -> None:
+        with self._lock:
+            self.sse_log.append({"method": request.method, "path": request.path, "query": dict(request.query),
+                                 "headers": dict(request.headers), "at": time.monotonic()})
+            refusal = self._auth.guard(request.bearer_token(), "context:subscribe") if self._auth else None
+        if refusal is None and self.sse_mode != "on":
+            refusal = empty_reply(404) if self.sse_mode == "off" else error_reply(403, "Forbidden")
+        if refusal is not None:
+            handler.send(refusal)
+            return
+        if request.method == "GET" and request.path == "/sse":
+            self._sse_stream(handler, request)
+        elif request.method == "POST" and request.path == "/sse/subscription":
+            handler.send(self._sse_subscription(request))
+        elif request.method == "GET" and request.path.startswith("/sse/session/"):
+            with self._sse_cond:
+                session = self._sse_sessions.get(request.path.rsplit("/", 1)[1])
+                answer = None if session is None else {"contexts": sorted(session["contexts"]), "counter": session["n"]}
+            handler.send(empty_reply(404) if answer is None else json_reply(200, answer))
+        else:
+            handler.send(empty_reply(405))
+
+    def _sse_subscription(self, request: Request) -> Reply:
+        ok, body = parse_json_body(request.body)
+        if not ok or not isinstance(body, dict) or body.get("method") not in ("subscribe", "unsubscribe"):
+            return json_reply(400, {"error": "ParseError"})
+        sid = body.get("id")
+        if not isinstance(sid, str) or not sid.isdigit():
+            return json_reply(400, {"error": "Invalid Session Id"})
+        params = body.get("params") if isinstance(body.get("params"), dict) else {}
+        asked = [c for c in params.get("contextIds") or [] if isinstance(c, str)]
+        with self._lock:
+            visible = [c for c in asked if c in self._contexts and c not in self.sse_hidden]
+        with self._sse_cond:
+            session = self._sse_sessions.get(sid)
+            if session is None:
+                return json_reply(404, {"error": "Session not found. Please reconnect to SSE endpoint first."})
+            if body["method"] == "subscribe":
+                session["contexts"].update(visible)
+                return json_reply(200, {"result": {"status": "subscribed", "contexts": visible, "groups": []}})
+            gone = [c for c in asked if c in session["contexts"]]
+            session["contexts"].difference_update(asked)
+            return json_reply(200, {"result": {"status": "unsubscribed", "unsubscribed": gone, "requested": asked}})
+
+    def _sse_stream(self, handler: _Handler, request: Request) -> None:
+        last = request.headers.get("last-event-id") or ""
+        with self._sse_cond:
+            sid = last.split("-", 1)[0]
+            resumed = sid in self._sse_sessions
+            if not resumed:
+                sid = str(next(self._sse_ids))
+                self._sse_sessions[sid] = {"contexts": set(), "n": 0, "written": 0, "queue": [], "live": None}
+            session = self._sse_sessions[sid]
+            mine = object()
+            session.update(live=mine, queue=[], written=session["n"])   # what came while away is lost
+        handler.close_connection = True
+        handler.send_response(200)
+        for name, value in (("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
+                            ("X-SSE-Session-ID", sid), ("X-SSE-Reconnect", "true" if resumed else "false"),
+                            ("Transfer-Encoding", "chunked")):
+            handler.send_header(name, value)
+        handler.end_headers()
+        hello = {"type": "connect", "session_id": sid, "reconnect": resumed}
+        try:
+            self._sse_write(handler, "event: message\nid: %s-0\nretry: 3000\ndata: %s\n\n" % (sid, compact_json(hello)))
+            quiet_since = time.monotonic()
+            while self._server is not None:
+                with self._sse_cond:
+                    if session["live"] is not mine:
+                        break
+                    if not session["queue"] or time.monotonic() < self._sse_stalled_until:
+                        self._sse_cond.wait(0.05)
+                    if session["live"] is not mine:
+                        break
+                    frames = [] if time.monotonic() < self._sse_stalled_until else session["queue"]
+                    if frames:
+                        session["queue"] = []
+                if frames:
+                    self._sse_write(handler, "".join(text for text, _ in frames))
+                    with self._sse_cond:
+                        session["written"] = max(session["written"], frames[-1][1])
+                        self._sse_cond.notify_all()
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since >= self.sse_keepalive and \
+                        time.monotonic() >= self._sse_stalled_until:
+                    self._sse_write(handler, ":\n\n")
+                    quiet_since = time.monotonic()
+        except OSError:
+            pass
+        finally:
+            with self._sse_cond:
+                if session["live"] is mine:
+                    session["live"] = None
+                self._sse_cond.notify_all()
+            try:
+                handler.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    @staticmethod
+    def _sse_write(handler: _Handler, text: str) -> None:
+        data = text.encode("utf-8")
+        handler.wfile.write(b"%x\r\n" % len(data) + data + b"\r\n")
+        handler.wfile.flush()
+
+    def sse_event(self, context_id: str, kind: str, data: Any) -> None:
+        """One context event to every live session subscribed to it (a session away loses it, §0.9)."""
+        event = {"contextId": context_id, "type": kind, "data": data}
+        with self._sse_cond:
+            for sid, session in self._sse_sessions.items():
+                if session["live"] is not None and context_id in session["contexts"]:
+                    session["n"] += 1
+                    session["queue"].append(("event: message\nid: %s-%d\ndata: %s\n\n" % (
+                        sid, session["n"], compact_json({"result": event})), session["n"]))
+            self._sse_cond.notify_all()
+
+    def sse_mutation(self, context_id: str, events: List[Tuple[str, Any]], new_root: Optional[str] = None,
+                     times: int = 1) -> None:
+        """A StateMutation carrying app events [(kind, payload)], each payload's JSON as a byte array."""
+        if new_root is None:
+            with self._lock:
+                context = self._contexts.get(context_id)
+                new_root = self._state_hash(context) if context else hex_id("root:" + str(time.monotonic()))
+        items = [{"kind": kind, "data": [] if payload is None else list(compact_json(payload).encode("utf-8")),
+                  "handler": None} for kind, payload in events]
+        for _ in range(times):
+            self.sse_event(context_id, "StateMutation", {"newRoot": new_root, "events": items})
+
+    def silent_change(self, context_id: str) -> None:
+        """A peer's write that emitted nothing: the state hash moves, and no frame is raised (§0.9)."""
+        with self._lock:
+            context = self._contexts[context_id]
+            self._commit(context, dict(context["kv"], **{"peer-%d" % context["seq"]: "written by a peer"}))
+
+    def sse_disconnect(self) -> None:
+        """Every live stream ends at once (the node restarted, a proxy cut it)."""
+        with self._sse_cond:
+            for session in self._sse_sessions.values():
+                session["live"] = None
+            self._sse_cond.notify_all()
+
+    def sse_stall(self, seconds: float) -> None:
+        """Nothing, not even a keep-alive, goes out on any stream for `seconds` (the connection stays open)."""
+        with self._sse_cond:
+            self._sse_stalled_until = time.monotonic() + seconds
+
+    def sse_flood(self, context_id: str, count: int, kind: str = "Inserted") -> None:
+        for index in range(count):
+            self.sse_mutation(context_id, [(kind, {"key": "flood-%d" % index, "value": "x"})],
+                              new_root=hex_id("flood:%d" % index))
+
+    def sse_sessions(self) -> Dict[str, Set[str]]:
+        with self._sse_cond:
+            return {sid: set(session["contexts"]) for sid, session in self._sse_sessions.items()}
+
+    def _sse_flush(self, timeout: float = 2.0) -> None:
+        """Wait until every live stream has written what was published so far."""
+        deadline = time.monotonic() + timeout
+        with self._sse_cond:
+            while any(s["live"] is not None and s["written"] < s["n"] for s in self._sse_sessions.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._sse_cond.wait(left)
 
     # -- embedded auth (§2) ------------------------------------------------------------------------------------
 

@@ -422,7 +422,7 @@ def test_describe_app_carries_methods_guide_and_a_planning_handle(shared, world)
     result = shared.call_tool("describe_app", {"app": "KV Store"})
     summary = summary_of(result)
     assert list(summary) == ["application", "package", "appVersion", "service", "contextServices", "guide",
-                             "app_handle", "name", "versions", "methods"]
+                             "app_handle", "name", "versions", "events", "methods"]
     assert summary["application"] == world.kv and summary["package"] == KV and summary["appVersion"] == "1.0.0"
     assert summary["name"] == "KV Store"
     assert summary["service"] is None and summary["contextServices"] == []
@@ -963,10 +963,12 @@ def test_structured_content_per_era_and_compact_text(own, fresh):
     tools_old, tools_new = tools_by_name(own), tools_by_name(own, MODERN_META)
     own.call_tool("kv_store_set", {"context": "demo", "key": "b", "value": "2"})
     set_result = own.call_tool("kv_store_set", {"context": "demo", "key": "a", "value": "1"})
-    assert set_result == {"content": [{"type": "text", "text": "null"}, {"type": "text", "text": (
-        'set ran in context %s (alias "demo"); it returns nothing.' % fresh.kv_ctx)}]}   # its ABI says "kind": "unit"
+    # its ABI says "kind": "unit"; a third block, the events it emitted, once the stream follows the context
+    assert set_result["content"][:2] == [{"type": "text", "text": "null"}, {"type": "text", "text": (
+        'set ran in context %s (alias "demo"); it returns nothing.' % fresh.kv_ctx)}]
+    assert "structuredContent" not in set_result and len(set_result["content"]) <= 3
     by_id = own.call_tool("kv_store_set", {"context": fresh.kv_ctx, "key": "a", "value": "1"})
-    assert by_id["content"][-1]["text"] == 'set ran in context %s (named "demo"); it returns nothing.' % fresh.kv_ctx
+    assert by_id["content"][1]["text"] == 'set ran in context %s (named "demo"); it returns nothing.' % fresh.kv_ctx
     entries = own.call_tool("kv_store_entries", {"context": "demo"})
     assert entries["content"] == [{"type": "text", "text": '{"a":"1","b":"2"}'}, {"type": "text", "text": (
         'entries ran in context %s (alias "demo").' % fresh.kv_ctx)}]            # a value too says where it ran

@@ -134,7 +134,8 @@ def test_annotations_follow_tools_md(server):
 # Properties whose name says what they take: a description would only repeat it. How apps and
 # contexts are named is said once, in the server's instructions.
 SELF_EXPLAINING = {"application", "app", "group", "namespace", "name", "service", "context", "contextId", "blob", "package",
-                   "method", "visibility", "members", "alias", "force", "offset", "cascade", "role"}
+                   "method", "visibility", "members", "alias", "force", "offset", "cascade", "role",
+                   "after", "kind", "wait"}      # events: its description says after and wait
 
 
 def fixed_definitions(server):
@@ -186,7 +187,7 @@ def test_the_invitation_is_declared_opaque(server):
     schema = tools["join_namespace"]["inputSchema"]
     assert schema["properties"]["invitation"] == {
         "type": "object",
-        "description": "The invitation object returned by invite_to_namespace, passed through unchanged."}
+        "description": "From invite_to_namespace, unchanged."}
     assert schema["required"] == ["namespace", "invitation"]
 
 

@@ -39,6 +39,7 @@ def test_what_a_model_reads_of_the_fixed_tools_stays_within_the_budget():
                               ensure_ascii=False).encode("utf-8")) for t in tools)
     assert size <= FIXED_TOOL_BYTES * len(tools), "the %d fixed tools take %d B of a model's context, over %d" % (
         len(tools), size, FIXED_TOOL_BYTES * len(tools))
+    assert size <= 12000, "the fixed tools take %d B of a model's context, over 12,000 B in all (issue 36)" % size
 
 
 def test_the_live_multi_node_fixed_tools_are_the_second_snapshot(tmp_path):
