@@ -1002,7 +1002,13 @@ def on_node(entry, text):
     """An error in multi-node mode names the node and its URL: the other nodes keep working."""
     if entry is None:
         return text
+    # node.py's single-node advice would send the user to the wrong variable: this node is one of several.
+    text = text.replace(SINGLE_NODE_FIX, MULTI_NODE_FIX)
     return 'Node "%s" (%s): %s' % (entry.name, entry.url, text)
+
+
+SINGLE_NODE_FIX = "or point CALIMERO_NODE_URL at a running node."
+MULTI_NODE_FIX = "or correct its URL (CALIMERO_NODES). The other nodes still work: list_nodes says which are up."
 
 
 def refuse_write_to_read_only_node(entry, t):
@@ -1438,7 +1444,8 @@ MULTI_NODE_TOOLS = ("wait_for_sync",)        # offered in multi-node mode only
 NODE_UNAWARE = ("list_nodes",)               # talks to no one node: takes no `node`
 NODE_ARGUMENT = {"type": "string"}           # no enum (names change) and no description: the instructions say it
 MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (a name from list_nodes); a call runs "
-                          "on its node, else where its app_handle was made, else on the default node, %s.")
+                          "on its node, else where its app_handle was made, else on the default node, %s. To bring a node into a "
+                          "namespace: join_namespace on it with from (a member node); no invitation to carry.")
 
 
 def with_node_argument(t, multi):
@@ -3117,6 +3124,9 @@ def invite_to_namespace(args, call):
     note = ("Hand over the JSON below whole and unchanged (join_namespace's arguments besides namespace) and "
             "namespace id %s. %s The other node then runs: %s; join_namespace with both; join_context for each "
             "context (list_contexts there shows them)." % (namespace, invitation_terms(invitation), runs))
+    if call.server.nodes.multi:   # the hand-over keeps the bearer invitation out of the conversation
+        note += (' For a node of this session, join_namespace with node (the joiner) and from "%s" does this '
+                 "itself: no invitation changes hands." % entry.name)
     # Compact: the signed object's byte arrays take a line per byte when indented.
     return {"content": [{"type": "text", "text": note},
                         {"type": "text", "text": json.dumps(invitation, separators=(",", ":"), ensure_ascii=False)}],
@@ -3162,7 +3172,7 @@ def join_namespace(args, call):
     return call.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName"))
 
 
-FROM_ARGUMENT = {"type": "string"}
+FROM_ARGUMENT = {"type": "string", "description": "A member node: the server invites from it, no invitation."}
 HANDOVER_SECONDS = 600        # the invitation minted for a hand-over lives ten minutes: it is spent at once
 
 
@@ -3176,6 +3186,11 @@ def handed_over_join(call, giver, namespace, group_name):
                         % giver.name)
     if giver.read_only:
         raise ToolError('node "%s" is read-only, so it mints no invitation; nothing was sent.' % giver.name)
+    if not is_hex_key(namespace):          # a name: the joiner knows none yet, the member node does
+        try:
+            namespace = giver.apps.resolve_group(namespace, "namespace", "namespace").id
+        except ToolError as error:
+            raise ToolError('On node "%s" (from): %s' % (giver.name, error.text)) from None
     if any(row["namespaceId"] == namespace for row in here.node.namespaces()):
         return {"namespaceId": namespace, "alreadyMember": True,
                 "note": 'Node "%s" is already a member of namespace %s: nothing was minted. Next: join_context with '
@@ -3195,8 +3210,21 @@ def handed_over_join(call, giver, namespace, group_name):
     except node_module().NodeError as error:
         raise ToolError(join_failure(error, giver, here)) from None
     return {"namespaceId": namespace, "joined": joined, "invitedBy": giver.name,
-            "next": 'join_context with node "%s" for each of the namespace\'s contexts (list_contexts with node "%s" '
-                    'shows them).' % (here.name, giver.name)}
+            "next": 'join_context with node "%s" for each of the namespace\'s contexts%s.'
+                    % (here.name, contexts_to_join(giver, namespace))}
+
+
+def contexts_to_join(giver, namespace):
+    """The namespace's context ids as the member node lists them: aliases are per node, so the joiner has none
+    of them yet and only an id works there."""
+    try:
+        ids = [c["id"] for c in giver.node.contexts() if c.get("groupId") == namespace and c.get("id")]
+    except node_module().NodeError:
+        ids = []
+    if not ids:
+        return ' (list_contexts with node "%s" shows them)' % giver.name
+    shown = ", ".join(ids[:8]) + (" and %d more" % (len(ids) - 8) if len(ids) > 8 else "")
+    return ' by id (aliases are per node): %s' % shown
 
 
 def join_failure(error, giver, here):

@@ -502,3 +502,46 @@ def test_200_calls_over_two_nodes_with_one_stopped_halfway(network, several):
     assert all(not result.get("isError") for index, (name, result) in results.items() if name == "node1" or index < 100)
     assert ids["node2"] not in json.dumps([e["path"] for e in node1.log] + [e["json"] for e in node1.log])
     assert ids["node1"] not in json.dumps([e["path"] for e in node2.log] + [e["json"] for e in node2.log])
+
+
+# ---- what misled a model playing the host (the cross-node flow, asked in a user's words) ----
+
+def test_join_from_takes_the_namespace_by_name_and_names_the_context_ids_to_join(network, several):
+    # The joiner knows no name yet: the name is read on `from`. Aliases are per node, so the next step gives ids.
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url))
+    namespace = answer(server.call_tool("create_namespace", {"application": KV, "name": "team", "node": "node1"}))[
+        "namespaceId"]
+    context = answer(server.call_tool("create_context", {"application": KV, "group": "team", "alias": "kv",
+                                                         "node": "node1"}))["contextId"]
+    joined = answer(server.call_tool("join_namespace", {"namespace": "team", "from": "node1", "node": "node2"}))
+    assert joined["namespaceId"] == namespace and context in joined["next"] and "per node" in joined["next"]
+    assert not server.call_tool("join_context", {"context": context, "node": "node2"}).get("isError")
+    minted = len([e for e in node1.log if e["path"].endswith("/invite")])
+    unknown = server.call_tool("join_namespace", {"namespace": "nope", "from": "node1", "node": "node2"})
+    assert unknown["isError"] and 'On node "node1" (from)' in texts(unknown)[0]
+    assert len([e for e in node1.log if e["path"].endswith("/invite")]) == minted == 1
+
+
+def test_multi_mode_points_from_invitations_to_the_hand_over(network, several):
+    # A model follows invite_to_namespace's words: in multi mode they name the hand-over that keeps the bearer
+    # invitation out of the conversation, as do the instructions and the from argument.
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url), initialize=False)
+    said = server.result("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                        "clientInfo": {"name": "t", "version": "0"}})["instructions"]
+    assert "join_namespace on it with from" in said
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
+    assert "member node" in tools["join_namespace"]["inputSchema"]["properties"]["from"]["description"]
+    namespace = namespace_on(server)
+    invited = server.call_tool("invite_to_namespace", {"namespace": namespace, "node": "node1"})
+    assert 'from "node1" does this itself' in texts(invited)[0]
+
+
+def test_a_down_node_is_not_fixed_through_calimero_node_url(network, several):
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url))
+    server.tool_names()
+    network.stop("node2")
+    text = texts(server.call_tool("list_contexts", {"node": "node2"}))[0]
+    assert "CALIMERO_NODE_URL" not in text and "CALIMERO_NODES" in text and "list_nodes" in text
