@@ -2736,7 +2736,13 @@ def install_application(args, call):
     summary = installed_summary(entry.apps, answer["applicationId"], coords)
     if before is not None:
         summary = what_changed(entry.apps, before.get(answer["applicationId"]), summary)
+    if call.server.nodes.multi and not entry.default:    # the tool list is the default node's, not this one's
+        summary["note"] = OTHER_NODE_INSTALLED_NOTE % (call.server.nodes.default.name, entry.name)
     return dict(summary, note=summary.pop("note"))
+
+
+OTHER_NODE_INSTALLED_NOTE = ("The tool list follows the default node, %s, and does not change: here, call, call_many "
+                             "and select_app with node \"%s\" reach its methods now.")
 
 
 def what_changed(apps, old, summary):

@@ -545,3 +545,14 @@ def test_a_down_node_is_not_fixed_through_calimero_node_url(network, several):
     network.stop("node2")
     text = texts(server.call_tool("list_contexts", {"node": "node2"}))[0]
     assert "CALIMERO_NODE_URL" not in text and "CALIMERO_NODES" in text and "list_nodes" in text
+
+
+def test_an_install_on_another_node_says_the_tool_list_stays_the_default_nodes(network, several):
+    # The single-node note ("shows no tools for it until restarted") is wrong there: the list is node1's.
+    node1 = network.add("node1", apps=[kv_store_spec()])
+    node2 = network.add("node2", registry={KV + "@1.0.0": kv_store_spec()})
+    server = several(("node1", node1.url), ("node2", node2.url))
+    installed = server.call_tool("install_application", {"coords": KV + "@1.0.0", "node": "node2"})
+    note = answer(installed)["note"]
+    assert "default node, node1" in note and 'node "node2"' in note and "restarted" not in note
+    assert ran_on(installed) == "node2"
