@@ -762,7 +762,7 @@ class Request:
     that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
     or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
 
-    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "entry")
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "entry", "ran_on")
 
     def __init__(self, server, request_id, meta, version, ticket):
         self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
@@ -770,6 +770,7 @@ class Request:
         self.reads = None                    # a Reads while a scope of this call shares its node reads
         self.named = {}                      # argument -> the Carrier a namespace or group name resolved to
         self.entry = None                    # the NodeEntry a tool call resolved (run_tool): the node it runs on
+        self.ran_on = ()                     # call_many: the nodes its items ran on (said_where)
 
     @property
     def node(self):
@@ -980,12 +981,17 @@ class NodeEntries:
         handle = read_handle(self.default.apps.handle_key, text)
         return handle.node if handle is not None else None
 
-    def said_where(self, result, entry):
-        """Multi-node mode: every result names the node it ran on (a last text block); single mode: unchanged."""
+    def said_where(self, result, entry, ran_on=()):
+        """Multi-node mode: every result names the node it ran on (a last text block); single mode: unchanged.
+        `ran_on`: the nodes call_many's items ran on, said when they are not just the call's own."""
         if not self.multi or entry is None or not isinstance(result, dict):
             return result
         content = list(result.get("content") or [])
-        content.append({"type": "text", "text": 'Ran on node "%s".' % entry.name})
+        if any(name != entry.name for name in ran_on):
+            said = 'Ran on nodes %s (each row names its node).' % ", ".join('"%s"' % name for name in ran_on)
+        else:
+            said = 'Ran on node "%s".' % entry.name
+        content.append({"type": "text", "text": said})
         return dict(result, content=content)
 
 
@@ -1174,7 +1180,7 @@ class Server:
             return self.nodes.said_where(result, call.entry)
         # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's
         # last guard (sealed) bounds every answer.
-        return self.nodes.said_where(render_result(value), call.entry)
+        return self.nodes.said_where(render_result(value), call.entry, call.ran_on)
 
     def id_keys(self, t):
         """The arguments of `t` that take ids: a generated tool's are its context options the method does not
@@ -1793,6 +1799,12 @@ def node_error_text(error):
     if hint and hint not in text:
         text = "%s. %s" % (text.rstrip(". "), hint)
     return text
+
+
+def rows_nodes(rows):
+    """The distinct nodes call_many's rows ran on, in order of first appearance."""
+    names = [row.get("node") for row in rows if isinstance(row, dict) and isinstance(row.get("node"), str)]
+    return tuple(dict.fromkeys(names))
 
 
 def as_failure(error):
@@ -4071,6 +4083,7 @@ def call_many(args, call):
                 call.server.notify("notifications/progress", {"progressToken": call.progress_token,
                                                               "progress": done[0], "total": len(items)})
     list(call_pool().map(run, range(len(items))))
+    call.ran_on = rows_nodes(results)
     return json_text(with_errors_fitted(collapsed_runs(results)))
 
 

@@ -556,3 +556,17 @@ def test_an_install_on_another_node_says_the_tool_list_stays_the_default_nodes(n
     note = answer(installed)["note"]
     assert "default node, node1" in note and 'node "node2"' in note and "restarted" not in note
     assert ran_on(installed) == "node2"
+
+
+def test_call_many_over_several_nodes_says_so_in_its_last_block(network, several):
+    # 'Ran on node "node1"' under rows that ran on node2 too read as if every read came from node1.
+    node1, node2 = pair(network)
+    ids = {d.name: d.add_context(d._app_key(KV), context_id=hex_id("many" + d.name), state={"k": d.name})
+           for d in (node1, node2)}
+    server = several(("node1", node1.url), ("node2", node2.url))
+    items = [{"app": KV, "context": ids[name], "method": "get", "args": {"key": "k"}, "node": name}
+             for name in ("node1", "node2")]
+    both = server.call_tool("call_many", {"calls": items})
+    assert texts(both)[-1] == 'Ran on nodes "node1", "node2" (each row names its node).'
+    alone = server.call_tool("call_many", {"calls": items[:1]})
+    assert ran_on(alone) == "node1"
