@@ -1175,7 +1175,9 @@ class Server:
                     value = t.handler(arguments, call)
         except Exception as error:
             error = as_failure(error)
-            result = error_result(on_node(call.entry, failure_text(error)) if self.nodes.multi else failure_text(error),
+            # Only the node's own failures take its name and URL first: an argument refused reads as the node down.
+            from_node = self.nodes.multi and isinstance(error, node_module().NodeError)
+            result = error_result(on_node(call.entry, failure_text(error)) if from_node else failure_text(error),
                                   error.blocks if isinstance(error, ToolError) else ())
             return self.nodes.said_where(result, call.entry)
         # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's

@@ -570,3 +570,17 @@ def test_call_many_over_several_nodes_says_so_in_its_last_block(network, several
     assert texts(both)[-1] == 'Ran on nodes "node1", "node2" (each row names its node).'
     alone = server.call_tool("call_many", {"calls": items[:1]})
     assert ran_on(alone) == "node1"
+
+
+def test_an_argument_refused_does_not_read_as_the_node_failing(network, several):
+    # 'Node "node1" (http://…): Error: equals is …' reads as node1 being in trouble; only node failures say so.
+    node1, node2 = pair(network)
+    context = node1.add_context(node1._app_key(KV), context_id=hex_id("refused"))
+    server = several(("node1", node1.url), ("node2", node2.url))
+    refused = server.call_tool("wait_for_sync", {"context": context, "method": "get", "args": {"key": "k"},
+                                                 "equals": "hello", "timeout": 1})
+    assert refused["isError"] and texts(refused)[0].startswith("Error: equals is the expected value as JSON text")
+    assert node1.url not in texts(refused)[0] and ran_on(refused) == "node1"
+    network.stop("node1")
+    down = server.call_tool("list_contexts", {})
+    assert texts(down)[0].startswith('Node "node1" (%s): ' % node1.url)
