@@ -762,7 +762,7 @@ class Request:
     that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
     or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
 
-    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "entry")
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "entry", "ran_on")
 
     def __init__(self, server, request_id, meta, version, ticket):
         self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
@@ -770,6 +770,7 @@ class Request:
         self.reads = None                    # a Reads while a scope of this call shares its node reads
         self.named = {}                      # argument -> the Carrier a namespace or group name resolved to
         self.entry = None                    # the NodeEntry a tool call resolved (run_tool): the node it runs on
+        self.ran_on = ()                     # call_many: the nodes its items ran on (said_where)
 
     @property
     def node(self):
@@ -980,12 +981,17 @@ class NodeEntries:
         handle = read_handle(self.default.apps.handle_key, text)
         return handle.node if handle is not None else None
 
-    def said_where(self, result, entry):
-        """Multi-node mode: every result names the node it ran on (a last text block); single mode: unchanged."""
+    def said_where(self, result, entry, ran_on=()):
+        """Multi-node mode: every result names the node it ran on (a last text block); single mode: unchanged.
+        `ran_on`: the nodes call_many's items ran on, said when they are not just the call's own."""
         if not self.multi or entry is None or not isinstance(result, dict):
             return result
         content = list(result.get("content") or [])
-        content.append({"type": "text", "text": 'Ran on node "%s".' % entry.name})
+        if any(name != entry.name for name in ran_on):
+            said = 'Ran on nodes %s (each row names its node).' % ", ".join('"%s"' % name for name in ran_on)
+        else:
+            said = 'Ran on node "%s".' % entry.name
+        content.append({"type": "text", "text": said})
         return dict(result, content=content)
 
 
@@ -1002,7 +1008,13 @@ def on_node(entry, text):
     """An error in multi-node mode names the node and its URL: the other nodes keep working."""
     if entry is None:
         return text
+    # node.py's single-node advice would send the user to the wrong variable: this node is one of several.
+    text = text.replace(SINGLE_NODE_FIX, MULTI_NODE_FIX)
     return 'Node "%s" (%s): %s' % (entry.name, entry.url, text)
+
+
+SINGLE_NODE_FIX = "or point CALIMERO_NODE_URL at a running node."
+MULTI_NODE_FIX = "or correct its URL (CALIMERO_NODES). The other nodes still work: list_nodes says which are up."
 
 
 def refuse_write_to_read_only_node(entry, t):
@@ -1163,12 +1175,14 @@ class Server:
                     value = t.handler(arguments, call)
         except Exception as error:
             error = as_failure(error)
-            result = error_result(on_node(call.entry, failure_text(error)) if self.nodes.multi else failure_text(error),
+            # Only the node's own failures take its name and URL first: an argument refused reads as the node down.
+            from_node = self.nodes.multi and isinstance(error, node_module().NodeError)
+            result = error_result(on_node(call.entry, failure_text(error)) if from_node else failure_text(error),
                                   error.blocks if isinstance(error, ToolError) else ())
             return self.nodes.said_where(result, call.entry)
         # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's
         # last guard (sealed) bounds every answer.
-        return self.nodes.said_where(render_result(value), call.entry)
+        return self.nodes.said_where(render_result(value), call.entry, call.ran_on)
 
     def id_keys(self, t):
         """The arguments of `t` that take ids: a generated tool's are its context options the method does not
@@ -1438,7 +1452,8 @@ MULTI_NODE_TOOLS = ("wait_for_sync",)        # offered in multi-node mode only
 NODE_UNAWARE = ("list_nodes",)               # talks to no one node: takes no `node`
 NODE_ARGUMENT = {"type": "string"}           # no enum (names change) and no description: the instructions say it
 MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (a name from list_nodes); a call runs "
-                          "on its node, else where its app_handle was made, else on the default node, %s.")
+                          "on its node, else where its app_handle was made, else on the default node, %s. To bring a node into a "
+                          "namespace: join_namespace on it with from (a member node); no invitation to carry.")
 
 
 def with_node_argument(t, multi):
@@ -1786,6 +1801,12 @@ def node_error_text(error):
     if hint and hint not in text:
         text = "%s. %s" % (text.rstrip(". "), hint)
     return text
+
+
+def rows_nodes(rows):
+    """The distinct nodes call_many's rows ran on, in order of first appearance."""
+    names = [row.get("node") for row in rows if isinstance(row, dict) and isinstance(row.get("node"), str)]
+    return tuple(dict.fromkeys(names))
 
 
 def as_failure(error):
@@ -2732,7 +2753,13 @@ def install_application(args, call):
     summary = installed_summary(entry.apps, answer["applicationId"], coords)
     if before is not None:
         summary = what_changed(entry.apps, before.get(answer["applicationId"]), summary)
+    if call.server.nodes.multi and not entry.default:    # the tool list is the default node's, not this one's
+        summary["note"] = OTHER_NODE_INSTALLED_NOTE % (call.server.nodes.default.name, entry.name)
     return dict(summary, note=summary.pop("note"))
+
+
+OTHER_NODE_INSTALLED_NOTE = ("The tool list follows the default node, %s, and does not change: here, call, call_many "
+                             "and select_app with node \"%s\" reach its methods now.")
 
 
 def what_changed(apps, old, summary):
@@ -3120,6 +3147,9 @@ def invite_to_namespace(args, call):
     note = ("Hand over the JSON below whole and unchanged (join_namespace's arguments besides namespace) and "
             "namespace id %s. %s The other node then runs: %s; join_namespace with both; join_context for each "
             "context (list_contexts there shows them)." % (namespace, invitation_terms(invitation), runs))
+    if call.server.nodes.multi:   # the hand-over keeps the bearer invitation out of the conversation
+        note += (' For a node of this session, join_namespace with node (the joiner) and from "%s" does this '
+                 "itself: no invitation changes hands." % entry.name)
     # Compact: the signed object's byte arrays take a line per byte when indented.
     return {"content": [{"type": "text", "text": note},
                         {"type": "text", "text": json.dumps(invitation, separators=(",", ":"), ensure_ascii=False)}],
@@ -3164,7 +3194,7 @@ def join_namespace(args, call):
     return call.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName"))
 
 
-FROM_ARGUMENT = {"type": "string"}
+FROM_ARGUMENT = {"type": "string", "description": "A member node: the server invites from it, no invitation."}
 HANDOVER_SECONDS = 600        # the invitation minted for a hand-over lives ten minutes: it is spent at once
 
 
@@ -3178,6 +3208,11 @@ def handed_over_join(call, giver, namespace, group_name):
                         % giver.name)
     if giver.read_only:
         raise ToolError('node "%s" is read-only, so it mints no invitation; nothing was sent.' % giver.name)
+    if not is_hex_key(namespace):          # a name: the joiner knows none yet, the member node does
+        try:
+            namespace = giver.apps.resolve_group(namespace, "namespace", "namespace").id
+        except ToolError as error:
+            raise ToolError('On node "%s" (from): %s' % (giver.name, error.text)) from None
     if any(row["namespaceId"] == namespace for row in here.node.namespaces()):
         return {"namespaceId": namespace, "alreadyMember": True,
                 "note": 'Node "%s" is already a member of namespace %s: nothing was minted. Next: join_context with '
@@ -3197,8 +3232,21 @@ def handed_over_join(call, giver, namespace, group_name):
     except node_module().NodeError as error:
         raise ToolError(join_failure(error, giver, here)) from None
     return {"namespaceId": namespace, "joined": joined, "invitedBy": giver.name,
-            "next": 'join_context with node "%s" for each of the namespace\'s contexts (list_contexts with node "%s" '
-                    'shows them).' % (here.name, giver.name)}
+            "next": 'join_context with node "%s" for each of the namespace\'s contexts%s.'
+                    % (here.name, contexts_to_join(giver, namespace))}
+
+
+def contexts_to_join(giver, namespace):
+    """The namespace's context ids as the member node lists them: aliases are per node, so the joiner has none
+    of them yet and only an id works there."""
+    try:
+        ids = [c["id"] for c in giver.node.contexts() if c.get("groupId") == namespace and c.get("id")]
+    except node_module().NodeError:
+        ids = []
+    if not ids:
+        return ' (list_contexts with node "%s" shows them)' % giver.name
+    shown = ", ".join(ids[:8]) + (" and %d more" % (len(ids) - 8) if len(ids) > 8 else "")
+    return ' by id (aliases are per node): %s' % shown
 
 
 def join_failure(error, giver, here):
@@ -4115,6 +4163,7 @@ def call_many(args, call):
                 call.server.notify("notifications/progress", {"progressToken": call.progress_token,
                                                               "progress": done[0], "total": len(items)})
     list(call_pool().map(run, range(len(items))))
+    call.ran_on = rows_nodes(results)
     heard = [(index, item.pop("emitted")) for index, item in enumerate(results) if item.get("emitted")]
     answer = json_text(with_errors_fitted(collapsed_runs(results)))
     if not heard:

@@ -502,3 +502,85 @@ def test_200_calls_over_two_nodes_with_one_stopped_halfway(network, several):
     assert all(not result.get("isError") for index, (name, result) in results.items() if name == "node1" or index < 100)
     assert ids["node2"] not in json.dumps([e["path"] for e in node1.log] + [e["json"] for e in node1.log])
     assert ids["node1"] not in json.dumps([e["path"] for e in node2.log] + [e["json"] for e in node2.log])
+
+
+# ---- what misled a model playing the host (the cross-node flow, asked in a user's words) ----
+
+def test_join_from_takes_the_namespace_by_name_and_names_the_context_ids_to_join(network, several):
+    # The joiner knows no name yet: the name is read on `from`. Aliases are per node, so the next step gives ids.
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url))
+    namespace = answer(server.call_tool("create_namespace", {"application": KV, "name": "team", "node": "node1"}))[
+        "namespaceId"]
+    context = answer(server.call_tool("create_context", {"application": KV, "group": "team", "alias": "kv",
+                                                         "node": "node1"}))["contextId"]
+    joined = answer(server.call_tool("join_namespace", {"namespace": "team", "from": "node1", "node": "node2"}))
+    assert joined["namespaceId"] == namespace and context in joined["next"] and "per node" in joined["next"]
+    assert not server.call_tool("join_context", {"context": context, "node": "node2"}).get("isError")
+    minted = len([e for e in node1.log if e["path"].endswith("/invite")])
+    unknown = server.call_tool("join_namespace", {"namespace": "nope", "from": "node1", "node": "node2"})
+    assert unknown["isError"] and 'On node "node1" (from)' in texts(unknown)[0]
+    assert len([e for e in node1.log if e["path"].endswith("/invite")]) == minted == 1
+
+
+def test_multi_mode_points_from_invitations_to_the_hand_over(network, several):
+    # A model follows invite_to_namespace's words: in multi mode they name the hand-over that keeps the bearer
+    # invitation out of the conversation, as do the instructions and the from argument.
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url), initialize=False)
+    said = server.result("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                        "clientInfo": {"name": "t", "version": "0"}})["instructions"]
+    assert "join_namespace on it with from" in said
+    tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
+    assert "member node" in tools["join_namespace"]["inputSchema"]["properties"]["from"]["description"]
+    namespace = namespace_on(server)
+    invited = server.call_tool("invite_to_namespace", {"namespace": namespace, "node": "node1"})
+    assert 'from "node1" does this itself' in texts(invited)[0]
+
+
+def test_a_down_node_is_not_fixed_through_calimero_node_url(network, several):
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url))
+    server.tool_names()
+    network.stop("node2")
+    text = texts(server.call_tool("list_contexts", {"node": "node2"}))[0]
+    assert "CALIMERO_NODE_URL" not in text and "CALIMERO_NODES" in text and "list_nodes" in text
+
+
+def test_an_install_on_another_node_says_the_tool_list_stays_the_default_nodes(network, several):
+    # The single-node note ("shows no tools for it until restarted") is wrong there: the list is node1's.
+    node1 = network.add("node1", apps=[kv_store_spec()])
+    node2 = network.add("node2", registry={KV + "@1.0.0": kv_store_spec()})
+    server = several(("node1", node1.url), ("node2", node2.url))
+    installed = server.call_tool("install_application", {"coords": KV + "@1.0.0", "node": "node2"})
+    note = answer(installed)["note"]
+    assert "default node, node1" in note and 'node "node2"' in note and "restarted" not in note
+    assert ran_on(installed) == "node2"
+
+
+def test_call_many_over_several_nodes_says_so_in_its_last_block(network, several):
+    # 'Ran on node "node1"' under rows that ran on node2 too read as if every read came from node1.
+    node1, node2 = pair(network)
+    ids = {d.name: d.add_context(d._app_key(KV), context_id=hex_id("many" + d.name), state={"k": d.name})
+           for d in (node1, node2)}
+    server = several(("node1", node1.url), ("node2", node2.url))
+    items = [{"app": KV, "context": ids[name], "method": "get", "args": {"key": "k"}, "node": name}
+             for name in ("node1", "node2")]
+    both = server.call_tool("call_many", {"calls": items})
+    assert texts(both)[-1] == 'Ran on nodes "node1", "node2" (each row names its node).'
+    alone = server.call_tool("call_many", {"calls": items[:1]})
+    assert ran_on(alone) == "node1"
+
+
+def test_an_argument_refused_does_not_read_as_the_node_failing(network, several):
+    # 'Node "node1" (http://…): Error: equals is …' reads as node1 being in trouble; only node failures say so.
+    node1, node2 = pair(network)
+    context = node1.add_context(node1._app_key(KV), context_id=hex_id("refused"))
+    server = several(("node1", node1.url), ("node2", node2.url))
+    refused = server.call_tool("wait_for_sync", {"context": context, "method": "get", "args": {"key": "k"},
+                                                 "equals": "hello", "timeout": 1})
+    assert refused["isError"] and texts(refused)[0].startswith("Error: equals is the expected value as JSON text")
+    assert node1.url not in texts(refused)[0] and ran_on(refused) == "node1"
+    network.stop("node1")
+    down = server.call_tool("list_contexts", {})
+    assert texts(down)[0].startswith('Node "node1" (%s): ' % node1.url)
