@@ -42,7 +42,8 @@ TOOLSETS = ("core", "blobs", "governance")
 # tools.md's application tools: in every toolset, beside core's own.
 APP_TOOLS = frozenset({"describe_app", "select_app", "call", "call_many", "events"})
 # The block after an app call's value saying where it ran (mero_mcp.what_ran).
-RAN_IN = re.compile(r"\S+ ran in context [0-9a-f]{64}")
+# The blocks an answer may carry after its JSON: where it ran, what a write emitted, which node it ran on.
+TRAILER = re.compile(r"\S+ ran in context [0-9a-f]{64}|(Item \d+\. )?Events in context |Ran on nodes? ")
 
 
 class ServerTimeout(AssertionError):
@@ -218,7 +219,7 @@ class McpServer:
         result = self.call_tool(name, arguments, **kw)
         assert not result.get("isError"), result
         blocks = result["content"]
-        if len(blocks) > 1 and RAN_IN.match(blocks[-1].get("text", "")):
+        while len(blocks) > 1 and TRAILER.match(blocks[-1].get("text", "")):
             blocks = blocks[:-1]
         return json.loads(blocks[-1]["text"])
 
