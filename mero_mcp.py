@@ -2712,10 +2712,15 @@ def ask_laggards(entries, rows, context_id, asked_at):
             pass                        # its row says what is wrong with it
 
 
-def progress(call, done, total):
+def progress(call, done, total=None, message=None):
+    """A progress notification, when the request asked for them and is not cancelled."""
     if call.progress_token is not None and not call.ticket.is_set():
-        call.server.notify("notifications/progress", {"progressToken": call.progress_token, "progress": done,
-                                                      "total": total})
+        params = {"progressToken": call.progress_token, "progress": done}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        call.server.notify("notifications/progress", params)
 
 
 NO_PEERS = "This node has no peers right now: nothing arrives until one connects (node_status counts them)."
@@ -3646,9 +3651,7 @@ def settled_upgrade(node, group, started, call):
             record = node.upgrade_status(group) or record
         except node_module().NodeError as error:
             log.info("upgrade status of %s unreadable: %s", group, error)
-        if call.progress_token is not None and not call.ticket.is_set():
-            call.server.notify("notifications/progress", {"progressToken": call.progress_token, "progress": reads,
-                                                          "message": "upgrade %s" % record.get("status")})
+        progress(call, reads, message="upgrade %s" % record.get("status"))
         if record.get("status") == "completed" or time.monotonic() >= deadline or call.ticket.is_set():
             return record
         time.sleep(UPGRADE_POLL_SECONDS)
@@ -4159,9 +4162,7 @@ def call_many(args, call):
             results[index] = dict(item_names(index, items[index]), **call_many_item(call, items[index]))
         with done_lock:
             done[0] += 1
-            if call.progress_token is not None and not call.ticket.is_set():
-                call.server.notify("notifications/progress", {"progressToken": call.progress_token,
-                                                              "progress": done[0], "total": len(items)})
+            progress(call, done[0], len(items))
     list(call_pool().map(run, range(len(items))))
     call.ran_on = rows_nodes(results)
     heard = [(index, item.pop("emitted")) for index, item in enumerate(results) if item.get("emitted")]
