@@ -945,6 +945,8 @@ class NodeEntries:
         else:
             self.default = NodeEntry(server, default)      # a lone CALIMERO_NODES entry, else discovery's node
             self.entries = {}
+        self._handle_key = None
+        self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
 
     def named(self, name):
         entry = self.entries.get(name) if isinstance(name, str) else None
@@ -978,8 +980,19 @@ class NodeEntries:
     def handle_node(self, text):
         if not isinstance(text, str):
             return None
-        handle = read_handle(self.default.apps.handle_key, text)
+        handle = read_handle(self.handle_key, text)
         return handle.node if handle is not None else None
+
+    @property
+    def handle_key(self):
+        """The server's one handle key, loaded on first use: were each node's its own, a state dir that cannot keep
+        one would give each node a random key, and a handle made on one node could not say which node it names."""
+        if self._handle_key is None:
+            with self.key_lock:                   # one load: threads making it together shared one tmp file
+                if self._handle_key is None:
+                    state = node_module().state_dir(self.server.env)
+                    self._handle_key = load_handle_key(node_module().ensure_dir(state))
+        return self._handle_key
 
     def said_where(self, result, entry, ran_on=()):
         """Multi-node mode: every result names the node it ran on (a last text block); single mode: unchanged.
@@ -4644,8 +4657,6 @@ class Apps:
         self.validators = {}                      # (AppRecord.build, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
         self.shown_guides = set()                 # guide uris this session has already shown in full
-        self._handle_key = None
-        self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
         # One catalog, the default node's (tools/list, guides): another node's calls find their unit there by build
         # (the same build is the same ABI) or read that node's own ABI (unit_for).
         nodes = entry.server.nodes
@@ -4657,11 +4668,7 @@ class Apps:
 
     @property
     def handle_key(self):
-        if self._handle_key is None:
-            with self.key_lock:                   # one load: threads making it together shared one tmp file
-                if self._handle_key is None:
-                    self._handle_key = load_handle_key(self.node.state_dir)
-        return self._handle_key
+        return self.server.nodes.handle_key       # one key for every node: a handle names its node inside
 
     # ---- the live application list ----
     def memo(self, key, fetch):
