@@ -2428,7 +2428,7 @@ def init_parameters(entry, app, service, init_args, label):
             raise ToolError('Application "%s" declares no init method, so it takes no init args.' % label)
         return []
     wire_args = checked_init_args(manifest, init, init_args or {}, label)
-    encoded = json.dumps(wire_args, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    encoded = compact_text(wire_args).encode("utf-8")
     return list(encoded)
 
 
@@ -3170,7 +3170,7 @@ def invite_to_namespace(args, call):
                  "itself: no invitation changes hands." % entry.name)
     # Compact: the signed object's byte arrays take a line per byte when indented.
     return {"content": [{"type": "text", "text": note},
-                        {"type": "text", "text": json.dumps(invitation, separators=(",", ":"), ensure_ascii=False)}],
+                        {"type": "text", "text": compact_text(invitation)}],
             "structuredContent": invitation}
 
 
@@ -4253,7 +4253,8 @@ def call_many_item(call, item):
     """One item's result; in multi-node mode it names the node it ran on (its `node`, else its handle's node, else
     the node call_many itself runs on)."""
     where = {}
-    return dict(where, **item_result(call, item, where))
+    result = item_result(call, item, where)         # fills `where` as it resolves the item's node
+    return dict(where, **result)
 
 
 def item_result(call, item, where):
