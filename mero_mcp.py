@@ -945,6 +945,8 @@ class NodeEntries:
         else:
             self.default = NodeEntry(server, default)      # a lone CALIMERO_NODES entry, else discovery's node
             self.entries = {}
+        self._handle_key = None
+        self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
 
     def named(self, name):
         entry = self.entries.get(name) if isinstance(name, str) else None
@@ -978,8 +980,19 @@ class NodeEntries:
     def handle_node(self, text):
         if not isinstance(text, str):
             return None
-        handle = read_handle(self.default.apps.handle_key, text)
+        handle = read_handle(self.handle_key, text)
         return handle.node if handle is not None else None
+
+    @property
+    def handle_key(self):
+        """The server's one handle key, loaded on first use: were each node's its own, a state dir that cannot keep
+        one would give each node a random key, and a handle made on one node could not say which node it names."""
+        if self._handle_key is None:
+            with self.key_lock:                   # one load: threads making it together shared one tmp file
+                if self._handle_key is None:
+                    state = node_module().state_dir(self.server.env)
+                    self._handle_key = load_handle_key(node_module().ensure_dir(state))
+        return self._handle_key
 
     def said_where(self, result, entry, ran_on=()):
         """Multi-node mode: every result names the node it ran on (a last text block); single mode: unchanged.
@@ -2415,7 +2428,7 @@ def init_parameters(entry, app, service, init_args, label):
             raise ToolError('Application "%s" declares no init method, so it takes no init args.' % label)
         return []
     wire_args = checked_init_args(manifest, init, init_args or {}, label)
-    encoded = json.dumps(wire_args, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    encoded = compact_text(wire_args).encode("utf-8")
     return list(encoded)
 
 
@@ -2712,10 +2725,15 @@ def ask_laggards(entries, rows, context_id, asked_at):
             pass                        # its row says what is wrong with it
 
 
-def progress(call, done, total):
+def progress(call, done, total=None, message=None):
+    """A progress notification, when the request asked for them and is not cancelled."""
     if call.progress_token is not None and not call.ticket.is_set():
-        call.server.notify("notifications/progress", {"progressToken": call.progress_token, "progress": done,
-                                                      "total": total})
+        params = {"progressToken": call.progress_token, "progress": done}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        call.server.notify("notifications/progress", params)
 
 
 NO_PEERS = "This node has no peers right now: nothing arrives until one connects (node_status counts them)."
@@ -3152,7 +3170,7 @@ def invite_to_namespace(args, call):
                  "itself: no invitation changes hands." % entry.name)
     # Compact: the signed object's byte arrays take a line per byte when indented.
     return {"content": [{"type": "text", "text": note},
-                        {"type": "text", "text": json.dumps(invitation, separators=(",", ":"), ensure_ascii=False)}],
+                        {"type": "text", "text": compact_text(invitation)}],
             "structuredContent": invitation}
 
 
@@ -3646,9 +3664,7 @@ def settled_upgrade(node, group, started, call):
             record = node.upgrade_status(group) or record
         except node_module().NodeError as error:
             log.info("upgrade status of %s unreadable: %s", group, error)
-        if call.progress_token is not None and not call.ticket.is_set():
-            call.server.notify("notifications/progress", {"progressToken": call.progress_token, "progress": reads,
-                                                          "message": "upgrade %s" % record.get("status")})
+        progress(call, reads, message="upgrade %s" % record.get("status"))
         if record.get("status") == "completed" or time.monotonic() >= deadline or call.ticket.is_set():
             return record
         time.sleep(UPGRADE_POLL_SECONDS)
@@ -4159,9 +4175,7 @@ def call_many(args, call):
             results[index] = dict(item_names(index, items[index]), **call_many_item(call, items[index]))
         with done_lock:
             done[0] += 1
-            if call.progress_token is not None and not call.ticket.is_set():
-                call.server.notify("notifications/progress", {"progressToken": call.progress_token,
-                                                              "progress": done[0], "total": len(items)})
+            progress(call, done[0], len(items))
     list(call_pool().map(run, range(len(items))))
     call.ran_on = rows_nodes(results)
     heard = [(index, item.pop("emitted")) for index, item in enumerate(results) if item.get("emitted")]
@@ -4239,7 +4253,8 @@ def call_many_item(call, item):
     """One item's result; in multi-node mode it names the node it ran on (its `node`, else its handle's node, else
     the node call_many itself runs on)."""
     where = {}
-    return dict(where, **item_result(call, item, where))
+    result = item_result(call, item, where)         # fills `where` as it resolves the item's node
+    return dict(where, **result)
 
 
 def item_result(call, item, where):
@@ -4643,8 +4658,6 @@ class Apps:
         self.validators = {}                      # (AppRecord.build, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
         self.shown_guides = set()                 # guide uris this session has already shown in full
-        self._handle_key = None
-        self.key_lock = threading.Lock()          # call_many's items may all ask for the key first at once
         # One catalog, the default node's (tools/list, guides): another node's calls find their unit there by build
         # (the same build is the same ABI) or read that node's own ABI (unit_for).
         nodes = entry.server.nodes
@@ -4656,11 +4669,7 @@ class Apps:
 
     @property
     def handle_key(self):
-        if self._handle_key is None:
-            with self.key_lock:                   # one load: threads making it together shared one tmp file
-                if self._handle_key is None:
-                    self._handle_key = load_handle_key(self.node.state_dir)
-        return self._handle_key
+        return self.server.nodes.handle_key       # one key for every node: a handle names its node inside
 
     # ---- the live application list ----
     def memo(self, key, fetch):

@@ -2388,10 +2388,6 @@ class Node:
     def auth_mode(self) -> Optional[str]:
         return self._mode if self._location else None
 
-    @property
-    def state_dir(self) -> str:
-        return ensure_dir(state_dir(self._env))
-
     traced = staticmethod(traced)
     scope = staticmethod(scope)
     current_scope = staticmethod(current_scope)

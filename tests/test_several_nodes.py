@@ -164,6 +164,18 @@ def test_a_handle_binds_its_node_and_a_contradicting_node_is_refused(network, se
     assert context1 not in json.dumps(paths(node2))
 
 
+def test_a_handle_finds_its_node_when_the_state_dir_cannot_keep_a_key(network, several, tmp_path):
+    """No handle.key on disk: the server's one random key still reads every node's handles (not a key per node)."""
+    node1, node2 = pair(network)
+    context2 = node2.add_context(node2._app_key(KV), context_id=hex_id("two"), state={"k": "on two"})
+    (tmp_path / "state" / "handle.key").mkdir(parents=True)          # a key cannot be read or written there
+    server = several(("node1", node1.url), ("node2", node2.url))
+    selected = server.call_tool("select_app", {"app": KV, "context": context2, "node": "node2"})
+    handle = answer(selected)["app_handle"]
+    read = server.call_tool("call", {"app_handle": handle, "method": "get", "args": {"key": "k"}})
+    assert texts(read)[0] == "on two" and ran_on(read) == "node2"
+
+
 def test_call_many_items_each_run_on_their_node(network, several):
     node1, node2 = pair(network)
     ids = {}
