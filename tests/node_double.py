@@ -3467,6 +3467,7 @@ class Network:
       stop(name) / start(name)   a node down, then back (same port; it catches up from its peers on start)
       an app not installed on the joiner: it joins and converges, and its execute answers InternalError
                          "bytecode blob … not found in blobstore"
+      settle()           wait for the gossip on its way (before changing gossip_delay mid-test)
       node.reads_lag = seconds   replicated writes move the hash at once, reads see them that much later
                          (or when node.release_reads() is called)
       node.join_outcome = "key_pending"   the join records the membership and answers 503 (key on its way);
@@ -3554,6 +3555,15 @@ class Network:
         with self.lock:
             self._timers = [t for t in self._timers if t.is_alive()] + [timer]
         timer.start()
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until the gossip on its way has landed. A delivery carries the source's state when it fires, so a
+        test that changes the delay must settle first, or an earlier, shorter timer may carry a later write."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            pending = list(self._timers)
+        for timer in pending:
+            timer.join(max(0.0, deadline - time.monotonic()))
 
     def fetch_governance(self, node: NodeDouble, namespace_id: str) -> Dict[tuple, Tuple[Any, Optional[str], int]]:
         """The newest facts of a namespace among this node's peers (empty when no peer holds it)."""
