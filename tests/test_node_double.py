@@ -1497,6 +1497,7 @@ def test_sync_pulls_at_once_when_gossip_is_slow():
     with Network(gossip_delay=0.05) as network:
         node1, node2, _, context_id = joined_pair(network)
         assert eventually(lambda: context_hash(node2, context_id) == context_hash(node1, context_id))
+        network.settle()
         network.gossip_delay = 60
         output_of(node1, context_id, "set", {"key": "k", "value": "v"})
         assert context_hash(node2, context_id) != context_hash(node1, context_id)
