@@ -1745,7 +1745,7 @@ def one_id_form(value, key=None, keys=ID_ARGUMENTS):
     see one form (an upper-case namespace id must not pass a guard that compares it with the listed one). `keys`:
     the arguments that take ids."""
     if isinstance(value, str):
-        return value.lower() if key in keys and is_hex_key(value.strip()) else value
+        return value.lower() if key in keys and node_module().is_hex64(value.strip()) else value
     holds = key in HOLDS_ID_ARGUMENTS and keys is ID_ARGUMENTS      # a generated tool's `calls` is the app's
     if isinstance(value, list) and (key in keys or holds):
         return [one_id_form(item, key, keys) for item in value]
@@ -3121,7 +3121,7 @@ def namesakes_of(apps, name, call, namespaces_only=False, done="Nothing was crea
         return []
     if not name.strip():
         raise ToolError("name must not be blank: leave it out for no name. %s" % done)
-    if is_hex_key(name):
+    if node_module().is_hex64(name):
         raise ToolError('name "%s" reads as a 64-hex id, and a name of that form is taken as an id everywhere, so '
                         "it could never be named. Choose another name. %s" % (name, done))
     with call.reading():
@@ -3226,7 +3226,7 @@ def handed_over_join(call, giver, namespace, group_name):
                         % giver.name)
     if giver.read_only:
         raise ToolError('node "%s" is read-only, so it mints no invitation; nothing was sent.' % giver.name)
-    if not is_hex_key(namespace):          # a name: the joiner knows none yet, the member node does
+    if not node_module().is_hex64(namespace):          # a name: the joiner knows none yet, the member node does
         try:
             namespace = giver.apps.resolve_group(namespace, "namespace", "namespace").id
         except ToolError as error:
@@ -4436,11 +4436,6 @@ GROUP_KINDS = {"namespace": "namespace", "group": "namespace or group", "namespa
                "groups": "namespaces and groups"}
 
 
-def is_hex_key(value):
-    """64 hex characters in any case: an id, used as given (the node judges it)."""
-    return len(value) == 64 and not value.lower().strip("0123456789abcdef")
-
-
 def named_as(carriers, name):
     """The carriers of `name`: those spelling it exactly, else those spelling it in another case (no trimming:
     " team" is not "team")."""
@@ -4811,7 +4806,7 @@ class Apps:
         name = value
         if not name.strip():
             raise ToolError("%s must name a %s: its id or its name." % (argument, GROUP_KINDS[kind]))
-        if is_hex_key(name):
+        if node_module().is_hex64(name):
             return Carrier(None, name, None, None)
         namespaces = self.namespace_carriers()
         if kind == "group":

@@ -2304,7 +2304,8 @@ def _blob_headers(response) -> Dict[str, Any]:
             "source": headers.get("X-Blob-Source")}
 
 
-def _is_hex64(value: str) -> bool:
+def is_hex64(value: str) -> bool:
+    """64 hex characters in any case: an id, used as given (the node judges it)."""
     return len(value) == 64 and not value.lower().strip("0123456789abcdef")
 
 
@@ -2315,7 +2316,7 @@ def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> 
         return NodeError("Blob %s is not %s" % (blob_id, where), 404,
                          hint="list_blobs shows the blobs this node holds%s." % (
                              "" if context_id else "; pass context to have the node ask that context's peers"))
-    if error.status == 400 and not _is_hex64(blob_id):
+    if error.status == 400 and not is_hex64(blob_id):
         return NodeError('"%s" is not a blob id%s' % (blob_id, ", or the context id is not valid" if context_id else ""),
                          400, hint="A blob id is 64 hex characters (list_blobs shows them).")
     if error.status == 400:         # a well-formed id refused: the node's reason, never "not a blob id"
