@@ -1192,10 +1192,14 @@ class Server:
             from_node = self.nodes.multi and isinstance(error, node_module().NodeError)
             result = error_result(on_node(call.entry, failure_text(error)) if from_node else failure_text(error),
                                   error.blocks if isinstance(error, ToolError) else ())
-            return self.nodes.said_where(result, call.entry)
+            return self.said_where(t, result, call)
         # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's
         # last guard (sealed) bounds every answer.
-        return self.nodes.said_where(render_result(value), call.entry, call.ran_on)
+        return self.said_where(t, render_result(value), call)
+
+    def said_where(self, t, result, call):
+        """The node the call ran on, said last (multi mode), unless the answer's rows name each node."""
+        return result if t.name in NAMES_EACH_NODE else self.nodes.said_where(result, call.entry, call.ran_on)
 
     def id_keys(self, t):
         """The arguments of `t` that take ids: a generated tool's are its context options the method does not
@@ -1463,6 +1467,7 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
 FIXED_TOOLS = []                # filled by @tool, in declaration order
 MULTI_NODE_TOOLS = ("wait_for_sync",)        # offered in multi-node mode only
 NODE_UNAWARE = ("list_nodes",)               # talks to no one node: takes no `node`
+NAMES_EACH_NODE = NODE_UNAWARE + ("wait_for_sync",)   # every row names its node: no "Ran on node" line
 NODE_ARGUMENT = {"type": "string"}           # no enum (names change) and no description: the instructions say it
 MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (a name from list_nodes); a call runs "
                           "on its node, else where its app_handle was made, else on the default node, %s. To bring a node into a "

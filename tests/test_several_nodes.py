@@ -202,9 +202,10 @@ def test_list_nodes_is_the_directory_and_says_when_nodes_are_not_connected(sever
         assert rows["node2"]["readOnly"] is True and rows["node2"]["default"] is False
         assert "--mdns" in listed["note"] and "--boot-nodes" in listed["note"]
         network.stop("node2")
-        listed = answer(server.call_tool("list_nodes"))
-        rows = {row["name"]: row for row in listed["nodes"] if row["name"]}
-        assert rows["node2"]["reachable"] is False and "note" not in listed
+        result = server.call_tool("list_nodes")
+        rows = {row["name"]: row for row in answer(result)["nodes"] if row["name"]}
+        assert rows["node2"]["reachable"] is False and "note" not in answer(result)
+        assert len(texts(result)) == 1, "its rows name every node: no 'Ran on node' line under them"
 
 
 def test_connected_nodes_get_no_note(network, several):
@@ -387,6 +388,7 @@ def test_the_whole_flow(network, several):
     assert server.wait_notification(lambda n: n.get("method") == "notifications/progress"
                                     and n["params"]["progressToken"] == "w")["params"]["total"] == 2
     assert body["result"] == "in sync" and {row["node"] for row in body["nodes"]} == {"node1", "node2"}
+    assert not any(text.startswith("Ran on") for text in texts(waited)), "its rows name each node"
     assert all(row["value"] == "hello" and row["stateHash"] for row in body["nodes"])
     read = server.call_tool("call", {"app": KV, "context": context, "node": "node2", "method": "get",
                                      "args": {"key": "greeting"}})
