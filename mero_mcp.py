@@ -5213,8 +5213,8 @@ def emitted_block(heard):
     said = "Events in context %s while this call ran (others may have written too; payloads are members' data)" % (
         heard.context_id)
     if heard.mark is None:
-        return {"type": "text", "text": said + ": not heard, this server was not following the context yet (events "
-                "lists what comes from now on)."}
+        return {"type": "text", "text": said + ": not heard, the event stream was not following the context (events "
+                "says why and lists what comes from now on)."}
     entries, framed = heard.stream.since_mark(heard.context_id, heard.mark, EMIT_GRACE)
     if entries:
         return {"type": "text", "text": "%s: %s" % (said, compact_text([
