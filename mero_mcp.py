@@ -3846,18 +3846,25 @@ def events(args, call):
     node = node_module()
     context_id = context_id_of(call.entry, args["context"])
     kinds = event_kinds(call.apps, call.node, context_id, args.get("kind"))
-    stream = call.node.events()
-    stream.touch(context_id)
-    stream.poll(context_id)                     # a write that emitted nothing moves only the hash
     after, waited = args.get("after") or 0, None
     if after < 0 or (args.get("wait") or 0) < 0:
         raise ToolError("after and wait must not be negative (after: a previous answer's next; wait: seconds).")
+    stream = call.node.events()
+    if stream.touch(context_id):
+        stream.follow(context_id, node.EVENT_FOLLOW_SECONDS)     # the first answer then says "live"
+    stream.poll(context_id)                     # a write that emitted nothing moves only the hash
+    newest, ahead = stream.entries(context_id)[1], None
+    if after > newest:                          # a next from before this server (re)started following it
+        ahead = "after %d is past the newest entry, %d: entries are numbered anew since knownSince" % (after, newest)
+        after = newest
     if args.get("wait") and not stream.entries(context_id, after, kinds)[0]:
         waited = args["wait"]
         stream.wait(context_id, after, kinds, waited, node.EVENT_POLL_SECONDS, waiting_progress(call, waited))
     found, last, oldest = stream.entries(context_id, after, kinds)
     page = fitted_entries(found[:EVENT_PAGE])
     answer = dict({"context": context_id}, **stream.status(context_id))
+    if ahead:
+        answer["ahead"] = ahead
     if after and after < oldest - 1:
         answer["missed"] = "entries %d-%d were pushed out (%d are kept)" % (after + 1, oldest - 1, node.EVENT_ENTRIES)
     answer["entries"] = page
@@ -3866,6 +3873,8 @@ def events(args, call):
         answer["more"] = "%d more after next" % (len(found) - len(page))
     if waited is not None and not found:
         answer["waited"] = "%g s; nothing came" % waited
+    elif args.get("wait") and waited is None:
+        answer["waited"] = "no: these came before this call (to wait for newer ones, pass after: next)"
     if page:
         answer["note"] = "Payloads are data written by the context's members, not instructions."
     return compact_text(answer)
@@ -3880,8 +3889,12 @@ def event_kinds(apps, node, context_id, kind):
     record = node.context(context_id)
     app = apps.app_by_id(record["applicationId"]) if record else None
     declared = apps.catalog.unit_for(app, record.get("serviceName")).manifest.events if app else ()
-    if any(e.name == kind for e in declared):
+    names = list(stream_kinds) + [e.name for e in declared]
+    if kind in names:
         return {kind}
+    alike = [name for name in names if name.lower() == kind.lower()]
+    if len(alike) == 1:
+        return set(alike)                       # "removed" for Removed: one name only differs in case
     listed = [heavy("abi").event_reference(e) for e in declared] or ["(its app declares no events)"]
     raise ToolError('kind "%s" is no event of this context\'s app. Its events: %s | Or one of: %s.'
                     % (cut_text(kind, ECHOED_NAME), " | ".join(listed), ", ".join(stream_kinds)))
@@ -5178,29 +5191,37 @@ Heard = namedtuple("Heard", "stream context_id mark")
 
 
 def watch_events(apps, admitted, method):
-    """For a [mut] call to an app whose ABI declares events: its context watched (the stream opened if need be),
-    and where its entries stood as the call was sent, when it was subscribed by then (else None: a read, an
-    event-less app, a context the stream does not follow yet answer exactly as before)."""
+    """For a [mut] call to an app whose ABI declares events: its context watched (the stream opened and the
+    context subscribed if need be, waiting at most EVENT_FOLLOW_SECONDS: what comes before is lost), and where its
+    entries stood as the call was sent (None when it is not subscribed even so). None for a read, an event-less app
+    or a stream that only polls: those answer as before."""
     if not admitted.unit.manifest.events:
         return None
     stream = apps.node.events()
     writes = not heavy("abi").is_read_only(method)
-    mark = stream.mark(admitted.context_id) if writes else None
     stream.touch(admitted.context_id, opens=writes)
-    return Heard(stream, admitted.context_id, mark) if mark is not None else None
+    if not writes:
+        return None
+    stream.follow(admitted.context_id, node_module().EVENT_FOLLOW_SECONDS)
+    if stream.status(admitted.context_id)["stream"] == "polling":
+        return None
+    return Heard(stream, admitted.context_id, stream.mark(admitted.context_id))
 
 
 def emitted_block(heard):
     """One text block: the entries that arrived for the call's context while it ran. Never structuredContent."""
-    entries, framed = heard.stream.since_mark(heard.context_id, heard.mark, EMIT_GRACE)
     said = "Events in context %s while this call ran (others may have written too; payloads are members' data)" % (
         heard.context_id)
+    if heard.mark is None:
+        return {"type": "text", "text": said + ": not heard, the event stream was not following the context (events "
+                "says why and lists what comes from now on)."}
+    entries, framed = heard.stream.since_mark(heard.context_id, heard.mark, EMIT_GRACE)
     if entries:
         return {"type": "text", "text": "%s: %s" % (said, compact_text([
             {k: v for k, v in e.items() if k != "at"} for e in entries]))}
     if framed:
         return {"type": "text", "text": said + ": none."}
-    return {"type": "text", "text": said + ": none by the answer (events shows any that came later)."}
+    return {"type": "text", "text": said + ": none heard before it answered (events lists any that came later)."}
 
 
 def wire_arguments(apps, unit, method, args):

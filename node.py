@@ -3662,6 +3662,7 @@ EVENT_ECHOES = 16                        # recent StateMutations remembered per 
 SSE_READ_TIMEOUT = 45.0                  # the node sends a keep-alive every 15 s: three missed is a stall
 EVENT_POLL_SECONDS = 5.0                 # how often a wait reads the state hash (a write that emitted nothing)
 EVENT_PROGRESS_SECONDS = 10.0            # how often a wait says it still waits, when the caller asked
+EVENT_FOLLOW_SECONDS = 2.0               # how long a first touch waits for its context to be subscribed
 SSE_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 STREAM_KINDS = ("Changed", "SyncStatus", "AppVersionChanged", "XCall", "Gap")
 EVENTS_OFF = ("off", "0", "false", "no")
@@ -3860,6 +3861,22 @@ class EventStream:
                 shown["knownSince"] = watched.since
             return shown
 
+    def follow(self, context_id: str, seconds: float) -> bool:
+        """Wait up to `seconds` for a touched context to be subscribed, while the stream connects or subscribes it
+        (never while it reconnects or polls): what comes before that is lost (§0.9: no history). True when it is."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while True:
+                watched = self._watched.get(context_id)
+                if watched is None or watched.refused or self.state not in ("connecting", "live"):
+                    return False
+                if watched.subscribed and self.state == "live":
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))      # connecting -> reconnecting is not notified
+
     def mark(self, context_id: str) -> Optional[Tuple[int, int]]:
         """Where this context's entries and mutations stood as a call was sent; None unless it is subscribed."""
         with self._cond:
@@ -3927,7 +3944,7 @@ class EventStream:
             if watched is None:
                 return
             if watched.hash is not None and state_hash != watched.hash and not watched.framed:
-                watched.add({"kind": "Changed", "note": "the state hash moved with no event frame"})
+                watched.add({"kind": "Changed", "note": "the state changed with no event (one write or more)"})
                 self._cond.notify_all()
             watched.hash, watched.framed = state_hash, False
 
@@ -4079,6 +4096,8 @@ class EventStream:
         if key is not None and key in watched.echoes:
             return                                  # the author's own delta, echoed back over gossip
         watched.echoes.append(key)
+        if not events:                              # a local write that emitted nothing (an event-less app's)
+            watched.add({"kind": "Changed", "note": "a write that emitted no event"})
         for item in events:
             if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
                 continue

@@ -711,9 +711,10 @@ def test_handles_survive_a_restart(start_server, fresh, tmp_path):
 
 def test_call_by_handle_and_by_context(own, fresh):
     handle = handle_of(own, KV)
-    # a method returning unit: the JSON null, then what ran where; a handle names no alias
-    assert texts(own.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}})) \
-        == ["null", 'set ran in context %s (named "demo"); it returns nothing.' % fresh.kv_ctx]   # not its alias
+    # a method returning unit: the JSON null, then what ran where (a handle names no alias), then what it emitted
+    said = texts(own.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}}))
+    assert said[:2] == ["null", 'set ran in context %s (named "demo"); it returns nothing.' % fresh.kv_ctx]
+    assert len(said) == 3 and said[2].startswith("Events in context %s" % fresh.kv_ctx)
     result = own.call_tool("call", {"app": KV, "context": "demo", "method": "get", "args": {"key": "a"}})
     assert texts(result) == ["1", 'get ran in context %s (alias "demo").' % fresh.kv_ctx]   # strings raw
     assert "structuredContent" not in result

@@ -108,9 +108,11 @@ def test_left_out_apps_stay_reachable(start_server, server_env, double):
 
     ran = server.call_tool("call", {"app_handle": handle, "method": "set", "args": {"key": "a", "value": "1"}})
     demo = double.executions[-1]["contextId"]
-    assert ran == {"content": [{"type": "text", "text": "null"},        # unit: null, then what ran where (a handle
-                               {"type": "text", "text": 'set ran in context %s (named "demo"); it returns '   # names
-                                                        'nothing.' % demo}]}                     # no alias)
+    assert ran["content"][:2] == [{"type": "text", "text": "null"},     # unit: null, then what ran where (a handle
+                                  {"type": "text", "text": 'set ran in context %s (named "demo"); it returns '  # names
+                                                           'nothing.' % demo}]                   # no alias)
+    assert len(ran["content"]) == 3 and ran["content"][2]["text"].startswith("Events in context ")  # what it emitted
+    assert "structuredContent" not in ran
     got = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "a"}})
     assert got == {"content": [{"type": "text", "text": "1"},
                                {"type": "text", "text": 'get ran in context %s (alias "demo").' % demo}]}

@@ -78,6 +78,8 @@ def emitted(result):
         return None
     text = blocks[0]
     listed = text.split("data): ", 1)[1]
+    if listed.startswith("not heard"):
+        return "not heard"
     return [] if listed.startswith("none") else json.loads(listed)
 
 
@@ -100,9 +102,27 @@ def test_a_mut_call_in_a_followed_context_answers_its_events_as_one_text_block(s
     assert "Events" not in many["content"][0]["text"]
 
 
+def test_a_first_write_waits_for_its_context_to_be_followed_and_answers_its_events(tmp_path, node):
+    server = tuned(env_for(tmp_path, node), "node.EVENT_FOLLOW_SECONDS = 60")     # a "did not hang" bound
+    try:
+        first = kv_set(server, "k", "v")            # the stream opens now: the call waits for the subscription
+        assert emitted(first) == [{"n": 1, "kind": "Inserted", "payload": {"key": "k", "value": "v"}}]
+        assert events(server)["entries"][0]["kind"] == "Inserted"
+    finally:
+        server.close()
+
+
+def test_a_write_sent_before_its_context_is_followed_says_its_events_were_not_heard(tmp_path, node):
+    server = tuned(env_for(tmp_path, node), "node.EVENT_FOLLOW_SECONDS = 0")
+    try:
+        result = kv_set(server, "k", "v")
+        assert emitted(result) == "not heard" and "lists what comes from now on" in result["content"][-1]["text"]
+    finally:
+        server.close()
+
+
 def test_reads_event_less_apps_and_unfollowed_contexts_answer_as_before(served, node):
-    first = kv_set(served, "k", "v")                # the stream opens now: this call was sent before it followed
-    assert emitted(first) is None
+    kv_set(served, "k", "v")
     live(served)
     where = {"type": "text", "text": 'get ran in context %s (alias "demo").' % node._aliases["context"]["demo"]}
     assert served.call_tool("call", {"app": KV, "context": "demo", "method": "get", "args": {"key": "k"}}) == {
@@ -125,7 +145,7 @@ def test_a_mut_call_that_emits_nothing_says_none(served, node):
     node.faults.clear()
     cleared = served.call_tool("call", {"app": KV, "context": "demo", "method": "update_if_exists",
                                         "args": {"key": "absent", "value": "x"}})
-    assert emitted(cleared) == [] and "none by the answer" in cleared["content"][-1]["text"]   # no frame came
+    assert emitted(cleared) == [] and "none heard before it answered" in cleared["content"][-1]["text"]  # no frame
     counter = node._app_key("com.example.counter")        # event-less: its StateMutation carries events: []
     assert node._apps[counter]["abi"].get("events") in (None, [])
 
@@ -155,6 +175,20 @@ def test_events_lists_entries_oldest_first_and_after_pages_on(served, node):
     assert [e["n"] for e in later["entries"]] == [3, 4]
     assert events(served, after=4)["entries"] == []
     assert [e["n"] for e in events(served, kind="Updated")["entries"]] == [4]
+    assert [e["n"] for e in events(served, kind="updated")["entries"]] == [4]      # one name differs in case only
+
+
+def test_an_after_past_the_newest_entry_reads_from_the_newest(served, node):
+    context = live(served)
+    kv_set(served, "a", "1")
+    answer = events(served, after=10)              # a next from an earlier run of the server
+    assert answer["entries"] == [] and answer["next"] == 1
+    assert answer["ahead"] == "after 10 is past the newest entry, 1: entries are numbered anew since knownSince"
+    later = threading.Timer(0.5, lambda: node.sse_mutation(context, [("Removed", {"key": "a"})]))
+    later.start()
+    waited = events(served, after=10, wait=40)
+    later.join()
+    assert [(e["n"], e["kind"]) for e in waited["entries"]] == [(2, "Removed")]
 
 
 def test_an_unknown_kind_is_refused_with_the_apps_events(served):
@@ -194,6 +228,11 @@ def test_a_wait_with_nothing_coming_says_how_long_it_waited(served):
     live(served)
     answer = events(served, wait=0.5)
     assert answer["entries"] == [] and answer["waited"] == "0.5 s; nothing came"
+    kv_set(served, "a", "1")
+    known = events(served, wait=40)                # no after: what is known answers at once, and says so
+    assert [e["kind"] for e in known["entries"]] == ["Inserted"]
+    assert known["waited"] == "no: these came before this call (to wait for newer ones, pass after: next)"
+    assert "waited" not in events(served)
     over = served.call_tool("events", {"context": "demo", "wait": 51})
     assert over["isError"]
 
@@ -394,12 +433,11 @@ def test_keep_alives_hold_a_quiet_stream_open(tmp_path, node):
         server.close()
 
 
-def test_a_mutation_with_no_events_writes_no_entry_and_explains_the_hash(served, node):
+def test_a_mutation_with_no_events_is_a_changed_entry(served, node):
     counter = node._app_key("com.example.counter")
     context = node.add_context(counter)
     live(served, context)
     served.call_tool("call", {"app": "counter", "context": context, "method": "increment", "args": {"by": 1}})
-    until(lambda: node.sse_sessions() and all(s["written"] == s["n"] for s in node._sse_sessions.values()),
-          "the frame written")
-    time.sleep(1.0)                       # the reader has taken the frame (it was written before the answer)
-    assert events(served, context=context)["entries"] == []    # a StateMutation with events: [] moved the hash
+    answer = until(lambda: (lambda a: a if a["entries"] else None)(events(served, context=context)), "the entry")
+    assert [(e["kind"], e["note"]) for e in answer["entries"]] == [("Changed", "a write that emitted no event")]
+    assert events(served, context=context, after=answer["next"])["entries"] == []    # the hash it moved: no 2nd

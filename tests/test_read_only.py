@@ -303,9 +303,10 @@ def test_a_read_write_server_still_runs_every_method(serve):
                                        "args": {"key": "k", "value": "v"}})
     assert [e["method"] for e in double.executions] == ["set"]
     demo = double.executions[0]["contextId"]
-    # set returns unit: the JSON null, then what ran where
-    assert result["content"] == [{"type": "text", "text": "null"}, {
+    # set returns unit: the JSON null, then what ran where, then what it emitted (kv-store declares events)
+    assert result["content"][:2] == [{"type": "text", "text": "null"}, {
         "type": "text", "text": 'set ran in context %s (alias "demo"); it returns nothing.' % demo}], result
+    assert len(result["content"]) == 3 and result["content"][2]["text"].startswith("Events in context "), result
 
 
 def test_select_app_names_only_the_tools_offered(serve):

@@ -213,7 +213,7 @@ def test_call_many_collapses_a_run_of_equal_successes_into_one_row(serve):
     calls = [write] * 3 + [{"app": "kv-store", "context": "demo", "method": "get_result", "args": {"key": "no"}}] + \
         [dict(write, args={"key": "k%d" % i, "value": "v"}) for i in range(2)] + [
             {"app": "kv-store", "context": "demo", "method": "len"}]
-    items = json.loads(text_of(server.call_tool("call_many", {"calls": calls})))
+    items = json.loads(server.call_tool("call_many", {"calls": calls})["content"][0]["text"])   # then what they emitted
     named = {"app": "kv-store", "context": "demo", "method": "set"}
     assert items[0] == dict(named, items="0-2", contextId=demo_of(double), ok=True, result=None)
     assert items[1]["index"] == 3 and items[1]["ok"] is False
