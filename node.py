@@ -3868,7 +3868,8 @@ class EventStream:
         with self._cond:
             while True:
                 watched = self._watched.get(context_id)
-                if watched is None or watched.refused or self.state not in ("connecting", "live"):
+                if watched is None or watched.refused or self.state not in ("connecting", "live") \
+                        or current_scope().cancelled:
                     return False
                 if watched.subscribed and self.state == "live":
                     return True

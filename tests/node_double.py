@@ -3187,6 +3187,7 @@ class NodeDouble:
             self.sse_log.append({"method": request.method, "path": request.path, "query": dict(request.query),
                                  "headers": dict(request.headers), "at": time.monotonic()})
             refusal = self._auth.guard(request.bearer_token(), "context:subscribe") if self._auth else None
+        self._wait_if_slow(request.path)            # `slow` holds SSE routes too (a subscription slow to answer)
         if refusal is None and self.sse_mode != "on":
             refusal = empty_reply(404) if self.sse_mode == "off" else error_reply(403, "Forbidden")
         if refusal is not None:

@@ -121,6 +121,22 @@ def test_a_write_sent_before_its_context_is_followed_says_its_events_were_not_he
         server.close()
 
 
+def test_a_first_write_cancelled_while_its_context_is_being_followed_is_never_sent(tmp_path, node):
+    server = tuned(env_for(tmp_path, node), "node.EVENT_FOLLOW_SECONDS = 60")
+    try:
+        node.slow["/sse/subscription"] = 3          # the subscription is slow to answer: the write waits
+        server.send({"jsonrpc": "2.0", "id": "w", "method": "tools/call", "params": {"name": "call", "arguments": {
+            "app": KV, "context": "demo", "method": "set", "args": {"key": "k", "value": "v"}}}})
+        until(lambda: node.sse_log, "the stream to be opened")
+        server.notify("notifications/cancelled", {"requestId": "w"})
+        assert server.result("ping") == {}
+        time.sleep(0.5)                             # the follow sees its ticket within 0.1 s
+        assert node.requests_to("POST", "/jsonrpc") == [], "a cancelled call sent its execute"
+        assert responses_to(server, "w") == []
+    finally:
+        server.close()
+
+
 def test_reads_event_less_apps_and_unfollowed_contexts_answer_as_before(served, node):
     kv_set(served, "k", "v")
     live(served)
