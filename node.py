@@ -16,21 +16,20 @@ import collections
 import contextlib
 import errno
 import functools
-import hashlib
 import http
 import itertools
 import json
 import logging
 import os
 import re
-import socket
 import stat
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import quote, urlsplit
+# hashlib, socket and concurrent.futures are imported where used: the server reads the node directory before it
+# answers initialize, and what that needs should load alone (requests brings the rest with the first request).
 
 log = logging.getLogger("mero-mcp")
 
@@ -890,6 +889,7 @@ def probe(ports=PROBE_PORTS) -> List[str]:
     urls = ["http://localhost:%d" % port for port in ports]
     if not urls:
         return []
+    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=len(urls)) as pool:
         healthy = list(pool.map(_answers_health, urls))
     return [url for url, ok in zip(urls, healthy) if ok]
@@ -983,6 +983,7 @@ def token_problem(token: str) -> Optional[str]:
 
 
 def token_cache_path(directory: str, node_url: str, username: Optional[str]) -> str:
+    import hashlib
     key = hashlib.sha256(("%s\0%s" % (node_url, username or "")).encode("utf-8")).hexdigest()[:16]
     return os.path.join(directory, "tokens-%s.json" % key)
 
@@ -1462,6 +1463,7 @@ class _Watch:
             self.sent = sock is not None     # connected: the request may have gone out
             if sock is not None:
                 try:
+                    import socket
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
@@ -3480,6 +3482,7 @@ def _report_named_nodes(report, env, directory) -> None:
         except NodeError as error:
             return named, str(error), False
 
+    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=len(directory.nodes)) as pool:
         results = list(pool.map(line, directory.nodes))
     for named, said, ok in results:
