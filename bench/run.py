@@ -562,7 +562,8 @@ def bench_footprint(home, stderr):
         figures["rss_" + name] = statistics.median(rss_after_initialize(command, env, stderr)
                                                    for _ in range(FOOTPRINT_SPAWNS))
     for name, imports in (("bare", "pass"), ("requests", "import requests"),
-                          ("both", "import requests; import jsonschema")):
+                          ("both", "import requests; import jsonschema"), ("protocol", "import json, threading, queue"),
+                          ("node", "import json, threading, queue; import node")):
         figures["import_" + name] = import_cost(imports)
     return figures
 
@@ -820,6 +821,27 @@ def bench_link_calls(home, stderr):
         return {"times": times, "connections": link.connections, "calls": calls}
 
 
+FIRST_WRITE_SESSIONS = 5
+
+
+def bench_first_write(home, stderr):
+    """A session's first [mut] call to a context of an app with events (it waits for the stream to follow the
+    context, so its events are heard) against that session's later ones, over the link: medians, seconds."""
+    firsts, laters = [], []
+    for index in range(FIRST_WRITE_SESSIONS):
+        node = LinkNode()
+        with node.double, DelayLink(node.double.port) as link:
+            session = open_session(server_env(Path(home) / ("first%d" % index), link.url), stderr)
+            try:
+                wait_for_catalog(session, 1)
+                tool_name, arguments = node.calls()["mut_events"]
+                firsts.append(timed_link_call(session, tool_name, arguments))
+                laters.append(statistics.median(timed_link_call(session, tool_name, arguments) for _ in range(5)))
+            finally:
+                session.close()
+    return statistics.median(firsts), statistics.median(laters)
+
+
 def bench_link_spawn(home, stderr):
     """spawn → a tools/list holding every generated tool, over the link and on loopback, alternating."""
     paths = fixture_apps.manifest_paths(fixture_apps.SHARED_ABIS)
@@ -837,6 +859,12 @@ def bench_link_spawn(home, stderr):
                  for _ in range(LINK_SPAWNS)]
     return {"near": statistics.median(p[0] for p in pairs), "far": statistics.median(p[1] for p in pairs),
             "tools": len(tools)}
+
+
+def first_write_rows(first_write):
+    first, later = first_write
+    return [row("  first [mut] call of a session to a context with events: %s, later ones %s" % (ms(first), ms(later)),
+                "+%.2f" % ((first - later) / LINK_RTT), "once a session", None)]
 
 
 def link_rows(calls, spawn):
@@ -972,7 +1000,8 @@ def link_only():
         with open(Path(home) / "stderr.log", "wb") as stderr:
             print("a node across a network: %.0f ms round trips through a delay proxy …" % (LINK_RTT * 1000),
                   flush=True)
-            print_table(link_rows(bench_link_calls(home, stderr), bench_link_spawn(home, stderr)))
+            print_table(link_rows(bench_link_calls(home, stderr), bench_link_spawn(home, stderr))
+                        + first_write_rows(bench_first_write(home, stderr)))
     print("wall time %.0f s" % (time.monotonic() - started))
     return 0
 
@@ -1077,7 +1106,8 @@ def target(text, met, why=False):
     return text if met else "%s (missed%s)" % (text, ", see below" if why else "")
 
 
-def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_rss, surface):
+def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_rss, surface, link, first_write,
+                   nodes):
     """The lines between README's "## Speed and footprint" and "## Development", from this run's figures."""
     bare_s, bare_rss = footprint["import_bare"]
     _, requests_rss = footprint["import_requests"]
@@ -1129,6 +1159,18 @@ def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_r
               % (CALL_MANY_SIZE, EXEC_DELAY * 1000), "%.2f×" % many, target("≤ 2×", many <= 2)),
              ("peak RSS with 1,000 tools", "%s (%s through `mero-mcp`)" % (mb(f["rss"]), mb(installed_rss)),
               target("≤ 40 MB", f["rss"] <= 40 * 2 ** 20, why=True))]
+    near, far = link["times"]["mut_id"]
+    first, later = first_write
+    spawns, listed, deadline = nodes
+    multi = spawns["multi"] / spawns["single"]
+    rows += [("round trips of a [mut] call by context id, node %d ms away (`bench/run.py link`)" % (LINK_RTT * 1000),
+              "%.2f" % ((far - near) / LINK_RTT), target("2", (far - near) / LINK_RTT <= 2.3)),
+             ("the same, a session's first write to a context whose app has events (its stream is followed first)",
+              "+%.2f round trips, once" % ((first - later) / LINK_RTT), ""),
+             ("spawn → `tools/list` with two named nodes ÷ one node (`bench/run.py nodes`)", "%.2f× (%s, %s)" % (
+                 multi, rms(spawns["multi"]), rms(spawns["single"])), target("≤ 1.1×", multi <= 1.10)),
+             ("`list_nodes` of 5 nodes, 2 of them down (ports that never answer)", rms(listed),
+              target("one probe deadline (%s)" % rms(deadline), listed <= deadline * 1.5))]
     lines = [
         "`make bench` measures, in one run, on a node double with %d apps × %d methods, and prints this section"
         % (APPS, METHODS_PER_APP),
@@ -1157,7 +1199,9 @@ def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_r
         % mb(footprint["rss_installed"]),
         "  bytecode instead. What is left even then is the standard library the protocol needs: `json` (which "
         "imports `re`",
-        "  and `enum`), `threading` and `queue`.",
+        "  and `enum`), `threading` and `queue`; and node.py (%s more), whose node directory (one node or several)"
+        % rms(footprint["import_node"][0] - footprint["import_protocol"][0]),
+        "  decides the instructions `initialize` answers.",
         "- **Tool size**: a generated tool carries its name, its signature (the description), the two routing "
         "properties",
         "  `app_handle` and `_context` with a few words each, and the method's parameters; the routing and the JSON",
@@ -1202,10 +1246,16 @@ def main():
                 print("a node across a network: %.0f ms round trips through a delay proxy …" % (LINK_RTT * 1000),
                       flush=True)
                 link_calls, link_spawn = bench_link_calls(home, stderr), bench_link_spawn(home, stderr)
+                first_write = bench_first_write(home, stderr)
+                print("several nodes: %d spawns each, one node and two; list_nodes of 5 with 2 down …"
+                      % NODES_SPAWNS, flush=True)
+                nodes = bench_nodes(home, stderr)
     print_table(cold_start_rows(tool_count, cold) + system_cold_start_rows(system_cold) + catalog_rows(figures)
                 + own_work_rows(own_work) + footprint_rows(footprint, installed_rss) + tool_surface_rows(surface)
-                + link_rows(link_calls, link_spawn))
-    print_readme_section(tool_count, cold, system_cold, figures, own_work, footprint, installed_rss, surface)
+                + link_rows(link_calls, link_spawn) + first_write_rows(first_write))
+    print_table(nodes_rows(*nodes))
+    print_readme_section(tool_count, cold, system_cold, figures, own_work, footprint, installed_rss, surface,
+                         link_calls, first_write, nodes)
     print("wall time %.0f s" % (time.monotonic() - started))
     return 0
 
