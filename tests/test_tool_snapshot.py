@@ -9,13 +9,18 @@ from mcp_client import APP_TOOLS, FIXED_TOOL_BYTES, MULTI_SNAPSHOT, SNAPSHOT, TO
     live_multi_snapshot, live_snapshot, snapshot_text
 
 
-def test_the_live_fixed_tools_are_the_snapshot(tmp_path):
-    live, committed = snapshot_text(live_snapshot(tmp_path)), SNAPSHOT.read_text(encoding="utf-8")
+def assert_snapshot(live, path, what):
+    """The live definitions are the committed file, else the diff and what to run."""
+    live, committed = snapshot_text(live), path.read_text(encoding="utf-8")
     if live != committed:
         diff = "".join(difflib.unified_diff(committed.splitlines(True), live.splitlines(True),
-                                            "%s (committed)" % SNAPSHOT.name, "tools/list (live)", n=2))
-        raise AssertionError("The fixed tools tools/list serves differ from %s. If the change is meant, run "
-                             "`make snapshot` and commit the file.\n%s" % (SNAPSHOT.name, diff))
+                                            "%s (committed)" % path.name, "tools/list (live)", n=2))
+        raise AssertionError("%s differ from %s. If the change is meant, run `make snapshot` and commit the file."
+                             "\n%s" % (what, path.name, diff))
+
+
+def test_the_live_fixed_tools_are_the_snapshot(tmp_path):
+    assert_snapshot(live_snapshot(tmp_path), SNAPSHOT, "The fixed tools tools/list serves")
 
 
 def test_the_toolsets_divide_the_fixed_tools():
@@ -43,12 +48,7 @@ def test_what_a_model_reads_of_the_fixed_tools_stays_within_the_budget():
 
 
 def test_the_live_multi_node_fixed_tools_are_the_second_snapshot(tmp_path):
-    live, committed = snapshot_text(live_multi_snapshot(tmp_path)), MULTI_SNAPSHOT.read_text(encoding="utf-8")
-    if live != committed:
-        diff = "".join(difflib.unified_diff(committed.splitlines(True), live.splitlines(True),
-                                            "%s (committed)" % MULTI_SNAPSHOT.name, "tools/list (live)", n=2))
-        raise AssertionError("The multi-node fixed tools differ from %s. If the change is meant, run `make snapshot` "
-                             "and commit the file.\n%s" % (MULTI_SNAPSHOT.name, diff))
+    assert_snapshot(live_multi_snapshot(tmp_path), MULTI_SNAPSHOT, "The multi-node fixed tools")
 
 
 def test_multi_node_mode_costs_at_most_2000_bytes_more_than_single_mode():
