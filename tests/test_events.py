@@ -327,7 +327,8 @@ def test_the_ring_keeps_100_entries_and_a_flood_never_delays_a_call(served, node
         assert served.call_tool("node_status")["content"]
         assert served.call_tool("kv_store_get", {"_context": "demo", "key": "nothing"})["content"]
     flood.join()
-    until(lambda: events(served, after=9999)["entries"], "the flood's last frame")
+    # an `after` past the newest is read as the newest (ahead), so wait for entry 10000 itself
+    until(lambda: [e for e in events(served, after=9999)["entries"] if e["n"] == 10000], "the flood's last frame")
     answer = events(served)
     assert len(answer["entries"]) == 50 and answer["more"] == "50 more after next"
     assert answer["entries"][0]["n"] == 9901 and answer["next"] == 9950      # the ring keeps the last 100
