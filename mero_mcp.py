@@ -2212,10 +2212,33 @@ def list_namespaces(args, call):
     entry = call.entry
     namespaces = entry.node.namespaces()
     keys = app_keys(entry) if namespaces else {}
-    rows = [after_key(row, "targetApplicationId", "application", keys.get(row.get("targetApplicationId"),
-                                                                          row.get("targetApplicationId")))
+    rows = [namespace_row(after_key(row, "targetApplicationId", "application",
+                                    keys.get(row.get("targetApplicationId"), row.get("targetApplicationId"))))
             for row in namespaces]
     return paged("list_namespaces", args, {"namespaces": rows}, "namespaces", "namespaceId")
+
+
+def namespace_row(row):
+    """A namespace as listed: its creation time as UTC text (the node sends unix seconds), its founder by account
+    (the founding salt is only what its id was derived from: no tool takes it)."""
+    shown = {}
+    for key, value in row.items():
+        if key == "createdAt" and is_epoch(value):
+            value = utc_text(value)
+        elif key == "founding" and isinstance(value, dict) and isinstance(value.get("founderAccountId"), str):
+            key, value = "founder", value["founderAccountId"]
+        shown[key] = value
+    return shown
+
+
+def is_epoch(value):
+    """Unix seconds that datetime can write (before the year 10000)."""
+    return type(value) is int and 0 <= value < 253402300800
+
+
+def utc_text(seconds):
+    import datetime                     # here, not at the top: a start never pays for it
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def app_keys(entry):
@@ -3185,14 +3208,12 @@ INVITED_ROLES = ("Admin", "Member", "ReadOnly", "ReadOnlyTee", "RelayTee")
 
 def invitation_terms(invitation):
     """The signed body's expiry as a UTC date and its role by name (the node gives epoch seconds and an index)."""
-    import datetime
     signed = invitation["invitation"].get("invitation")
     signed = signed if isinstance(signed, dict) else {}
     expiry, role = signed.get("expiration_timestamp"), signed.get("invited_role")
     terms = []
-    if type(expiry) is int and 0 < expiry < 253402300800:          # before year 10000: a date datetime can write
-        terms.append("It expires %s" % datetime.datetime.fromtimestamp(expiry, datetime.timezone.utc)
-                     .strftime("%Y-%m-%dT%H:%M:%SZ"))
+    if is_epoch(expiry) and expiry > 0:
+        terms.append("It expires %s" % utc_text(expiry))
     if type(role) is int and 0 <= role < len(INVITED_ROLES):
         terms.append("makes the joiner %s" % INVITED_ROLES[role])
     return (" and ".join(terms) + ".") if terms else ""
@@ -4035,6 +4056,8 @@ def select_app(args, call):
     summary["tools"] = apps.catalog.tool_names_of(app, service)
     summary["toolsNote"] = TOOLS_NOTE
     summary["context"] = context["id"] if context else None
+    if context and isinstance(context.get("name"), str) and context["name"]:
+        summary["contextName"] = context["name"]      # the label list_contexts shows: which one was picked
     if context is None:
         summary["note"] = no_context_note(label, contexts)
     elif unit.manifest.events:

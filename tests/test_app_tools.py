@@ -529,8 +529,9 @@ def test_select_app_output(shared, world):
     result = shared.call_tool("select_app", {"app": "KV Store"})
     summary = summary_of(result)
     assert list(summary) == ["application", "package", "appVersion", "service", "contextServices", "guide",
-                             "app_handle", "tools", "toolsNote", "context"]
+                             "app_handle", "tools", "toolsNote", "context", "contextName"]
     assert summary["context"] == world.kv_ctx
+    assert summary["contextName"] == "demo"                  # the label list_contexts shows: which one was picked
     assert summary["tools"] == world.expected_tools()[:9]
     assert summary["toolsNote"] == TOOLS_NOTE
     assert handle_payload(summary["app_handle"]) == {
@@ -546,6 +547,7 @@ def test_several_contexts_and_none_chosen(shared, world):
     assert set(world.counter_ctx) <= set(summary["note"].split(": ")[1].split(", "))
     chosen = summary_of(shared.call_tool("select_app", {"app": "Counter", "context": world.counter_ctx[1]}))
     assert chosen["context"] == world.counter_ctx[1] and "note" not in chosen
+    assert "contextName" not in chosen                       # created without a name: none is made up
 
 
 def test_select_app_refuses_another_apps_context(shared, world):

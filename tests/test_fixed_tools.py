@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import time
 
 import pytest
 
@@ -264,8 +265,16 @@ def test_list_namespaces_is_the_node_list(server, double):
     namespaces = server.tool_json("list_namespaces")["namespaces"]      # wrapped, as list_contexts is
     assert [n["namespaceId"] for n in namespaces] == [namespace_of(double)]
     assert namespaces[0]["name"] == "demo-team"
+    group = double._groups[namespace_of(double)]
+    assert namespaces[0]["createdAt"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(group["createdAt"]))
+    assert namespaces[0]["founder"] == double.account and "founding" not in namespaces[0]   # the salt is no one's
     asked = [r["query"] for r in double.requests_to("GET", "/admin-api/namespaces") if r["path"] == "/admin-api/namespaces"]
     assert asked == [{"offset": "0", "limit": "1000"}]      # a full page at a time: the node's default is 100
+    created, group["createdAt"] = group["createdAt"], 1 << 60    # not a time datetime can write: shown as sent
+    try:
+        assert server.tool_json("list_namespaces")["namespaces"][0]["createdAt"] == 1 << 60
+    finally:
+        group["createdAt"] = created
 
 
 def test_list_contexts_leaves_out_state_unless_verbose(server, double):
