@@ -4752,13 +4752,16 @@ class Apps:
             raise ToolError("Name an application: its id, package name, trailing segment or display name.")
         return resolve_among(self.installed(), name.strip())
 
-    def manifest(self, app, service=None):
+    def manifest(self, app, service=None, raw=None):
+        """The parsed ABI of the app's build (of one service), read once; `raw`: the node's answer, when it is
+        read already."""
         abi = own_module("abi")          # every app tool reads a manifest: a missing abi.py is said here, by name
         key = (app.build, service)
         cached = self.manifests.get(key)
         if cached is not None:
             return cached
-        raw = self.node.abi(app.id, service)
+        if raw is None:
+            raw = self.node.abi(app.id, service)
         try:
             manifest = abi.parse_manifest(raw, app.key + ("/" + service if service else ""))
         except abi.AbiError as error:
@@ -5032,15 +5035,33 @@ class Catalog:
             read = list(pool.map(self.units_of, [app for app in apps if self.budget.admits(app)]))
         return [unit for units in read for unit in units]
 
-    def units_of(self, app):
-        app = self.apps.with_services(app)           # a failed record read fails the load, as the list's would
-        units = []
-        for service in app.services or (None,):
-            try:
-                units.append(Unit(app, service, self.apps.manifest(app, service)))
-            except Exception as error:
-                log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
-        return units
+    def units_of(self, listed):
+        if self.apps.services_listed(listed):
+            app, plain = listed, None
+        else:
+            # Its record (the list leaves services out) and the ABI the node gives without a service name (a plain
+            # app's, or a one-service bundle's) are read together: a start waits one round trip less per app.
+            app, plain = together(lambda: self.apps.with_services(listed), lambda: self.plain_abi(listed))
+        services = app.services or (None,)           # a failed record read fails the load, as the list's would
+        raw = plain if len(services) == 1 else None
+        units = together(*[partial(self.unit_of, app, service, raw) for service in services])  # several: at once
+        return [unit for unit in units if unit is not None]
+
+    def unit_of(self, app, service, raw):
+        """One service's unit (or the app's), None when its ABI cannot be had (said in the log)."""
+        try:
+            return Unit(app, service, self.apps.manifest(app, service, raw))
+        except Exception as error:
+            log.warning("skipping %s%s: %s", app.key, "/" + service if service else "", error)
+            return None
+
+    def plain_abi(self, app):
+        """The ABI read without a service name, or None when the node refuses it (a bundle of several services
+        needs the name: the caller reads each service's then)."""
+        try:
+            return self.node.abi(app.id)
+        except node_module().NodeError:
+            return None
 
     def start_polling(self):
         self.start_once("catalog-poll", self.poll)

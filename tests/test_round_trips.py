@@ -351,3 +351,22 @@ def test_the_first_catalog_read_reads_every_app_at_once(serve):
     names = server.tool_names()
     assert sum(name.startswith("kv_") and name.endswith("_get") for name in names) == len(apps), names
     assert double.most_at_once == len(apps), "%d of %d app records read at once" % (double.most_at_once, len(apps))
+
+
+@pytest.mark.parametrize("services, trips", [
+    ({}, 2),                                               # a plain app: the list, then its record and ABI at once
+    ({"api": kv_store_manifest()}, 2),                     # one service: the ABI without a name is that service's
+    ({"api": kv_store_manifest(), "admin": kv_store_manifest()}, 3),    # several: each service's ABI by name after
+])
+def test_the_catalog_reads_an_apps_record_and_its_abi_together(serve, services, trips):
+    """The list leaves a plain app's services out, so its record is read; the ABI it will need goes beside it."""
+    spec = dict(kv_store_spec(), services=services) if services else kv_store_spec()
+    double = NodeDouble(apps=[spec], list_services=False)
+    double.slow = {"/admin-api/applications": HOLD}
+    server = serve(double)
+    names = server.tool_names()
+    assert sum(name.startswith("kv_store_") and name.endswith("_get") for name in names) == max(1, len(services))
+    entries = [e for e in double.log if e["path"].startswith("/admin-api/applications")]
+    assert round_trips(entries) == trips, [(e["path"], e.get("query")) for e in entries]
+    asked = [e.get("query", {}).get("service_name") for e in entries if e["path"].endswith("/abi")]
+    assert sorted(asked, key=str) == sorted([None] + (sorted(services) if len(services) > 1 else []), key=str)
