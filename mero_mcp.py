@@ -5316,6 +5316,23 @@ def generated_reads(apps, binding, args):
     return reads
 
 
+def follow_early(apps, binding, args):
+    """A write to a context whose app declares events waits until the event stream follows that context
+    (watch_events). When the call names the context by id, the stream is asked now, so its subscription's round
+    trips overlap admission's reads. Nothing is decided by it: admission still reads the context and app live,
+    and a refused call sends nothing but this read-only subscription."""
+    method, entry = binding.method, apps.entry
+    if (not binding.unit.manifest.events or heavy("abi").is_read_only(method) or entry.read_only
+            or apps.server.config.read_only):
+        return
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    named = {value for value in context_arguments(method, args) if isinstance(value, str)}
+    if handle is not None and handle.context:
+        named.add(handle.context)
+    if len(named) == 1 and is_hex_id(next(iter(named))):
+        apps.node.events().touch(next(iter(named)))
+
+
 def call_reads(apps, args):
     """What call's admission reads: the app by its handle's id or the list a name resolves in, the contexts
     named."""
@@ -5337,6 +5354,7 @@ def invoke_generated(name, args, call):
     binding = call.server.catalog.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
+    follow_early(apps, binding, args)
     ahead(apps, generated_reads(apps, binding, args))
     listed, binding = binding, current_binding(apps, binding)
     admitted = admit_generated(apps, binding.unit, binding.method, args)
