@@ -2381,6 +2381,8 @@ def create_context(args, call):
     service = require_service(entry.apps, app, args.get("service"))
     init = init_parameters(entry, app, service, args.get("args"), args["application"])
     created = entry.node.create_context(app.id, group, init, name=args.get("name"), service=service)
+    if args.get("name") is not None:
+        created = dict(created, name=args["name"])          # the label it was created with, said back
     return created if args.get("alias") is None else with_alias(entry.node, created, args["alias"])
 
 
@@ -3461,6 +3463,9 @@ def describe_group(args, call):
                                  "version": group_app_version(node, info, namespaces.get(namespace))},
                  "visibility": info.get("subgroupVisibility"), "memberCount": info.get("memberCount"),
                  "contextCount": info.get("contextCount")}
+    if group in namespaces:                  # when and by whom it was founded: only a namespace's row says
+        shown = namespace_row(namespaces[group])
+        described.update({key: shown[key] for key in ("createdAt", "founder") if key in shown})
     described.update(known_subgroups(node, group, namespaces.get(group)))
     if described["subgroups"]:
         described["countsNote"] = OWN_COUNTS
@@ -4074,9 +4079,15 @@ def choose_context(apps, app, label, value, contexts):
 def no_context_note(label, contexts):
     if contexts:
         return 'Application "%s" has %d contexts; pass context with one of: %s' % (
-            label, len(contexts), some_contexts([c["id"] for c in contexts], label))
+            label, len(contexts), some_contexts([named_context(c) for c in contexts], label))
     return ('Application "%s" has no contexts on this node. Create one in the Calimero desktop app, or use '
             'create_context.' % label)
+
+
+def named_context(context):
+    """A context's id, with its name (list_contexts' label) when it has one: `<id> (Groceries)`."""
+    name = context.get("name")
+    return "%s (%s)" % (context["id"], cut_text(name, ECHOED_NAME)) if isinstance(name, str) and name else context["id"]
 
 
 LISTED_CONTEXTS = 20

@@ -550,6 +550,14 @@ def test_several_contexts_and_none_chosen(shared, world):
     assert "contextName" not in chosen                       # created without a name: none is made up
 
 
+def test_the_several_contexts_note_names_each_named_context(own, fresh):
+    groceries = fresh.double.add_context(fresh.kv, name="Groceries")
+    unnamed = fresh.double.add_context(fresh.kv)
+    note = summary_of(own.call_tool("select_app", {"app": KV}))["note"]
+    listed = note.split("one of: ", 1)[1].split(", ")
+    assert sorted(listed) == sorted(["%s (demo)" % fresh.kv_ctx, "%s (Groceries)" % groceries, unnamed]), note
+
+
 def test_select_app_refuses_another_apps_context(shared, world):
     for value in (world.kv_ctx, "demo"):
         assert_error(shared.call_tool("select_app", {"app": "counter", "context": value}),

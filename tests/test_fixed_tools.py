@@ -326,7 +326,7 @@ def test_list_contexts_filters_by_any_app_name(server, double):
 def test_create_context_sends_the_init_bytes(server, double):
     namespace = namespace_of(double)
     created = server.tool_json("create_context", {"application": "kv-store", "group": namespace, "name": "two"})
-    assert created["contextId"] in double._contexts
+    assert created["contextId"] in double._contexts and created["name"] == "two"     # the label, said back
     body = bodies(double, "POST", "/admin-api/contexts")[-1]
     assert body == {"applicationId": double._app_key(KV), "groupId": namespace, "name": "two",
                     "initializationParams": list(b"{}")}

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import socket
+import time
 
 import pytest
 
@@ -203,6 +204,10 @@ def test_describe_group_assembles_what_the_node_keeps_in_several_places(serve, l
     root = server.tool_json("describe_group", {"group": namespace})
     assert (root["kind"], root["name"], root["namespace"], root["parent"], root["contextCount"]) == (
         "namespace", "demo-team", namespace, None, 1)
+    founded = double._groups[namespace]              # when and by whom: a namespace's row says, a subgroup's has none
+    assert (root["createdAt"], root["founder"]) == (
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(founded["createdAt"])), double.account)
+    assert "createdAt" not in described and "founder" not in described
     assert double.refusals == [] and all(e["method"] == "GET" for e in double.log)
 
 
