@@ -2332,6 +2332,8 @@ def with_version_story(row, versions):
     applicationVersion is what it last ran and what it runs next only its group's version says."""
     running = row.get("applicationVersion")
     namespace, group_version = versions.info(row["groupId"]) if row.get("groupId") else (None, None)
+    if namespace and namespace.get("name"):
+        row = after_key(row, "groupId", "namespaceName", namespace["name"])    # no id matching across two lists
     row["namespaceVersion"] = namespace.get("appVersion") if namespace else None
     newest = versions.newest(row["applicationId"]) if running and row.get("applicationId") else None
     row["behind"] = version_key(running) < version_key(newest) if running and newest else None

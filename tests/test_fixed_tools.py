@@ -281,6 +281,7 @@ def test_list_contexts_leaves_out_state_unless_verbose(server, double):
     context_id = context_of(double)
     plain = server.tool_json("list_contexts")["contexts"]
     assert [c["id"] for c in plain] == [context_id]
+    assert plain[0]["namespaceName"] == "demo-team"          # its namespace by name, beside groupId
     assert "contextStateHash" not in plain[0] and "dagHeads" not in plain[0]
     verbose = server.tool_json("list_contexts", {"verbose": True})["contexts"][0]
     heads = double._contexts[context_id]["heads"]
