@@ -4166,6 +4166,7 @@ Ran = namedtuple("Ran", "context_id unit_null value emitted")
 
 def run_call(apps, args, cancelled=None):
     """What `call` runs, and where: a Ran of the context it was admitted to and the method's value."""
+    follow_early_for_call(apps, args)
     ahead(apps, call_reads(apps, args))
     admitted = admit_call(apps, args)
     apps.catalog.ensure_in_catalog(admitted.unit.app)     # tools.md: a catalog miss makes call read the list again too
@@ -5344,6 +5345,16 @@ def follow_early(apps, binding, args):
         named.add(handle.context)
     if len(named) == 1 and is_hex_id(next(iter(named))):
         apps.node.events().touch(next(iter(named)))
+
+
+def follow_early_for_call(apps, args):
+    """follow_early for `call`: the listed method its app (by handle, id or package) and method name name."""
+    handle = read_handle(apps.handle_key, args.get("app_handle"))
+    label = handle.app if handle is not None else args.get("app")
+    for binding in apps.catalog.snapshot.bindings.values():
+        app = binding.unit.app
+        if binding.method.name == args.get("method") and label in (app.id, app.package):
+            return follow_early(apps, binding, args)
 
 
 def call_reads(apps, args):

@@ -112,17 +112,19 @@ def test_a_first_write_waits_for_its_context_to_be_followed_and_answers_its_even
         server.close()
 
 
-@pytest.mark.parametrize("tool", ["kv_store_set", "kv_store_get"])
+@pytest.mark.parametrize("tool", ["kv_store_set", "call", "kv_store_get"])
 def test_a_first_write_by_id_asks_for_the_stream_beside_admissions_reads(tmp_path, node, tool):
     """The subscription's round trips overlap the call's reads; a read opens nothing."""
     server = tuned(env_for(tmp_path, node), "node.EVENT_FOLLOW_SECONDS = 60")
     try:
         context = node._aliases["context"]["demo"]
-        assert tool in server.tool_names()                      # the catalog read first: only the call's reads follow
+        assert "kv_store_set" in server.tool_names()            # the catalog read first: only the call's reads follow
         node.slow = {"/admin-api/applications/": 0.5, "/admin-api/contexts/": 0.5}
         since = len(node.log)
-        result = server.call_tool(tool, dict({"_context": context, "key": "k"}, **(
-            {"value": "v"} if tool == "kv_store_set" else {})))
+        arguments = {"_context": context, "key": "k", "value": "v"} if tool == "kv_store_set" else (
+            {"_context": context, "key": "k"} if tool == "kv_store_get" else
+            {"app": KV, "context": context, "method": "set", "args": {"key": "k", "value": "v"}})
+        result = server.call_tool(tool, arguments)
         assert not result.get("isError"), result
         if tool == "kv_store_get":
             assert node.sse_log == []
