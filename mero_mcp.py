@@ -5121,7 +5121,9 @@ class Catalog:
         return sorted(names, key=lambda name: bindings[name].method.name)
 
     def tool_count_of(self, app_id):
-        """How many generated tools of the app (every service) tools/list carries now."""
+        """How many generated tools of the app (every service) tools/list carries now (an uninstall as a session's
+        first call counts them once the first read is in)."""
+        self.wait_first_load()
         snapshot = self.snapshot
         return sum(1 for name, b in snapshot.bindings.items()
                    if b.unit.app.id == app_id and advertised(snapshot.index[name], self.server.config))

@@ -493,6 +493,15 @@ def test_install_succeeds_when_only_the_refresh_fails(serve):
     assert "app list refresh failed: list broke" in server.stderr
 
 
+def test_an_uninstall_as_a_sessions_first_call_counts_the_tools_that_leave(serve):
+    double = sample_double()
+    # the catalog's first read is still out (its ABI reads) as the call comes
+    double.slow = {"/admin-api/applications/%s/abi" % double._app_key(app): 1.0 for app in (KV, "com.example.counter")}
+    server = serve(double)
+    answer = server.tool_json("uninstall_application", {"application": "counter"})
+    assert answer["note"].startswith("Its 2 tools leave the tool list."), answer
+
+
 def test_uninstall_resolves_the_name_before_removing(server, double):
     kv_id, namespace = double._app_key(KV), namespace_of(double)
     assert server.tool_json("uninstall_application", {"application": "KV Store"}) == {
