@@ -5332,13 +5332,12 @@ def generated_reads(apps, binding, args):
     return reads
 
 
-def follow_early(apps, binding, args):
+def follow_early(apps, unit, method, args):
     """A write to a context whose app declares events waits until the event stream follows that context
     (watch_events). When the call names the context by id, the stream is asked now, so its subscription's round
-    trips overlap admission's reads. Nothing is decided by it: admission still reads the context and app live,
-    and a refused call sends nothing but this read-only subscription."""
-    method, entry = binding.method, apps.entry
-    if (not binding.unit.manifest.events or heavy("abi").is_read_only(method) or entry.read_only
+    trips overlap admission's reads. Nothing is decided by it: admission still reads the context and app live
+    (the method's intent included), and a refused call sends nothing but this read-only subscription."""
+    if (not unit.manifest.events or heavy("abi").is_read_only(method) or apps.entry.read_only
             or apps.server.config.read_only):
         return
     handle = read_handle(apps.handle_key, args.get("app_handle"))
@@ -5350,13 +5349,14 @@ def follow_early(apps, binding, args):
 
 
 def follow_early_for_call(apps, args):
-    """follow_early for `call`: the listed method its app (by handle, id or package) and method name name."""
+    """follow_early for `call`: the listed unit its app (by handle, id or package) names, and its method."""
     handle = read_handle(apps.handle_key, args.get("app_handle"))
     label = handle.app if handle is not None else args.get("app")
-    for binding in apps.catalog.snapshot.bindings.values():
-        app = binding.unit.app
-        if binding.method.name == args.get("method") and label in (app.id, app.package):
-            return follow_early(apps, binding, args)
+    for unit in apps.catalog.snapshot.units:              # one per app and service: a handful, not every tool
+        if label in (unit.app.id, unit.app.package):
+            method = next((m for m in unit.manifest.methods if m.name == args.get("method")), None)
+            if method is not None:
+                return follow_early(apps, unit, method, args)
 
 
 def call_reads(apps, args):
@@ -5380,7 +5380,7 @@ def invoke_generated(name, args, call):
     binding = call.server.catalog.snapshot.bindings.get(name)
     if binding is None:
         raise Refusal(GENERIC_RETRY)
-    follow_early(apps, binding, args)
+    follow_early(apps, binding.unit, binding.method, args)
     ahead(apps, generated_reads(apps, binding, args))
     listed, binding = binding, current_binding(apps, binding)
     admitted = admit_generated(apps, binding.unit, binding.method, args)

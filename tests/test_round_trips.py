@@ -161,24 +161,28 @@ def test_call_many_reads_the_app_and_the_context_once(server, world):
 
 # ── no execute before this call's own reads ───────────────────────────────────────────────────────
 
-def executes_before_their_reads(entries):
-    """Each execute whose context's record this call had not read (an answer come back) when it arrived."""
+def executes_before_their_reads(entries, double):
+    """Each execute whose context's record, or whose application's record (its own, or the list a name resolves
+    in), this call had not read (an answer come back) when it arrived."""
     late = []
     for index, entry in enumerate(entries):
         if entry["path"] != "/jsonrpc":
             continue
         context_id = entry["json"]["params"]["contextId"]
-        read = [e for e in entries[:index] if e["method"] == "GET" and e["path"] == "/admin-api/contexts/" + context_id
-                and e.get("done_at") is not None and e["done_at"] <= entry["at"]]
-        if not read:
-            late.append((context_id, entry["json"]["params"]["method"]))
+        app_id = double._contexts[context_id]["applicationId"]
+        answered = [e for e in entries[:index] if e["method"] == "GET" and e.get("done_at") is not None
+                    and e["done_at"] <= entry["at"]]
+        context_read = any(e["path"] == "/admin-api/contexts/" + context_id for e in answered)
+        app_read = any(e["path"] in ("/admin-api/applications/" + app_id, "/admin-api/applications") for e in answered)
+        if not (context_read and app_read):
+            late.append((context_id, entry["json"]["params"]["method"], context_read, app_read))
     return late
 
 
 def test_no_execute_precedes_the_same_calls_context_read(server, world):
     """Generated tools, call and call_many's items, by context id, alias and handle, [view] and [mut], each call
     twice (the second on contexts this server has read before): in the double's log every execute comes after
-    this very call read its context's record."""
+    this very call read its context's record and its application's."""
     handle = handle_of(server, KV, world.second)
     get, put = {"key": "greeting"}, {"key": "k", "value": "v"}
     calls = []
@@ -194,7 +198,8 @@ def test_no_execute_precedes_the_same_calls_context_read(server, world):
             answer(server.call_tool(tool, args))
             entries = world.double.log[since:]
             assert any(e["path"] == "/jsonrpc" for e in entries), (tool, args)
-            assert executes_before_their_reads(entries) == [], (tool, args, kinds(world.requests(since)))
+            assert executes_before_their_reads(entries, world.double) == [], (tool, args,
+                                                                               kinds(world.requests(since)))
 
 
 # ── freshness ─────────────────────────────────────────────────────────────────────────────────────
