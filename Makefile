@@ -101,12 +101,15 @@ run: $(RUNTIME)
 # lint and bench install their own tools: they need the package index, and say so in one line without it.
 needs_venv = @test -f $(STAMP) || { echo "make $@: needs $(VENV), which needs a package index" >&2; exit 1; }
 
+# Our modules: the entry, its mero_*.py siblings, node.py and abi.py (setup.cfg's py_modules names the same).
+MODULES := mero_mcp.py $(filter-out mero_mcp.py,$(wildcard mero_*.py)) node.py abi.py
+
 lint: $(STAMP)
 	$(needs_venv)
 	$(PIP) $(EDITABLE) '.[lint]'
-	$(VENV)/bin/vermin -q -t=3.9- --violations --no-tips --eval-annotations mero_mcp.py abi.py node.py packaging
-	$(PY) -m pyflakes mero_mcp.py abi.py node.py tests bench packaging
-	@echo "lint: clean (pyflakes; mero_mcp.py, abi.py, node.py run on Python 3.9)"
+	$(VENV)/bin/vermin -q -t=3.9- --violations --no-tips --eval-annotations $(MODULES) packaging
+	$(PY) -m pyflakes $(MODULES) tests bench packaging
+	@echo "lint: clean (pyflakes; every module runs on Python 3.9: $(MODULES))"
 
 bench: $(STAMP) pyz
 	$(needs_venv)

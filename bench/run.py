@@ -1218,7 +1218,21 @@ def print_readme_section(*figures):
         print(line)
 
 
+def start_only():
+    """`bench/run.py start`: spawn → initialize answer for the checkout, the installed command and the pyz, each
+    against a bare interpreter's echo, in one run (issue 40's figure)."""
+    with tempfile.TemporaryDirectory(prefix="mero-bench-") as home:
+        with open(Path(home) / "stderr.log", "wb") as stderr:
+            _, cold = bench_cold_start(home, stderr)
+    for name in ("bare", "ours", "installed", "pyz", "sdk"):
+        if name in cold:
+            print("%-10s %7.1f ms  %5.2fx bare" % (name, cold[name] * 1000, cold[name] / cold["bare"]))
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["start"]:
+        return start_only()
     if sys.argv[1:] == ["link"]:
         return link_only()
     if sys.argv[1:] == ["nodes"]:

@@ -4,7 +4,7 @@
     python3 packaging/build.py pyz  [--out DIR] [--wheels DIR]   -> DIR/mero-mcp-<version>.pyz
     python3 packaging/build.py mcpb [--out DIR] [--wheels DIR]   -> DIR/mero-mcp-<version>.mcpb (the pyz inside)
 
-The pyz holds mero_mcp.py, node.py, abi.py, LICENSE, THIRD_PARTY_NOTICES.txt, the build file node.py recognises it by
+The pyz holds our modules (setup.cfg's py_modules), LICENSE, THIRD_PARTY_NOTICES.txt, the build file node.py recognises it by
 and the pure-Python wheels packaging/requirements.txt pins by hash (their tests, benchmarks, type stubs and RECORD
 left out). The wheels are downloaded by pip at build time into --wheels (default build/wheels), and taken from there
 while their hashes match. Members are sorted and dated 1980-01-01: the same inputs give the same bytes.
@@ -24,7 +24,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGING = ROOT / "packaging"
 REQUIREMENTS = PACKAGING / "requirements.txt"
-OUR_FILES = ("mero_mcp.py", "node.py", "abi.py", "LICENSE")
 PYZ_MARK = "mero_mcp_pyz.json"             # node.py's PYZ_MARK
 NOTICES = "THIRD_PARTY_NOTICES.txt"
 SIZE_LIMIT = 1024 * 1024
@@ -41,6 +40,14 @@ PROJECT_URL = "https://github.com/calimero-network/mero-mcp"
 
 class Offline(Exception):
     """No package index answered: the one line `make pyz` prints, exit 3."""
+
+
+def our_files():
+    """Our modules as setup.cfg's py_modules lists them (the one list: pip installs the same), and LICENSE."""
+    import configparser
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg", encoding="utf-8")
+    return tuple(name + ".py" for name in setup["options"]["py_modules"].split()) + ("LICENSE",)
 
 
 def version():
@@ -161,7 +168,7 @@ def pyz_members(wheel_folder):
         if not package[4]:
             raise SystemExit("build: %s carries no license file" % path.name)
         vendored[package[0]] = package[1]
-    for name in OUR_FILES:
+    for name in our_files():
         members[name] = (ROOT / name).read_bytes()
     members[NOTICES] = notices(packages).encode("utf-8")
     members[PYZ_MARK] = (json.dumps({"name": "mero-mcp", "version": version(), "python": PYTHON_REQUIRES,

@@ -97,9 +97,9 @@ def carry_system_ca(pyz):
     """Run from the zip, requests would have certifi unpack its CA file into the temp folder at every start, and
     nothing removes it (the server leaves by os._exit). Point certifi at the system's bundle instead, else at its
     own file inside the zip, which requests unpacks only when an https node is verified, once for all starts."""
-    import node
+    import mero_node_http
     import certifi.core
-    certifi.core._CACERT_PATH = node.system_ca_bundle() or os.path.join(pyz, "certifi", "cacert.pem")
+    certifi.core._CACERT_PATH = mero_node_http.system_ca_bundle() or os.path.join(pyz, "certifi", "cacert.pem")
 
 
 def main():

@@ -227,8 +227,9 @@ def test_our_files_holding_secrets_are_made_private_again(tmp_path, authed):
 def test_servers_starting_together_keep_the_one_handle_key_on_disk(tmp_path):
     """Each process must keep the key the file holds, or its handles die with it: three processes create the key
     at the same instant, a hundred times (the old create-then-rename lost about one round in fifteen)."""
-    import mero_mcp
-    mero_mcp.node_module()                     # loaded once here, not in every child
+    import mero_apps
+    import mero_runtime
+    mero_runtime.node_module()                     # loaded once here, not in every child
     lost = 0
     for round_ in range(100):
         folder = str(tmp_path / str(round_))
@@ -240,7 +241,7 @@ def test_servers_starting_together_keep_the_one_handle_key_on_disk(tmp_path):
             if pid == 0:                       # the child: wait for the start, then do what a server does
                 try:
                     os.read(go_read, 1)
-                    os.write(key_write, mero_mcp.load_handle_key(folder))
+                    os.write(key_write, mero_apps.load_handle_key(folder))
                 finally:
                     os._exit(0)
             os.close(key_write)

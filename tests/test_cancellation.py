@@ -34,11 +34,9 @@ def few_workers(env):
     arrives (with the default pool every item of one call_many starts at once)."""
     return tuned_server(env, "from concurrent.futures import ThreadPoolExecutor\n"
                              "pool = ThreadPoolExecutor(max_workers=%d, thread_name_prefix='call')\n"
-                             "if hasattr(mero_mcp, '_call_pool'):\n"
-                             "    mero_mcp._call_pool[:] = [pool]\n"
-                             "else:\n"
-                             "    mero_mcp.CALL_POOL = pool" % WORKERS,
-                        check="hasattr(mero_mcp, '_call_pool') or hasattr(mero_mcp, 'CALL_POOL')")
+                             "import mero_tools\n"
+                             "mero_tools._call_pool[:] = [pool]" % WORKERS,
+                        check="hasattr(__import__('mero_tools'), '_call_pool')")
 
 
 @pytest.fixture

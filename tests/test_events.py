@@ -44,7 +44,7 @@ def env_for(tmp_path, double, **extra):
 
 
 def tuned(env, setup):
-    server = tuned_server(env, "import node\n" + setup, check="hasattr(__import__('node'), 'EventStream')")
+    server = tuned_server(env, "import node, mero_node_events\n" + setup, check="hasattr(__import__('node'), 'EventStream')")
     server.initialize()
     return server
 
@@ -279,7 +279,7 @@ def test_a_wait_with_nothing_coming_says_how_long_it_waited(served):
 
 
 def test_a_wait_sends_progress_when_asked_and_a_cancel_ends_it(tmp_path, node):
-    server = tuned(env_for(tmp_path, node), "node.EVENT_PROGRESS_SECONDS = 0.2\nnode.EVENT_POLL_SECONDS = 0.1")
+    server = tuned(env_for(tmp_path, node), "mero_node_events.EVENT_PROGRESS_SECONDS = 0.2\nnode.EVENT_POLL_SECONDS = 0.1")
     try:
         context = live(server)
         server.send({"jsonrpc": "2.0", "id": "w", "method": "tools/call",
@@ -334,7 +334,7 @@ def test_a_disconnect_is_a_gap_and_the_stream_resumes_its_session(served, node):
 
 
 def test_a_stall_is_a_gap(tmp_path, node):
-    server = tuned(env_for(tmp_path, node), "node.SSE_READ_TIMEOUT = 1.0")
+    server = tuned(env_for(tmp_path, node), "mero_node_events.SSE_READ_TIMEOUT = 1.0")
     try:
         live(server)
         node.sse_stall(3.0)
@@ -465,7 +465,7 @@ def test_an_expired_token_is_refreshed_for_the_stream(start_server, tmp_path):
 
 def test_keep_alives_hold_a_quiet_stream_open(tmp_path, node):
     node.sse_keepalive = 0.2
-    server = tuned(env_for(tmp_path, node), "node.SSE_READ_TIMEOUT = 1.0")
+    server = tuned(env_for(tmp_path, node), "mero_node_events.SSE_READ_TIMEOUT = 1.0")
     try:
         live(server)
         answer = server.tool_json("events", {"context": "demo", "wait": 3}, timeout=90)

@@ -665,7 +665,8 @@ def test_the_catalog_poll_meeting_a_bad_answer_keeps_the_tools(server_env, doubl
     once the node answers well, the poll brings an app installed meanwhile, announced once."""
     from mcp_client import tuned_server
     from node_double import counter_spec
-    server = tuned_server(server_env, "mero_mcp.POLL_SECONDS = %r" % POLL, check="hasattr(mero_mcp, 'POLL_SECONDS')")
+    server = tuned_server(server_env, "import mero_apps\nmero_apps.POLL_SECONDS = %r" % POLL,
+                          check="hasattr(__import__('mero_apps'), 'POLL_SECONDS')")
     try:
         server.initialize()
         catalog_loaded(server)

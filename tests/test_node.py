@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+import mero_node_config
+import mero_node_http
 import node
 from node import Location, Node, NodeError
 from node_double import COUNTER_MANIFEST, NODE_ACCOUNT, NODE_PUBLIC_KEY, NodeDouble, sample_double
@@ -388,7 +390,7 @@ def test_credentials_login_writes_the_shared_cache_file(tmp_path, authed):
     assert mode_of(path) == 0o600 and mode_of(path.parent) == 0o700
     cached = json.loads(path.read_text())
     assert set(cached) == {"access_token", "refresh_token", "expires_at"}
-    assert cached["expires_at"] == node.jwt_claim(cached["access_token"], "exp") * 1000
+    assert cached["expires_at"] == mero_node_config.jwt_claim(cached["access_token"], "exp") * 1000
     sent = requests_to(authed, "/admin-api/applications")[0]["headers"]["authorization"]
     assert sent == "Bearer " + cached["access_token"]
     assert (client.auth_mode, client.source, client.name) == ("credentials", "env", None)
@@ -539,14 +541,14 @@ def test_file_lock_breaks_stale_locks_and_waits_for_live_ones(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     Path(path).write_text(str(dead.pid))
-    with node.file_lock(path):                    # owner is gone: broken at once
+    with mero_node_config.file_lock(path):                    # owner is gone: broken at once
         assert Path(path).read_text() == str(os.getpid()) and mode_of(path) == 0o600
     assert not os.path.exists(path)
     Path(path).write_text(str(os.getpid()))       # a live owner: wait until it lets go
     acquired = threading.Event()
 
     def take():
-        with node.file_lock(path):
+        with mero_node_config.file_lock(path):
             acquired.set()
     waiter = threading.Thread(target=take)
     waiter.start()
@@ -557,7 +559,7 @@ def test_file_lock_breaks_stale_locks_and_waits_for_live_ones(tmp_path):
     Path(path).write_text(str(os.getpid()))       # a live owner that has held it too long
     old = time.time() - 60
     os.utime(path, (old, old))
-    with node.file_lock(path):
+    with mero_node_config.file_lock(path):
         assert Path(path).read_text() == str(os.getpid())
 
 
@@ -797,7 +799,7 @@ def test_a_request_carries_the_sessions_headers_and_cookies_beside_ours(tmp_path
     seen = requests_to(plain, "/admin-api/contexts")[0]
     assert {key: seen["headers"].get(key) for key in ("user-agent", "accept", "connection", "cookie", "traceparent",
                                                        "content-type")} == {
-        "user-agent": node.USER_AGENT, "accept": "*/*", "connection": "keep-alive", "cookie": "route=b7",
+        "user-agent": mero_node_http.USER_AGENT, "accept": "*/*", "connection": "keep-alive", "cookie": "route=b7",
         "traceparent": GOOD_TRACE, "content-type": None}
     assert seen["query"] == {"offset": "0", "note": "2 of 3"}
 
@@ -850,7 +852,7 @@ def test_timeout_says_how_long_it_waited(tmp_path, plain):
     ({"status": 503, "json": {"data": {"status": "store_unavailable"}}}, "/admin-api/health",
      'HTTP 503 Service Unavailable from {url}/admin-api/health - the node said: '
      '{"data":{"status":"store_unavailable"}}', 503, True),
-    ({"status": 404, "body": ""}, "/admin-api/applications/%s/abi" % ("ab" * 32), node.OLD_NODE_ABI, 404, False),
+    ({"status": 404, "body": ""}, "/admin-api/applications/%s/abi" % ("ab" * 32), mero_node_http.OLD_NODE_ABI, 404, False),
     ({"status": 404, "body": ""}, "/admin-api/nowhere",
      "HTTP 404 Not Found from {url}/admin-api/nowhere - the node returned no message", 404, False),
     ({"garbage": True}, "/admin-api/health", "Unreadable response from {url}/admin-api/health: HTTP 200 with a body "
@@ -1023,10 +1025,10 @@ def test_json_rpc_errors_read_like_sentences(error, text, retryable):
 
 
 def test_unwrap_only_unwraps_a_data_object():
-    assert node.unwrap({"data": {"apps": []}}) == {"apps": []}
-    assert node.unwrap({"data": None, "error": None}) is None
-    assert node.unwrap({"members": [], "selfIdentity": "x"}) == {"members": [], "selfIdentity": "x"}
-    assert node.unwrap([{"data": 1}]) == [{"data": 1}]
+    assert mero_node_http.unwrap({"data": {"apps": []}}) == {"apps": []}
+    assert mero_node_http.unwrap({"data": None, "error": None}) is None
+    assert mero_node_http.unwrap({"members": [], "selfIdentity": "x"}) == {"members": [], "selfIdentity": "x"}
+    assert mero_node_http.unwrap([{"data": 1}]) == [{"data": 1}]
 
 
 def test_importing_node_does_not_import_requests(tmp_path):

@@ -1,6 +1,6 @@
 """Issue 33's configuration: CALIMERO_NODES, named node homes, multi-node mode and the default node.
 
-The parsing is pure (node.parse_nodes, node.node_directory over an env dict and a node home under tmp_path), so the
+The parsing is pure (mero_node_config.parse_nodes, node.node_directory over an env dict and a node home under tmp_path), so the
 rules are tested directly, table by table; start-up and --check refusing a bad entry go through the real server.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import mero_node_config
 import node
 from mcp_client import SERVER, minimal_env, run_check
 
@@ -46,7 +47,7 @@ def directory(tmp_path, homes=(), **env):
     (" , ", []),
 ])
 def test_entries_parse_in_order_with_their_read_only_mark(value, expected):
-    parsed = node.parse_nodes(value)
+    parsed = mero_node_config.parse_nodes(value)
     assert [(n.name, n.url, n.read_only) for n in parsed] == expected
     assert all(n.source == "CALIMERO_NODES" and n.home is None for n in parsed)
 
@@ -67,7 +68,7 @@ def test_entries_parse_in_order_with_their_read_only_mark(value, expected):
 ])
 def test_a_bad_entry_is_one_line_naming_it(value, said):
     with pytest.raises(node.NodeError) as raised:
-        node.parse_nodes("ok=http://localhost:1," + value)
+        mero_node_config.parse_nodes("ok=http://localhost:1," + value)
     text = str(raised.value)
     assert said in text and "\n" not in text
     assert node.nodes_setting_problem({"CALIMERO_NODES": value}) == text

@@ -157,8 +157,8 @@ def test_without_the_packages_tools_say_what_to_install(bare_python, double, tmp
 def test_a_missing_package_is_logged_once_however_often_the_catalog_retries(bare_python, double, tmp_path):
     """The catalog poll retries every 30 s; here every 0.2 s (the constant set before main runs), so a few polls
     go by while the test waits."""
-    server = tuned_server(bare_env(tmp_path, double), "mero_mcp.POLL_SECONDS = 0.2", python=bare_python,
-                          check="hasattr(mero_mcp, 'POLL_SECONDS')")
+    server = tuned_server(bare_env(tmp_path, double), "import mero_apps\nmero_apps.POLL_SECONDS = 0.2", python=bare_python,
+                          check="hasattr(__import__('mero_apps'), 'POLL_SECONDS')")
     try:
         server.initialize()
         assert "node_status" in server.tool_names()          # the catalog's first read fails, and polling starts
@@ -213,30 +213,43 @@ def test_with_requests_but_not_jsonschema_the_tools_name_jsonschema(bare_python,
     assert "jsonschema missing" in check.stdout and "Health:    alive" in check.stdout, check.stdout
 
 
-def test_mero_mcp_py_copied_alone_says_its_siblings_are_missing(bare_python, tmp_path):
-    """The import failure that is not a package: node.py and abi.py left behind (the bare venv, because the
-    test venv holds this checkout installed in editable mode)."""
-    import shutil
-    shutil.copy(ROOT / "mero_mcp.py", tmp_path / "mero_mcp.py")
+def test_the_server_modules_copied_alone_say_the_node_modules_are_missing(bare_python, tmp_path):
+    """The import failure that is not a package: node.py, its siblings and abi.py left behind (the bare venv,
+    because the test venv holds this checkout installed in editable mode)."""
+    copied(tmp_path, *SERVER_FILES)
     env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": "http://127.0.0.1:9"})
     check = subprocess.run([str(bare_python), str(tmp_path / "mero_mcp.py"), "--check"], env=env, cwd=str(tmp_path),
                            capture_output=True, text=True, timeout=60)
+    missing = "Missing beside mero_mcp.py: node.py, mero_node_events.py, mero_node_http.py, mero_node_config.py, " \
+              "mero_node_errors.py and abi.py (in %s)" % tmp_path
     assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
-    assert "  - Missing beside mero_mcp.py: node.py and abi.py (in %s)\n    Fix: %s" % (tmp_path, TOGETHER) \
-        in check.stdout, check.stdout
+    assert "  - %s\n    Fix: %s" % (missing, TOGETHER) in check.stdout, check.stdout
     server = McpServer(env, command=[str(bare_python), str(tmp_path / "mero_mcp.py")])
     try:
         server.initialize()
         text = server.call_tool("node_status")["content"][-1]["text"]
     finally:
         server.close()
-    assert text == "Error: Missing beside mero_mcp.py: node.py and abi.py (in %s). %s" % (tmp_path, TOGETHER), text
+    assert text == "Error: %s. %s" % (missing, TOGETHER), text
 
 
-# ── the three files as a set: every missing one named, a copy from another release named
+@pytest.mark.parametrize("args", [[], ["--check"], ["--version"]], ids=["server", "check", "version"])
+def test_mero_mcp_py_copied_alone_cannot_start_and_says_why_in_one_line(args, tmp_path):
+    copied(tmp_path, "mero_mcp.py")
+    out = subprocess.run([sys.executable, "-I", str(tmp_path / "mero_mcp.py")] + args, input="", capture_output=True,
+                         text=True, timeout=30, cwd=str(tmp_path), env=minimal_env(tmp_path / "home"))
+    assert out.returncode == 1 and out.stdout == "", out
+    assert out.stderr == ("mero-mcp cannot start: No module named 'mero_runtime' (beside %s). %s\n"
+                          % (tmp_path / "mero_mcp.py", TOGETHER)), out.stderr
 
-TOGETHER = ("mero_mcp.py, node.py and abi.py travel together: copy the three, from one release, into one folder, or "
-            "install the checkout with pip.")
+
+# ── our modules as a set: every missing one named, a copy from another release named
+
+TOGETHER = ("mero-mcp's modules travel together (mero_mcp.py, the mero_*.py beside it, node.py and abi.py): copy them "
+            "all, from one release, into one folder, or install the checkout with pip.")
+SERVER_FILES = ("mero_mcp.py", "mero_tools.py", "mero_apps.py", "mero_runtime.py")
+NODE_FILES = ("node.py", "mero_node_events.py", "mero_node_http.py", "mero_node_config.py", "mero_node_errors.py")
+ALL_FILES = SERVER_FILES + NODE_FILES + ("abi.py",)
 
 
 def copied(folder, *names, **versions):
@@ -260,12 +273,13 @@ VERSION = module_version("mero_mcp.py")
 
 
 def test_every_module_carries_the_project_version():
-    """One version: the three files state the same, setup.cfg takes mero_mcp's, serverInfo and --version say it."""
-    import abi
+    """One version: every module states the same, setup.cfg takes mero_mcp's, serverInfo and --version say it."""
+    import importlib
     import mero_mcp
-    import node
-    assert VERSION and module_version("abi.py") == module_version("node.py") == VERSION
-    assert mero_mcp.__version__ == abi.__version__ == node.__version__ == VERSION
+    import mero_runtime
+    assert VERSION and {name: module_version(name) for name in ALL_FILES} == dict.fromkeys(ALL_FILES, VERSION)
+    assert {importlib.import_module(name[:-3]).__version__ for name in ALL_FILES} == {VERSION}
+    assert tuple(name + ".py" for name in mero_runtime.OUR_MODULES) == ALL_FILES
     assert "version = attr: mero_mcp.__version__" in (ROOT / "setup.cfg").read_text(encoding="utf-8")
     assert mero_mcp.SERVER_INFO["version"] == VERSION
     out = subprocess.run([sys.executable, str(ROOT / "mero_mcp.py"), "--version"], capture_output=True, text=True,
@@ -281,7 +295,7 @@ def check_in(script, env):
 def test_without_abi_py_check_fails_and_every_tool_names_it(double, tmp_path):
     """mero_mcp.py and node.py copied, abi.py forgotten: --check said OK while every app tool was gone and `call`
     answered a bare -32603 (this test's Python can import the checkout's abi.py: it must not be taken instead)."""
-    script = copied(tmp_path / "copy", "mero_mcp.py", "node.py")
+    script = copied(tmp_path / "copy", *SERVER_FILES + NODE_FILES)
     env = bare_env(tmp_path, double)
     missing = "Missing beside mero_mcp.py: abi.py (in %s)" % script.parent
     check = check_in(script, env)
@@ -308,11 +322,11 @@ def test_without_abi_py_check_fails_and_every_tool_names_it(double, tmp_path):
     assert "Traceback" not in server.stderr and "Internal error" not in b"".join(server.raw_lines).decode()
 
 
-@pytest.mark.parametrize("stale", ["node", "abi"])
+@pytest.mark.parametrize("stale", ["node", "abi", "mero_tools", "mero_node_http"])
 def test_a_copy_from_another_release_is_named_by_check_and_at_start(stale, double, tmp_path):
-    script = copied(tmp_path / "copy", "mero_mcp.py", "node.py", "abi.py", **{stale: "0.0.9"})
+    script = copied(tmp_path / "copy", *ALL_FILES, **{stale: "0.0.9"})
     env = bare_env(tmp_path, double)
-    named = "%s is from mero-mcp 0.0.9, this mero_mcp.py from %s" % (script.parent / (stale + ".py"), VERSION)
+    named = "%s is from mero-mcp 0.0.9, this mero_runtime.py from %s" % (script.parent / (stale + ".py"), VERSION)
     check = check_in(script, env)
     assert check.returncode == 1 and "  - %s: one may call what the other lacks\n    Fix: %s" % (named, TOGETHER) \
         in check.stdout, check.stdout
@@ -322,7 +336,7 @@ def test_a_copy_from_another_release_is_named_by_check_and_at_start(stale, doubl
     finally:
         server.close()
     assert [line for line in server.stderr.splitlines() if line.startswith("[mero-mcp] " + named)], server.stderr
-    ok = check_in(copied(tmp_path / "fine", "mero_mcp.py", "node.py", "abi.py"), env)
+    ok = check_in(copied(tmp_path / "fine", *ALL_FILES), env)
     assert ok.returncode == 0 and "mero-mcp 0.0.9" not in ok.stdout, ok.stdout
 
 
@@ -363,7 +377,7 @@ def test_python_2_gets_a_two_line_syntax_error(tmp_path):
                          timeout=30, env=minimal_env(tmp_path / "home"))
     lines = out.stderr.splitlines()
     assert out.returncode == 1 and out.stdout == "" and len(lines) == 2, out
-    assert lines[0].startswith("  File ") and lines[1].startswith("SyntaxError: Non-ASCII character '\\xc2' in file "
+    assert lines[0].startswith("  File ") and lines[1].startswith("SyntaxError: Non-ASCII character '\\x"
                                                                    ), lines
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert "Python 2.7 reads the whole file before it runs any of it, so it prints a two-line `SyntaxError`" in readme

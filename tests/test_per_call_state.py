@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+import mero_node_errors
+import mero_node_http
 import node
 from mcp_client import responses_to, wait_until
 from node_double import sample_double
@@ -190,10 +192,10 @@ def test_a_scope_carried_to_another_thread_refuses_its_writes_once_cancelled(tmp
         worker.start()
         worker.join(LONG)
         assert outcome["scope"] is scope and outcome["read"] == kv.demo
-        assert isinstance(outcome["write"], node.CancelledBeforeSent)
+        assert isinstance(outcome["write"], mero_node_errors.CancelledBeforeSent)
         assert "DELETE /admin-api/contexts/%s was not sent" % kv.demo in str(outcome["write"])
         assert kv.demo in kv._contexts and [e for e in kv.log if e["method"] == "DELETE"] == []
-        assert client.current_scope() == node.Scope()
+        assert client.current_scope() == mero_node_http.Scope()
     finally:
         kv.stop()
 
@@ -209,7 +211,7 @@ def test_a_late_deadline_never_cuts_a_connection_another_request_took(tmp_path, 
         client = node.Node(node_env(tmp_path, kv))
         client.health()                              # connected; the pool holds one idle connection
         kept = []
-        monkeypatch.setattr(node._deadlines, "stop", kept.append)
+        monkeypatch.setattr(mero_node_http._deadlines, "stop", kept.append)
         client.get("/admin-api/applications", timeout=0.3)
         monkeypatch.undo()
         assert len(kept) == 1 and not kept[0].fired

@@ -378,11 +378,11 @@ def test_a_ca_bundle_that_is_not_there_is_named(https_double, tmp_path):
 
 
 def test_the_ca_settings_are_read_in_order(monkeypatch):
-    import node
-    assert node.ca_bundle({"SSL_CERT_FILE": "/c", "REQUESTS_CA_BUNDLE": "/b", "CALIMERO_CA_BUNDLE": "/a"}) == \
-        node.CaBundle("/a", "CALIMERO_CA_BUNDLE")
-    assert node.ca_bundle({"SSL_CERT_FILE": "/c", "REQUESTS_CA_BUNDLE": " "}) == node.CaBundle("/c", "SSL_CERT_FILE")
-    assert node.ca_bundle({}) == node.CaBundle(None, "the one requests carries")     # the checkout: as before
+    import mero_node_http
+    assert mero_node_http.ca_bundle({"SSL_CERT_FILE": "/c", "REQUESTS_CA_BUNDLE": "/b", "CALIMERO_CA_BUNDLE": "/a"}) == \
+        mero_node_http.CaBundle("/a", "CALIMERO_CA_BUNDLE")
+    assert mero_node_http.ca_bundle({"SSL_CERT_FILE": "/c", "REQUESTS_CA_BUNDLE": " "}) == mero_node_http.CaBundle("/c", "SSL_CERT_FILE")
+    assert mero_node_http.ca_bundle({}) == mero_node_http.CaBundle(None, "the one requests carries")     # the checkout: as before
 
 
 # ── the README's One file section, as written

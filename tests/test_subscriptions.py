@@ -175,7 +175,8 @@ def test_the_handshake_era_has_no_listen_and_hears_on_the_session(start_server, 
 
 def impatient_server(env, seconds=0.5):
     """The real server, with tools/list waiting `seconds` (not 5 s) for the first catalog read."""
-    return tuned_server(env, "mero_mcp.FIRST_LOAD_WAIT = %r" % seconds, check="hasattr(mero_mcp, 'FIRST_LOAD_WAIT')")
+    return tuned_server(env, "import mero_apps\nmero_apps.FIRST_LOAD_WAIT = %r" % seconds,
+                        check="hasattr(__import__('mero_apps'), 'FIRST_LOAD_WAIT')")
 
 
 @pytest.fixture

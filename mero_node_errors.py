@@ -1,0 +1,143 @@
+"""The errors every node module raises (`NodeError` and its kinds), and the secrets no text of ours may show:
+every token, password and URL userinfo this process sends is recorded here and taken out of every text.
+
+The lowest of node.py's siblings: it imports none of ours."""
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import logging
+import re
+import threading
+from typing import Optional
+
+# Every module of ours states the release it belongs to (mero_runtime.module_problems).
+__version__ = "0.1.0"
+
+# hashlib, socket and concurrent.futures are imported where used: the server reads the node directory before it
+# answers initialize, and what that needs should load alone (requests brings the rest with the first request).
+
+log = logging.getLogger("mero-mcp")
+
+
+class _Redacting(logging.Filter):
+    """Every line this module logs passes `redacted` (the secrets this process has sent)."""
+
+    def filter(self, record):
+        record.msg, record.args = redacted(record.getMessage()), ()
+        return True
+
+
+if not log.handlers:      # the server's own stderr lines and these share one format
+    _stderr = logging.StreamHandler()
+    _stderr.setFormatter(logging.Formatter("[mero-mcp] %(message)s"))
+    log.addHandler(_stderr)
+    log.setLevel(logging.INFO)
+    log.addFilter(_Redacting())
+
+
+# ── The one exception ─────────────────────────────────────────────────────────────────────────────
+
+class NodeError(Exception):
+    """A node failure; `str()` is what a person should read. Never carries a token or password.
+
+    `status` is the HTTP status (None for network, discovery and JSON-RPC failures); `retryable` says the same
+    call may succeed later; `fix` is one concrete thing to do about it (used by `check`); `auth_error` is the
+    node's `x-auth-error` header, when it sent one; `hint` is what an agent should do next, for failures whose
+    message names only what went wrong (unreachable, timed out, unreadable, 5xx, a typed refusal `node_advice`
+    knows, a JSON-RPC kind): tools append it.
+    """
+
+    def __init__(self, message, status=None, retryable=False, fix=None, auth_error=None, hint=None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+        self.fix = fix
+        self.auth_error = auth_error
+        self.hint = hint
+
+    def __str__(self):
+        return self.message
+
+
+class NotSent(NodeError):
+    """A request that never left: nothing of it reached the node (`BodyTooDeep`, `CancelledBeforeSent`)."""
+
+
+class BodyTooDeep(NotSent):
+    """A body nested too deeply to encode (more levels than Python's JSON encoder allows)."""
+
+
+class CancelledBeforeSent(NotSent):
+    """A change the call's client cancelled before it left: it is never sent (the call's scope, `scope`)."""
+
+
+class UnexpectedAnswer(NodeError):
+    """A 2xx answer of the wrong shape or not JSON (a proxy's page, another server, a broken release). A NodeError
+    like any other; `check` tells it apart to say the server at the url is not a Calimero node."""
+
+
+# ── Sent secrets: every token, password and URL userinfo this process puts into a request ─────────
+
+_sent_secrets = {}                   # secret -> its compiled pattern, gathered where a header or body is built
+_sent_lock = threading.Lock()
+
+
+def sent_secret(secret: Optional[str]) -> Optional[str]:
+    """Record a secret as it goes into a request (a header, a body, a URL's userinfo), whatever it came from (the
+    environment, the handoff file, the shared token cache, a refresh): from then on `redacted` takes it out of
+    every text. Returns it, so a request is built through this call."""
+    if isinstance(secret, str) and len(secret) >= MIN_SECRET and secret not in _sent_secrets:
+        pattern = secret_pattern(secret)
+        with _sent_lock:
+            _sent_secrets[secret] = pattern
+    return secret
+
+
+MIN_SECRET = 4                       # shorter "secrets" (an empty password, a test's "x") would redact ordinary words
+
+
+def redacted(text: str) -> str:
+    """`text` with every secret this process has sent taken out, in any encoding `secret_pattern` knows: node and
+    registry answers, errors and log lines pass here before any of it is shown."""
+    if not isinstance(text, str) or not _sent_secrets:
+        return text
+    with _sent_lock:
+        patterns = sorted(_sent_secrets.items(), key=lambda item: -len(item[0]))   # user:password before password
+    for _, pattern in patterns:
+        text = pattern.sub("[redacted]", text)
+    return text
+
+
+def _sent_userinfo(url: str) -> None:
+    """A URL's `user:password@` goes out as HTTP Basic: both its password and the pair are secrets sent."""
+    rest = url.partition("://")[2]
+    userinfo = rest.split("/", 1)[0].rpartition("@")[0] if "@" in rest.split("/", 1)[0] else ""
+    if userinfo:
+        from urllib.parse import unquote
+        user, _, password = userinfo.partition(":")
+        for secret in (userinfo, unquote(userinfo), unquote(password), password):
+            sent_secret(secret)
+
+
+@functools.lru_cache(maxsize=256)
+def secret_pattern(secret: str):
+    """A secret as node text may quote it: as written, JSON-escaped (\\uXXXX for any character, either case),
+    URL-encoded (%XX, + for a space) or any mix of these, and base64 (standard or URL-safe, padded or not)."""
+    def char(c):
+        forms = ["\\\\u%s" % "".join("[%s%s]" % (d.lower(), d.upper()) for d in "%04x" % ord(c))]
+        forms.append("".join("%%%s" % "".join("[%s%s]" % (d.lower(), d.upper()) for d in "%02x" % b)
+                             for b in c.encode("utf-8")))
+        escaped = json.dumps(c)[1:-1]
+        if escaped != c:
+            forms.append(re.escape(escaped))
+        if c == " ":
+            forms.append("\\+")
+        return "(?:%s|%s)" % ("|".join(forms), re.escape(c))
+    encoded = secret.encode("utf-8")
+    b64 = {text for form in (base64.b64encode(encoded), base64.urlsafe_b64encode(encoded))
+           for text in (form.decode("ascii"), form.decode("ascii").rstrip("="))}
+    return re.compile("|".join(sorted((re.escape(form) for form in b64), key=len, reverse=True)
+                               + ["".join(char(c) for c in secret)]))
