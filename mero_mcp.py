@@ -34,10 +34,10 @@ try:
         failure_text, FIXED_TOOLS, GUIDE_TTL_MS, HANDSHAKE_VERSIONS, heavy, ID_ARGUMENTS, import_failure,
         in_toolsets, INSTRUCTIONS, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, KINDS, LIST_TTL_MS,
         LISTEN_FILTERS, log, MAX_LINE_BYTES, META_CAPABILITIES, META_SERVER_INFO, META_VERSION, METHOD_NOT_FOUND,
-        MissingLibrary, MODERN_VERSIONS, module_problems, MULTI_NODE_INSTRUCTION, MULTI_NODE_TOOLS, NAMES_EACH_NODE,
+        MissingLibrary, MODERN_VERSIONS, module_problems, MULTI_NODE_INSTRUCTION,
         node_module, one_id_form, OUR_MODULES, own_module, PARSE_ERROR, READ_ONLY_INSTRUCTION, read_only_mode,
         read_only_refusal, refuse_unknown_arguments, refuse_unsendable, render_result, Request, resolved_ids,
-        RESOURCE_NOT_FOUND, RESOURCES_CHANGED, RpcError, server_config, SERVER_INFO, SUBSCRIPTION_ID,
+        RESOURCE_NOT_FOUND, Reply, RESOURCES_CHANGED, RpcError, server_config, SERVER_INFO, SUBSCRIPTION_ID,
         SUPPORTED_VERSIONS, TEXT_BOUND, tool_definition, ToolError, TOOLS_CHANGED, toolsets_problem,
         UNSUPPORTED_VERSION, with_node_argument, without_null_optionals, without_secrets)
     from mero_apps import Apps, GUIDE_TEMPLATE, load_handle_key, read_handle
@@ -724,7 +724,7 @@ class Server:
         multi = self.nodes.multi
         # A tool read-only mode leaves out is still found by name, to be refused saying why.
         self.fixed_tools = {t.name: with_node_argument(as_configured(t, self.config), multi) for t in FIXED_TOOLS
-                            if in_toolsets(t, self.config) and (multi or t.name not in MULTI_NODE_TOOLS)}
+                            if in_toolsets(t, self.config) and (multi or t.nodes != "each")}
         self.instructions = INSTRUCTIONS + "\n" + READ_ONLY_INSTRUCTION if self.config.read_only else INSTRUCTIONS
         if multi:
             self.instructions += "\n" + MULTI_NODE_INSTRUCTION % self.nodes.default.name
@@ -864,14 +864,15 @@ class Server:
             from_node = self.nodes.multi and isinstance(error, node_module().NodeError)
             result = error_result(on_node(call.entry, failure_text(error)) if from_node else failure_text(error),
                                   error.blocks if isinstance(error, ToolError) else ())
-            return self.said_where(t, result, call)
+            return self.said_where(t, result, call.entry)
+        value, ran_on = value if isinstance(value, Reply) else (value, ())
         # A method's output is the app's data, returned whole, as its generated tool returns it; on_tools_call's
         # last guard (sealed) bounds every answer.
-        return self.said_where(t, render_result(value), call)
+        return self.said_where(t, render_result(value), call.entry, ran_on)
 
-    def said_where(self, t, result, call):
+    def said_where(self, t, result, entry, ran_on=()):
         """The node the call ran on, said last (multi mode), unless the answer's rows name each node."""
-        return result if t.name in NAMES_EACH_NODE else self.nodes.said_where(result, call.entry, call.ran_on)
+        return result if t.nodes != "one" else self.nodes.said_where(result, entry, ran_on)
 
     def id_keys(self, t):
         """The arguments of `t` that take ids: a generated tool's are its context options the method does not

@@ -250,7 +250,7 @@ class Request:
     that runs a tool call binds it (`bound`), and call_many binds it on each pool thread, so what a call reads
     or decides never reaches another call (DEVELOPERS.md: what runs beside what)."""
 
-    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "entry", "ran_on")
+    __slots__ = ("server", "request_id", "meta", "version", "ticket", "reads", "named", "entry")
 
     def __init__(self, server, request_id, meta, version, ticket):
         self.server, self.request_id, self.meta, self.version = server, request_id, meta, version
@@ -258,7 +258,6 @@ class Request:
         self.reads = None                    # a Reads while a scope of this call shares its node reads
         self.named = {}                      # argument -> the Carrier a namespace or group name resolved to
         self.entry = None                    # the NodeEntry a tool call resolved (run_tool): the node it runs on
-        self.ran_on = ()                     # call_many: the nodes its items ran on (said_where)
 
     @property
     def node(self):
@@ -373,9 +372,17 @@ def helper_pool():
 # ── 4. Tool runtime: the tool record, settings, arguments, results ────────────────────────────────────────────────
 
 # kind: what runs around the handler (KINDS); synonyms: argument names taken without being advertised;
-# id_arguments: {argument: "namespace" | "group"}, the names run_tool turns into ids before the handler runs.
+# id_arguments: {argument: "namespace" | "group"}, the names run_tool turns into ids before the handler runs;
+# nodes: what it needs of the nodes (NODE_NEEDS). One record says it all: run_tool and tools/list read these.
 Tool = namedtuple("Tool", "name title description input_schema output_schema annotations meta toolset kind synonyms "
-                          "id_arguments handler")
+                          "id_arguments handler nodes", defaults=("one",))
+# - one: runs on one node, the call's (multi mode: it takes `node`), and its answer says which (said_where);
+# - none: talks to no one node (list_nodes): takes no `node`, and its rows name each node;
+# - each: compares several nodes (wait_for_sync): offered in multi-node mode only, and its rows name each node.
+NODE_NEEDS = ("one", "none", "each")
+# What a handler returns when it adds to the answer beyond its value: the nodes its work ran on (call_many's items,
+# which may each name another node than the call's own).
+Reply = namedtuple("Reply", "value ran_on")
 # What the tool runtime does around each kind of tool's handler, in one place:
 # - checked: its arguments are read here (null optionals dropped, nested keys and the schema checked, names
 #   resolved to ids); the others check theirs after admission, and per item (reference §3.12, §3.13).
@@ -403,7 +410,7 @@ NAMES = "names"
 
 
 def tool(name, description, properties=None, required=(), annotations=None, toolset="core", kind="fixed",
-         synonyms=()):
+         synonyms=(), nodes="one"):
     """Declare a fixed tool; the decorated function is its handler. Its title is its name in words (hosts show
     titles in their tool pickers), as the generated tools' titles are."""
     schema, named = NO_ARGS, {}
@@ -416,16 +423,14 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
     annotations = annotations or WRITES
 
     def register(handler):
+        assert nodes in NODE_NEEDS, nodes
         FIXED_TOOLS.append(Tool(name, title, description, schema, None, annotations, None, toolset, kind,
-                                tuple(synonyms), named, handler))
+                                tuple(synonyms), named, handler, nodes))
         return handler
     return register
 
 
 FIXED_TOOLS = []                # filled by @tool, in declaration order
-MULTI_NODE_TOOLS = ("wait_for_sync",)        # offered in multi-node mode only
-NODE_UNAWARE = ("list_nodes",)               # talks to no one node: takes no `node`
-NAMES_EACH_NODE = NODE_UNAWARE + ("wait_for_sync",)   # every row names its node: no "Ran on node" line
 NODE_ARGUMENT = {"type": "string"}           # no enum (names change) and no description: the instructions say it
 MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (a name from list_nodes); a call runs "
                           "on its node, else where its app_handle was made, else on the default node, %s. To bring a node into a "
@@ -435,7 +440,7 @@ MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (
 def with_node_argument(t, multi):
     """Multi-node mode: a `node` on every tool that talks to a node (and on each call_many item); join_namespace
     takes `from` instead of an invitation. Single mode: the tool as declared, byte for byte."""
-    if not multi or t.name in NODE_UNAWARE or t.kind == "generated":
+    if not multi or t.nodes == "none" or t.kind == "generated":
         return t
     schema = dict(t.input_schema)
     properties = dict(schema.get("properties") or {}, node=NODE_ARGUMENT)

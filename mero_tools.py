@@ -12,7 +12,7 @@ from functools import partial
 from mero_runtime import (as_failure, b64url, bound, CALL_MANY_LIMIT, Cancelled, compact_text, CURSOR, CURSOR_LIMIT,
     CURSOR_SHOWN, cut_text, DESTRUCTIVE, DESTRUCTIVE_IDEMPOTENT, digest, failure_text, fit_count, heavy, json_text,
     log, MAX_BLOB_BYTES, NAMES, node_error_text, node_module, paged, plain_text, READ_ONLY, Refusal, refuse_oversized,
-    refuse_unknown_arguments, row_cost, rows_nodes, TEXT_BOUND, text_size, together, tool, ToolError, unb64url)
+    refuse_unknown_arguments, Reply, row_cost, rows_nodes, TEXT_BOUND, text_size, together, tool, ToolError, unb64url)
 from mero_apps import (admit_by_context, admit_handle, Admitted, agreed_context, ahead, call_reads, carriers_text,
     context_service, execute, find_method, follow_early_for_call, foreign_handle, GENERIC_RETRY, GUIDE_SHOWN_NOTE,
     handle_for, LISTED_CONTEXTS, one_line, Ran, read_handle, refusal_for, resolve_as_given, SERVICE_NOTE, sign_handle,
@@ -74,7 +74,7 @@ def hex_of(value):
 
 
 @tool("list_nodes", "Calimero nodes known on this machine or found by a local probe.",
-      annotations=READ_ONLY)
+      annotations=READ_ONLY, nodes="none")
 def list_nodes(args, call):
     if call.server.nodes.multi:
         return node_directory_rows(call.server.nodes)
@@ -566,7 +566,7 @@ def sync_context(args, call):
       {"context": STRING, "nodes": {"type": "array", "items": STRING}, "method": STRING, "args": {"type": "object"},
        "equals": text_property("Expected value, JSON."), "timeout": {"type": "number", "description": "Seconds; "
                                                                       "30, at most 55."}},
-      required=("context",), annotations=READ_ONLY)
+      required=("context",), annotations=READ_ONLY, nodes="each")
 def wait_for_sync(args, call):
     nodes = call.server.nodes
     context_id = context_id_of(call.entry, args["context"])
@@ -2137,13 +2137,13 @@ def call_many(args, call):
             done[0] += 1
             progress(call, done[0], len(items))
     list(call_pool().map(run, range(len(items))))
-    call.ran_on = rows_nodes(results)
+    ran_on = rows_nodes(results)
     heard = [(index, item.pop("emitted")) for index, item in enumerate(results) if item.get("emitted")]
     answer = json_text(with_errors_fitted(collapsed_runs(results)))
     if not heard:
-        return answer
-    return {"content": [{"type": "text", "text": answer}] + [
-        {"type": "text", "text": "Item %d. %s" % (index, block["text"])} for index, block in heard]}
+        return Reply(answer, ran_on)
+    return Reply({"content": [{"type": "text", "text": answer}] + [
+        {"type": "text", "text": "Item %d. %s" % (index, block["text"])} for index, block in heard]}, ran_on)
 
 
 def collapsed_runs(results):
