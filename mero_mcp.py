@@ -681,10 +681,10 @@ class NodeEntries:
 
 
 def node_directory_of(env):
-    """node.node_directory(env), or None when it cannot be had: discovery then decides, and says what is wrong, on
-    the first call (start-up already refused a bad CALIMERO_NODES entry)."""
-    try:
-        return own_module("node").node_directory(env)      # node.py alone: requests waits for the first request
+    """The node directory (mero_node_config.node_directory), or None when it cannot be had: discovery then decides,
+    and says what is wrong, on the first call (start-up already refused a bad CALIMERO_NODES entry)."""
+    try:      # the configuration alone, read before initialize is answered: node.py waits for the first request
+        return own_module("mero_node_config").node_directory(env)
     except Exception:
         return None
 
@@ -1140,12 +1140,12 @@ def run_check():
 
 
 def nodes_problem(env):
-    """A bad CALIMERO_NODES entry stops start-up with node.py's one line. node.py is read only when the variable
-    is set (it imports requests lazily, so this costs no package); without node.py the start-up log says so."""
+    """A bad CALIMERO_NODES entry stops start-up with the configuration's one line (mero_node_config, read only
+    when the variable is set); without that module the start-up log says so."""
     if not (env.get("CALIMERO_NODES") or "").strip():
         return None
     try:
-        return own_module("node").nodes_setting_problem(env)
+        return own_module("mero_node_config").nodes_setting_problem(env)
     except (ImportError, MissingLibrary, AttributeError):
         return None
 
