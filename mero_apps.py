@@ -12,7 +12,7 @@ from functools import cached_property, partial
 
 from mero_runtime import (advertised, b64url, compact_text, current_request, cut_text, FIXED_TOOLS,
     GENERATED_SYNONYMS, heavy, log, MissingLibrary, node_module, own_module, Refusal, refuse_oversized,
-    refuse_unless_view, together, Tool, tool_definition, ToolError, unb64url, unknown_arguments_text)
+    refuse_unless_view, together, Tool, tool_definition, ToolError, unb64url, unknown_arguments_text, with_node_argument)
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -255,7 +255,9 @@ def read_handle_key(path):
     return key if len(key) == 32 else None
 
 
-Handle = namedtuple("Handle", "app package version guide context service node")   # node: multi-node mode's
+# node: the name of the node it was made on (multi-node mode); url: that node's address (every handle this release
+# makes). A handle runs on that node only (NodeEntries.resolve).
+Handle = namedtuple("Handle", "app package version guide context service node url")
 
 
 def sign_handle(key, handle):
@@ -265,6 +267,8 @@ def sign_handle(key, handle):
               "s": handle.service}
     if handle.node is not None:
         fields["n"] = handle.node                 # inside the signed payload: a handle cannot be moved to a node
+    if handle.url is not None:
+        fields["u"] = handle.url
     payload = json.dumps(fields, separators=(",", ":")).encode("utf-8")
     return b64url(payload) + "." + b64url(hmac.new(key, payload, hashlib.sha256).digest())
 
@@ -281,13 +285,14 @@ def read_handle(key, text):
         if not hmac.compare_digest(given, hmac.new(key, payload, hashlib.sha256).digest()):
             return None
         fields = json.loads(payload)
-        return Handle(fields["a"], fields["p"], fields["v"], fields["g"], fields["c"], fields["s"], fields.get("n"))
+        return Handle(fields["a"], fields["p"], fields["v"], fields["g"], fields["c"], fields["s"], fields.get("n"),
+                      fields.get("u"))
     except (ValueError, KeyError, TypeError):
         return None
 
 
-def handle_for(app, service, context_id, node=None):
-    return Handle(app.id, app.key, app.version or "", app.guide_hash, context_id, service, node)
+def handle_for(app, service, context_id, node=None, url=None):
+    return Handle(app.id, app.key, app.version or "", app.guide_hash, context_id, service, node, url)
 
 
 # ---- the catalog: an immutable snapshot swapped in whole ----
@@ -311,7 +316,7 @@ def unit_fingerprint(unit):
     return "%s:%s:%s:%s:%s" % (unit.app.id, unit.app.blob, unit.app.version, unit.service or "", unit.app.guide_hash)
 
 
-def build_snapshot(units, reserved, config, apps=()):
+def build_snapshot(units, reserved, config, apps=(), multi=False):
     """Every generated tool of every unit, named and described once per catalog change; the definitions are those
     `config` advertises (the index keeps every tool, so one left out is refused by name). The guides are those of
     `apps` (the installed list: apps left out by the budget or without a readable ABI have guides too)."""
@@ -336,7 +341,7 @@ def build_snapshot(units, reserved, config, apps=()):
             name = names.get((unit_key(unit), method.name))
             if name is None:
                 continue
-            made = generated_tool(name, unit, method, schemas[(unit_key(unit), method.name)])
+            made = with_node_argument(generated_tool(name, unit, method, schemas[(unit_key(unit), method.name)]), multi)
             tools.append(made)
             bindings[name] = Binding(unit, method, made.output_schema(False) is not None,
                                      made.output_schema(True) != made.output_schema(False))
@@ -394,10 +399,12 @@ class Apps:
         self.validators = {}                      # (AppRecord.build, service, method) -> abi.Validator
         self.services = {}                        # (app id, blob id) -> service names, for lists without them
         self.shown_guides = set()                 # guide uris this session has already shown in full
-        # One catalog, the default node's (tools/list, guides): another node's calls find their unit there by build
-        # (the same build is the same ABI) or read that node's own ABI (unit_for).
+        # One catalog, the default node's: it feeds tools/list and resources. Another node's app model consults it
+        # for nothing but what tools/list carries (tool names and counts): its records, ABIs and validators are
+        # read through its own node, keyed by that node's builds (unit_for), and its guides go as text.
         nodes = entry.server.nodes
-        self.catalog = Catalog(self) if entry is nodes.default else nodes.default.apps.catalog
+        self.lists_tools = entry is nodes.default
+        self.catalog = Catalog(self) if self.lists_tools else nodes.default.apps.catalog
 
     @property
     def node(self):
@@ -468,6 +475,40 @@ class Apps:
             raise ToolError(str(error))
         self.manifests[key] = manifest
         return manifest
+
+    def unit_for(self, app, service):
+        """The app's unit (its build's ABI, of one service) as this node has it: the catalog's unit of that very
+        build on the default node, else the ABI read through this node (once per build: `manifest`)."""
+        if self.lists_tools:
+            for unit in self.catalog.snapshot.units:
+                if unit.app.build == app.build and unit.service == service:
+                    return unit
+        return Unit(app, service, self.manifest(app, service))
+
+    def served_guide_uri(self, app):
+        """The guide's uri when resources/read serves this very text: the default node's apps only (another
+        node's guide goes as text)."""
+        return self.catalog.served_guide_uri(app) if self.lists_tools else None
+
+    def ensure_listed(self, app):
+        """A catalog miss reads the list again (the default node's apps: the catalog lists no other node's)."""
+        if self.lists_tools:
+            self.catalog.ensure_in_catalog(app)
+
+    def tool_names_of(self, app, service, unit=None):
+        """The listed tools that run this app's methods here: on the default node, the unit's own; on another
+        node, those of the same package and service whose method this node's build has with the same intent
+        (run there, each is checked against this node's ABI: binding_on_node)."""
+        if self.lists_tools:
+            return self.catalog.tool_names_of(app, service)
+        unit = unit or self.unit_for(app, service)
+        here = {m.name: m.intent for m in unit.manifest.methods}
+        snapshot = self.catalog.snapshot
+        return sorted((name for name, b in snapshot.bindings.items()
+                       if b.unit.app.package == app.package and b.unit.service == service
+                       and here.get(b.method.name, "absent") == b.method.intent
+                       and advertised(snapshot.index[name], self.server.config)),
+                      key=lambda name: snapshot.bindings[name].method.name)
 
     def validator(self, unit, method):
         key = (unit.app.build, unit.service, method.name)
@@ -601,7 +642,7 @@ class Apps:
             return []
         label = {"type": "text", "text": "App guide, provided by the app's author (package %s, signer %s):"
                  % (app.key, app.signer_id or "unknown")}
-        uri = self.catalog.served_guide_uri(app)
+        uri = self.served_guide_uri(app)
         if len(app.guide) > GUIDE_BOUND:         # the rest of an answer keeps its room
             return [label, {"type": "text", "text": long_guide(app.guide, uri)}]
         if uri is None:
@@ -707,7 +748,7 @@ class Catalog:
             units = self.read_units(apps)
             # Every fixed name, enabled or not: a generated name must not change with CALIMERO_MCP_TOOLSETS.
             reserved = {t.name for t in FIXED_TOOLS}
-            fresh = build_snapshot(units, reserved, self.server.config, apps)
+            fresh = build_snapshot(units, reserved, self.server.config, apps, self.server.nodes.multi)
             old, self.snapshot = self.snapshot, fresh
             changed = fresh.fingerprint != old.fingerprint
         announce = changed and (self.first_load.is_set() or self.answered_early)
@@ -792,12 +833,6 @@ class Catalog:
             return not any(u.app.build == app.build for u in self.snapshot.units)
         return app.guide_uri is not None and self.served_guide_uri(app) is None
 
-    def unit_for(self, app, service):
-        for unit in self.snapshot.units:
-            if unit.app.build == app.build and unit.service == service:
-                return unit
-        return Unit(app, service, self.apps.manifest(app, service))
-
     def tool_names_of(self, app, service):
         """The unit's tool names, in method-name order."""
         snapshot = self.snapshot                    # one snapshot throughout: a refresh may swap it meanwhile
@@ -855,7 +890,7 @@ def foreign_handle(apps, handle, app, service=None):
 def admit_handle(apps, handle, app, service, context_value=None, context_label=None):
     """Check a signed handle against the app as installed now and its live context; the context id. A refusal
     says what changed since the handle was made."""
-    current = handle_for(app, handle.service, handle.context, handle.node)
+    current = handle_for(app, handle.service, handle.context, handle.node, handle.url)
     if handle[:4] != current[:4]:
         raise refusal_for(apps, app, moved_on(handle, app) + RETRY_TEXT % app.key)
     if handle.service != service:
@@ -1023,8 +1058,8 @@ def follow_early(apps, unit, method, args):
     (watch_events). When the call names the context by id, the stream is asked now, so its subscription's round
     trips overlap admission's reads. Nothing is decided by it: admission still reads the context and app live
     (the method's intent included), and a refused call sends nothing but this read-only subscription."""
-    if (not unit.manifest.events or heavy("abi").is_read_only(method) or apps.entry.read_only
-            or apps.server.config.read_only):
+    if (not apps.lists_tools or not unit.manifest.events or heavy("abi").is_read_only(method)
+            or apps.entry.read_only or apps.server.config.read_only):
         return
     handle = read_handle(apps.handle_key, args.get("app_handle"))
     named = {value for value in context_arguments(method, args) if isinstance(value, str)}
@@ -1038,6 +1073,8 @@ def follow_early_for_call(apps, args):
     """follow_early for `call`: the listed unit its app (by handle, id or package) names, and its method."""
     handle = read_handle(apps.handle_key, args.get("app_handle"))
     label = handle.app if handle is not None else args.get("app")
+    if not apps.lists_tools:           # the catalog's units are the default node's: another's waits for admission
+        return
     for unit in apps.catalog.snapshot.units:              # one per app and service: a handful, not every tool
         if label in (unit.app.id, unit.app.package):
             method = next((m for m in unit.manifest.methods if m.name == args.get("method")), None)
@@ -1081,6 +1118,8 @@ def invoke_generated(name, args, call):
 def current_binding(apps, binding):
     """The tool's app as installed now (this call's live read of its record): another build re-checks against
     that build's own ABI, never the listed one (the catalog is read again for it), or refuses (reference §3.14)."""
+    if not apps.lists_tools:
+        return binding_on_node(apps, binding)
     unit = binding.unit
     live = apps.app_by_id(unit.app.id)
     if live is None:
@@ -1098,6 +1137,36 @@ def current_binding(apps, binding):
         raise refusal_for(apps, live, 'Method "%s" is not in %s %s, installed since this tool was listed. %s'
                           % (binding.method.name, live.key, live.version or "", RETRY_TEXT % live.key))
     raise refusal_for(apps, live)
+
+
+def binding_on_node(apps, binding):
+    """A listed tool run on another node than the one it was listed from: its app as that node installs it (the
+    same build by id, else the same package), and the method of that node's own build, its ABI read through that
+    node. A method that build lacks, or marks otherwise than the tool says, is refused naming what the node runs;
+    nothing is sent."""
+    listed = binding.unit
+    app = apps.app_by_id(listed.app.id)               # read beside the context (generated_reads)
+    if app is None:
+        app = next((a for a in apps.installed() if a.package == listed.app.package), None)
+    where = ' on node "%s"' % apps.entry.name
+    if app is None:
+        raise Refusal("%s is not installed%s: install_application with node \"%s\" installs it there." % (
+            listed.app.key, where, apps.entry.name))
+    unit = apps.unit_for(app, listed.service)
+    method = next((m for m in unit.manifest.methods if m.name == binding.method.name), None)
+    if method is None:
+        raise refusal_for(apps, app, 'Method "%s" is not in %s %s%s (describe_app with node "%s" lists its methods).'
+                          % (binding.method.name, app.key, app.version or "", where, apps.entry.name))
+    if method.intent != binding.method.intent:
+        raise refusal_for(apps, app, 'Method "%s" is %s in %s %s%s, not %s as this tool was listed: call with node '
+                          '"%s" runs it as that node has it.' % (
+                              method.name, intent_mark(method), app.key, app.version or "", where,
+                              intent_mark(binding.method), apps.entry.name))
+    return binding._replace(unit=unit, method=method)
+
+
+def intent_mark(method):
+    return "[view]" if heavy("abi").is_read_only(method) else "[mut]"
 
 
 def declared(method, name):

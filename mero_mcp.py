@@ -630,30 +630,48 @@ class NodeEntries:
     def known_names(self):
         return ", ".join(name + (" (default)" if entry is self.default else "") for name, entry in self.entries.items())
 
-    def resolve(self, arguments, fallback=None):
+    def resolve(self, arguments, fallback=None, takes_node=True):
         """(the entry a call runs on, its arguments without `node`). A `node` that contradicts the node the call's
         app_handle was made on is refused: a handle's admission holds on its own node only. `fallback`: the entry
         when neither names one (a call_many item: call_many's own; else the default)."""
         fallback = fallback or self.default
+        handle = self.handle_of(arguments.get("app_handle"))
         if not self.multi:
+            self.refuse_handle_elsewhere(fallback, handle)
             return fallback, arguments
         arguments = dict(arguments)
-        asked = arguments.pop("node", None)
-        bound_to = self.handle_node(arguments.get("app_handle"))
+        asked = arguments.pop("node", None) if takes_node else None
+        bound_to = handle.node if handle is not None else None
+        if handle is not None and bound_to is None:
+            raise ToolError("This app_handle names no node (it was made with one node, or by an older release): "
+                            "select_app with node makes one for the node it should run on. Nothing was sent.")
         if asked is not None:
             entry = self.named(asked)
             if bound_to is not None and bound_to != entry.name:
                 raise ToolError('node "%s" contradicts the app_handle, which was made on node "%s": drop node (the '
                                 'handle runs there), or select_app with node "%s" for a handle of that node.'
                                 % (entry.name, bound_to, entry.name))
-            return entry, arguments
-        return (self.named(bound_to) if bound_to is not None else fallback), arguments
+        else:
+            entry = self.named(bound_to) if bound_to is not None else fallback
+        self.refuse_handle_elsewhere(entry, handle)
+        return entry, arguments
 
-    def handle_node(self, text):
-        if not isinstance(text, str):
-            return None
-        handle = read_handle(self.handle_key, text)
-        return handle.node if handle is not None else None
+    def handle_of(self, text):
+        return read_handle(self.handle_key, text) if isinstance(text, str) else None
+
+    def refuse_handle_elsewhere(self, entry, handle):
+        """A handle runs only on the node it was made on: its address, when it names one, must be this entry's
+        (a restart may have pointed the same name, or the one node, elsewhere). Learning the one node's address
+        may take discovery; nothing is sent to an app before this."""
+        if handle is None or handle.url is None:
+            return
+        url = entry.url or entry.node.connected_url()
+        if url != handle.url:
+            made_on = ('node "%s" (%s)' % (handle.node, handle.url)) if handle.node else handle.url
+            raise ToolError("This app_handle was made on %s, not on %s: a handle runs only on the node it was made "
+                            "on. select_app%s makes one for this node. Nothing was sent."
+                            % (made_on, ('node "%s" (%s)' % (entry.name, url)) if entry.name else url,
+                               ' with node "%s"' % entry.name if entry.name else ""))
 
     @property
     def handle_key(self):
@@ -849,7 +867,7 @@ class Server:
             if problems:
                 raise ToolError("Invalid arguments for %s:\n%s" % (t.name, heavy("abi").render_problems(problems)))
             arguments = one_id_form(arguments, keys=self.id_keys(t))
-            call.entry, arguments = self.nodes.resolve(arguments)
+            call.entry, arguments = self.nodes.resolve(arguments, takes_node=self.routes_node(t))
             refuse_write_to_read_only_node(call.entry, t)
             with bound(call), call.node.scope(call.traceparent, call.ticket):
                 arguments = resolved_ids(call.apps, t, arguments, call)
@@ -873,6 +891,14 @@ class Server:
     def said_where(self, t, result, entry, ran_on=()):
         """The node the call ran on, said last (multi mode), unless the answer's rows name each node."""
         return result if t.nodes != "one" else self.nodes.said_where(result, entry, ran_on)
+
+    def routes_node(self, t):
+        """Whether `node` names the node `t` runs on: not for a tool that talks to no one node, nor for a method
+        that declares a parameter `node` of its own (the app's data: its tool runs where its handle was made)."""
+        if t.nodes == "none":
+            return False
+        binding = self.catalog.snapshot.bindings.get(t.name) if t.kind == "generated" else None
+        return binding is None or "node" not in {param.name for param in binding.method.params}
 
     def id_keys(self, t):
         """The arguments of `t` that take ids: a generated tool's are its context options the method does not

@@ -438,9 +438,10 @@ MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (
 
 
 def with_node_argument(t, multi):
-    """Multi-node mode: a `node` on every tool that talks to a node (and on each call_many item); join_namespace
-    takes `from` instead of an invitation. Single mode: the tool as declared, byte for byte."""
-    if not multi or t.nodes == "none" or t.kind == "generated":
+    """Multi-node mode: a `node` on every tool that talks to a node (and on each call_many item; a generated tool's
+    unless its method declares a `node` of its own); join_namespace takes `from` instead of an invitation. Single
+    mode: the tool as declared, byte for byte."""
+    if not multi or t.nodes == "none" or "node" in (t.input_schema.get("properties") or {}):
         return t
     schema = dict(t.input_schema)
     properties = dict(schema.get("properties") or {}, node=NODE_ARGUMENT)

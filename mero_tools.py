@@ -16,7 +16,7 @@ from mero_runtime import (as_failure, b64url, bound, CALL_MANY_LIMIT, Cancelled,
 from mero_apps import (admit_by_context, admit_handle, Admitted, agreed_context, ahead, call_reads, carriers_text,
     context_service, execute, find_method, follow_early_for_call, foreign_handle, GENERIC_RETRY, GUIDE_SHOWN_NOTE,
     handle_for, LISTED_CONTEXTS, one_line, Ran, read_handle, refusal_for, resolve_as_given, SERVICE_NOTE, sign_handle,
-    some_contexts, TOOLS_NOTE, Unit, what_ran, wire_arguments)
+    some_contexts, TOOLS_NOTE, what_ran, wire_arguments)
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -574,29 +574,40 @@ def wait_for_sync(args, call):
     if not 0 < timeout <= SYNC_WAIT_LIMIT:
         raise ToolError("timeout is seconds, more than 0 and at most %d." % SYNC_WAIT_LIMIT)
     expected = parsed_equals(args.get("equals"))
-    entries = ([nodes.named(name) for name in args["nodes"]] if args.get("nodes") else joined_entries(nodes, context_id))
+    deadline = time.monotonic() + timeout
+    if args.get("nodes"):
+        entries, left_out = [nodes.named(name) for name in args["nodes"]], []
+    else:
+        entries, left_out = joined_entries(nodes, context_id, within(deadline, call))
     if not entries:
         raise ToolError("No named node has joined context %s (join_context with node joins one)." % context_id)
-    left_out = [name for name in nodes.entries if name not in {entry.name for entry in entries}]
-    read = sync_read(entries, context_id, args) if args.get("method") else None
-    deadline, asked_at = time.monotonic() + timeout, {}
+    reads = sync_reads(entries, context_id, args, call.entry) if args.get("method") else None
+    asked_at = {}
     while True:
-        rows = together(*[partial(sync_row, entry, context_id, read) for entry in entries])
-        agreed = sync_agreed(rows, read, expected)
-        progress(call, sum(1 for row in rows if row.get("agrees")), len(rows))
+        rows = together(*[partial(sync_row, entry, context_id, reads and reads[entry.name], within(deadline, call))
+                          for entry in entries])
+        agreed, proved = sync_agreed(rows, reads is not None, expected)
+        progress(call, len(proved), len(rows))
         if agreed:
-            return sync_answer(rows, read, "in sync", left_out)
+            return sync_answer(rows, reads, "in sync", proved, left_out)
         if time.monotonic() >= deadline or call.ticket.is_set():
-            raise ToolError(json_text(sync_answer(rows, read, "not in sync after %gs: %s" % (
-                timeout, sync_diagnosis(rows, read)), left_out)))
+            raise ToolError(json_text(sync_answer(rows, reads, "not in sync after %gs: %s" % (
+                timeout, sync_diagnosis(rows, reads, proved)), proved, left_out)))
         if not call.server.config.read_only:
-            ask_laggards(entries, rows, context_id, asked_at)
-        time.sleep(SYNC_POLL_SECONDS)
+            ask_laggards(entries, rows, context_id, asked_at, within(deadline, call))
+        time.sleep(max(0.0, min(SYNC_POLL_SECONDS, deadline - time.monotonic())))
 
 
 SYNC_WAIT_DEFAULT, SYNC_WAIT_LIMIT, SYNC_POLL_SECONDS, SYNC_ASK_EVERY = 30, 55, 0.25, 2.0
 ZERO_HASH = "0" * 64
-SyncRead = namedtuple("SyncRead", "method wire_args")
+SyncRead = namedtuple("SyncRead", "method wire_args package")
+
+
+def within(deadline, call):
+    """A request's timeout in wait_for_sync: the time left and one probe deadline, so the answer comes by `timeout`
+    plus that, whichever nodes are slow (never more than a request's own timeout)."""
+    node = node_module()
+    return min(node.request_timeout(call.server.env), max(0.0, deadline - time.monotonic()) + node.PROBE_TIMEOUT)
 
 
 def parsed_equals(text):
@@ -611,101 +622,141 @@ def parsed_equals(text):
 NOTHING_EXPECTED = object()
 
 
-def joined_entries(nodes, context_id):
-    """Every named node that holds the context (a node that cannot be read is left out)."""
+def joined_entries(nodes, context_id, timeout):
+    """(every named node that holds the context or cannot be read (its row then says why), the names of those
+    that answered they do not hold it)."""
     def holds(entry):
         try:
-            return entry.node.context(context_id) is not None
+            return entry.node.context(context_id, timeout=timeout) is not None
         except node_module().NodeError:
-            return False
+            return True                 # unreadable: compared, so that its row names the error
     held = together(*[partial(holds, entry) for entry in nodes.entries.values()])
-    return [entry for entry, yes in zip(nodes.entries.values(), held) if yes]
+    return ([entry for entry, yes in zip(nodes.entries.values(), held) if yes],
+            [entry.name for entry, yes in zip(nodes.entries.values(), held) if not yes])
 
 
-def sync_read(entries, context_id, args):
-    """The [view] method to read on every node, its arguments checked against the ABI of the first node that can
-    say (a [mut] method is refused: this reads, it never writes)."""
-    problem = None
-    for entry in entries:
-        try:
-            context = entry.apps.context_by_id(context_id)
-            app = entry.apps.app_by_id(context["applicationId"]) if context else None
-            if app is None:
-                continue
-            unit = Unit(app, context_service(context, app), entry.apps.manifest(app, context_service(context, app)))
-        except (node_module().NodeError, ToolError) as error:
-            problem = error
-            continue
+def sync_reads(entries, context_id, args, own):
+    """{node name: the SyncRead to run there, or why nothing runs there}: the method admitted on each node by that
+    node's own context record, application record and ABI (a method that is not [view] there, or a context that
+    runs another app than on the call's node, gets no execute). Refused everywhere, the tool is refused."""
+    admitted = dict(zip([entry.name for entry in entries],
+                        together(*[partial(sync_admit, entry, context_id, args) for entry in entries])))
+    packages = [read.package for read in admitted.values() if isinstance(read, SyncRead)]
+    if not packages:
+        reasons = sorted(set(admitted.values()))
+        raise ToolError(reasons[0] if len(reasons) == 1 else "No node runs method %s as a read: %s" % (
+            args["method"], "; ".join('node "%s": %s' % (name, why) for name, why in admitted.items())))
+    own_read = admitted.get(own.name)
+    package = own_read.package if isinstance(own_read, SyncRead) else max(set(packages), key=packages.count)
+    for name, read in admitted.items():
+        if isinstance(read, SyncRead) and read.package != package:
+            admitted[name] = "the context runs %s here, not %s: nothing was run." % (read.package, package)
+    return admitted
+
+
+def sync_admit(entry, context_id, args):
+    """The SyncRead of one node, or the text saying why nothing runs there."""
+    apps = entry.apps
+    try:
+        context = apps.context_by_id(context_id)
+        app = apps.app_by_id(context["applicationId"]) if context else None
+        if context is None:
+            return "the context is not on this node."
+        if app is None:
+            return ("its application %s is missing on this node: install_application there (a node never gets the "
+                    "app from its peers)." % context["applicationId"])
+        unit = apps.unit_for(app, context_service(context, app))
         method = find_method(unit, args["method"])
         if not heavy("abi").is_read_only(method):
-            raise ToolError("Method %s of %s is not [view]: wait_for_sync reads, it never writes." % (
-                method.name, app.key))
-        return SyncRead(method.name, wire_arguments(entry.apps, unit, method, args.get("args") or {}))
-    raise ToolError("No node could say what method %s takes%s." % (args["method"], ": %s" % problem if problem else ""))
+            return "Method %s of %s is not [view]: wait_for_sync reads, it never writes." % (method.name, app.key)
+        return SyncRead(method.name, wire_arguments(apps, unit, method, args.get("args") or {}), app.package)
+    except node_module().NodeError as error:
+        return node_error_text(error)
+    except ToolError as error:
+        return error.text
 
 
-def sync_row(entry, context_id, read):
+def sync_row(entry, context_id, read, timeout):
     row = {"node": entry.name}
     try:
-        context = entry.node.context(context_id)
+        context = entry.node.context(context_id, timeout=timeout)
         row["stateHash"] = hex_of(context.get("contextStateHash")) if context else None
-        row["syncState"] = (entry.node.sync_status(context_id).get("syncState") or {}).get("state")
-        if read is not None:
-            row["value"] = entry.node.execute(context_id, read.method, read.wire_args)
+        row["syncState"] = (entry.node.sync_status(context_id, timeout=timeout).get("syncState") or {}).get("state")
+        if isinstance(read, SyncRead):
+            row["value"] = entry.node.execute(context_id, read.method, read.wire_args, timeout=timeout)
+        elif read is not None:
+            row["refused"] = read
     except node_module().NodeError as error:
         row["error"] = node_error_text(error)
     return row
 
 
-def sync_agreed(rows, read, expected):
-    hashes = {row.get("stateHash") for row in rows}
+def sync_agreed(rows, by_value, expected):
+    """(whether the nodes agree, the nodes that proved it): at least two compared nodes (read, and not refused)
+    with the same state hash and, by value, the same read (or `expected`); a node that cannot be read proves
+    nothing and is named by its row."""
+    compared = [row for row in rows if "error" not in row and "refused" not in row]
+    hashes = {row.get("stateHash") for row in compared}
     wanted = expected
-    if read is not None and expected is NOTHING_EXPECTED:
-        wanted = rows[0].get("value") if "value" in rows[0] else NOTHING_EXPECTED
+    if by_value and expected is NOTHING_EXPECTED and compared:
+        wanted = compared[0].get("value") if "value" in compared[0] else NOTHING_EXPECTED
     for row in rows:
-        row["agrees"] = ("error" not in row and row.get("stateHash") not in (None, ZERO_HASH) and len(hashes) == 1
-                         and (read is None or ("value" in row and (wanted is NOTHING_EXPECTED or
+        row["agrees"] = (row in compared and row.get("stateHash") not in (None, ZERO_HASH) and len(hashes) == 1
+                         and (not by_value or ("value" in row and (wanted is NOTHING_EXPECTED or
                                                                     row["value"] == wanted))))
-    return all(row["agrees"] for row in rows)
+    proved = [row["node"] for row in rows if row["agrees"]]
+    return len(proved) >= 2 and all(row["agrees"] for row in compared), proved
 
 
-def sync_answer(rows, read, verdict, left_out=()):
-    answer = {"result": verdict, "nodes": [{k: v for k, v in row.items() if k != "agrees"} for row in rows]}
+def sync_answer(rows, reads, verdict, proved, left_out=()):
+    answer = {"result": verdict, "nodes": [{k: v for k, v in row.items() if k != "agrees"} for row in rows],
+              "provedOn": proved}
     if left_out:
-        answer["notCompared"] = list(left_out)       # named nodes without the context, or that could not be read
-    if read is None:
+        answer["notCompared"] = list(left_out)       # named nodes that answered they do not hold the context
+    if reads is None:
         answer["note"] = ("Only state hashes were compared: equal hashes are a claim, not proof; pass method (a [view] "
                           "read) to see the value on every node.")
     return answer
 
 
-def sync_diagnosis(rows, read):
+def sync_diagnosis(rows, reads, proved):
     errors = " ".join(row.get("error", "") for row in rows)
-    if "not found in blobstore" in errors:
-        missing = [row["node"] for row in rows if "not found in blobstore" in row.get("error", "")]
+    if "not found in blobstore" in errors or any("is missing on this node" in row.get("refused", "") for row in rows):
+        missing = [row["node"] for row in rows if "not found in blobstore" in row.get("error", "")
+                   or "is missing on this node" in row.get("refused", "")]
         return ("the application is missing on %s: install_application there (a node never gets the app from its "
                 "peers)." % ", ".join(missing))
     if any(row.get("syncState") == "waitingForPeers" for row in rows):
         return "not connected (no peers). " + NOT_CONNECTED
-    hashes = {row.get("stateHash") for row in rows if "error" not in row}
-    if read is not None and len(hashes) == 1 and None not in hashes:
+    compared = [row for row in rows if "error" not in row and "refused" not in row]
+    if len(compared) < 2:
+        return "fewer than two nodes could be compared (%s), so nothing proves arrival: %s" % (
+            ", ".join(row["node"] for row in compared) or "none", " ".join(
+                '%s: %s' % (row["node"], row.get("error") or row.get("refused")) for row in rows
+                if row not in compared))
+    hashes = {row.get("stateHash") for row in compared}
+    if reads is not None and len(hashes) == 1 and None not in hashes:
         return "the hashes agree but the reads differ: the write is not applied on every node yet."
     if errors.strip():
         return "some nodes could not be read: " + errors.strip()
     return "the state hashes still differ (the lagging nodes were asked to sync)."
 
 
-def ask_laggards(entries, rows, context_id, asked_at):
-    """Ask each node that does not agree to sync now, at most every SYNC_ASK_EVERY seconds (never a ro node)."""
+def ask_laggards(entries, rows, context_id, asked_at, timeout):
+    """Ask each node that does not agree to sync now, all at once and within the time left, at most every
+    SYNC_ASK_EVERY seconds (never a ro node)."""
     now = time.monotonic()
-    for entry, row in zip(entries, rows):
-        if row.get("agrees") or entry.read_only or now - asked_at.get(entry.name, -SYNC_ASK_EVERY) < SYNC_ASK_EVERY:
-            continue
+    laggards = [entry for entry, row in zip(entries, rows) if not row.get("agrees") and not entry.read_only
+                and now - asked_at.get(entry.name, -SYNC_ASK_EVERY) >= SYNC_ASK_EVERY]
+    for entry in laggards:
         asked_at[entry.name] = now
+
+    def ask(entry):
         try:
-            entry.node.sync_context(context_id)
+            entry.node.sync_context(context_id, timeout=timeout)
         except node_module().NodeError:
             pass                        # its row says what is wrong with it
+    together(*[partial(ask, entry) for entry in laggards])
 
 
 def progress(call, done, total=None, message=None):
@@ -1712,10 +1763,10 @@ def app_summary(apps, app, service, contexts, handle_context):
                "contextServices": context_services}
     if service is None and not contexts and not apps.services_listed(app):   # nothing to read a service from
         summary["serviceNote"] = SERVICE_NOTE
-    if apps.catalog.served_guide_uri(app):
+    if apps.served_guide_uri(app):
         summary["guide"] = app.guide_uri
     node = apps.entry.name if apps.server.nodes.multi else None
-    summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context, node))
+    summary["app_handle"] = sign_handle(apps.handle_key, handle_for(app, service, handle_context, node, apps.node.url))
     return summary
 
 
@@ -1743,7 +1794,7 @@ def with_guide(apps, app, summary, always, methods_from=None, first=0, entries=N
     """The summary as JSON, then the guide (always, or the first time this session meets this version).
     `methods_from(offset)` is the cursor of describe_app's next page of methods and types (`first` of its
     `entries` before this page), when it pages them."""
-    uri = apps.catalog.served_guide_uri(app)
+    uri = apps.served_guide_uri(app)
     if not app.guide:
         guide = [{"type": "text", "text": "This app ships no guide."}] if always else []
     elif always or uri is None or uri not in apps.shown_guides:
@@ -1864,7 +1915,7 @@ def event_kinds(apps, node, context_id, kind):
         return None if kind is None else {kind}
     record = node.context(context_id)
     app = apps.app_by_id(record["applicationId"]) if record else None
-    declared = apps.catalog.unit_for(app, record.get("serviceName")).manifest.events if app else ()
+    declared = apps.unit_for(app, record.get("serviceName")).manifest.events if app else ()
     names = list(stream_kinds) + [e.name for e in declared]
     if kind in names:
         return {kind}
@@ -1908,8 +1959,8 @@ def describe_app(args, call):
                             % ", ".join(app.services))
         return describe_services(apps, app)
     service = require_service(apps, app, args.get("service"))
-    unit = apps.catalog.unit_for(app, service)
-    apps.catalog.ensure_in_catalog(app)
+    unit = apps.unit_for(app, service)
+    apps.ensure_listed(app)
     summary = app_summary(apps, app, service, apps.contexts_of(app), None)
     summary["name"] = app.name              # as the app's author wrote it; titles and rows carry it cut to one line
     summary["versions"] = installed_versions(apps.node, app)
@@ -1954,15 +2005,15 @@ SERVICES_NOTE = "A handle names one service: pass service (%s) to describe_app o
 def describe_services(apps, app):
     """A multi-service app asked about whole: every service with its methods, and no handle (one names a
     service)."""
-    apps.catalog.ensure_in_catalog(app)
+    apps.ensure_listed(app)
     contexts = apps.contexts_of(app)
     summary = {"application": app.id, "package": app.key, "appVersion": app.version, "service": None,
                "contextServices": sorted({c.get("serviceName") for c in contexts if c.get("serviceName")})}
-    if apps.catalog.served_guide_uri(app):
+    if apps.served_guide_uri(app):
         summary["guide"] = app.guide_uri
     summary["name"] = app.name
     summary["versions"] = installed_versions(apps.node, app)
-    summary["services"] = [service_reference(apps.catalog.unit_for(app, service), service) for service in app.services]
+    summary["services"] = [service_reference(apps.unit_for(app, service), service) for service in app.services]
     summary["note"] = SERVICES_NOTE % ", ".join(app.services)
     return with_guide(apps, app, summary, always=True)
 
@@ -2000,15 +2051,15 @@ def select_app(args, call):
         raise ToolError('Context %s runs %s, not "%s". Services of "%s": %s. Omit service, or choose a context that '
                         'runs it.' % (context["id"], "service " + service if service else "no named service",
                                       args["service"], label, ", ".join(app.services) or "(none)"))
-    unit = apps.catalog.unit_for(app, service)
-    apps.catalog.ensure_in_catalog(app)
+    unit = apps.unit_for(app, service)
+    apps.ensure_listed(app)
     summary = app_summary(apps, app, service, contexts, context["id"] if context else None)
     if args.get("verbose"):
         summary["methods"] = method_references(unit)
         types = heavy("abi").type_references(unit.manifest)
         if types:
             summary["types"] = types
-    summary["tools"] = apps.catalog.tool_names_of(app, service)
+    summary["tools"] = apps.tool_names_of(app, service, unit)
     summary["toolsNote"] = TOOLS_NOTE
     summary["context"] = context["id"] if context else None
     if context and isinstance(context.get("name"), str) and context["name"]:
@@ -2074,7 +2125,7 @@ def run_call(apps, args, cancelled=None):
     follow_early_for_call(apps, args)
     ahead(apps, call_reads(apps, args))
     admitted = admit_call(apps, args)
-    apps.catalog.ensure_in_catalog(admitted.unit.app)     # tools.md: a catalog miss makes call read the list again too
+    apps.ensure_listed(admitted.unit.app)     # tools.md: a catalog miss makes call read the list again too
     method = find_method(admitted.unit, args.get("method"))
     method_args = args.get("args")
     if method_args is not None and not isinstance(method_args, dict):
@@ -2098,7 +2149,7 @@ def admit_call(apps, args):
         if not isinstance(context_value, str):
             raise refusal_for(apps, app)
         context_id, service = admit_by_context(apps, app, named, context_value)
-        return Admitted(apps.catalog.unit_for(app, service), context_id)
+        return Admitted(apps.unit_for(app, service), context_id)
     if named is not None:
         try:
             other = apps.resolve(named)
@@ -2111,7 +2162,7 @@ def admit_call(apps, args):
         raise Refusal(GENERIC_RETRY)
     context_value = agreed_context(apps, app, [args.get("context"), args.get("_context")])
     context_id = admit_handle(apps, handle, app, handle.service, context_value, named)
-    return Admitted(apps.catalog.unit_for(app, handle.service), context_id)
+    return Admitted(apps.unit_for(app, handle.service), context_id)
 
 
 @tool("call_many", "Up to 32 calls at once, each like call; concurrent: writes in no set order.",

@@ -459,6 +459,10 @@ class Node:
     current_scope = staticmethod(current_scope)
 
     # ---- connect ----
+    def connected_url(self) -> Optional[str]:
+        """The node's address, found (discovery) and connected to first if need be."""
+        return self.connect().url
+
     def connect(self) -> "Node":
         if self._location is None:
             with self._connect_lock:
@@ -542,10 +546,10 @@ class Node:
                                    'an "error"', answer.body)
         return result["output"]
 
-    def sync_status(self, context_id: str) -> Dict[str, Any]:
+    def sync_status(self, context_id: str, timeout=None) -> Dict[str, Any]:
         """JSON-RPC sync_status (§0.8): {contextId, isInitialized, syncState: {state, …}, failureCount, lastError?}."""
         body = {"jsonrpc": "2.0", "id": next(self._ids), "method": "sync_status", "params": {"contextId": context_id}}
-        answer = self._exchange("POST", "/jsonrpc", body=body)
+        answer = self._exchange("POST", "/jsonrpc", body=body, timeout=timeout)
         reply = answer.value if isinstance(answer.value, dict) else {}
         if reply.get("error") is not None:
             raise self._scrubbed(rpc_error(reply["error"], context_id, "sync_status"))
@@ -712,10 +716,10 @@ class Node:
         return self._call("GET", "/admin-api/contexts/for-application/" + quoted(app_id),
                           lambda a: a.rows("contexts", "id", fields=CONTEXT_FIELDS))
 
-    def context(self, context_id: str) -> Optional[Dict[str, Any]]:
+    def context(self, context_id: str, timeout=None) -> Optional[Dict[str, Any]]:
         """One context, or None when the node knows no such context (404; 400 for a string no id could be)."""
         return self._absent_as_none((400, 404), "GET", "/admin-api/contexts/" + quoted(context_id),
-                                    lambda a: a.object("id", CONTEXT_FIELDS))
+                                    lambda a: a.object("id", CONTEXT_FIELDS), timeout=timeout)
 
     def create_context(self, application_id: str, group_id: str, initialization_params: List[int],
                        name: Optional[str] = None, service: Optional[str] = None) -> Dict[str, Any]:
@@ -737,9 +741,9 @@ class Node:
         """`{isDeleted}` (false for a context the node does not know)."""
         return self._call("DELETE", "/admin-api/contexts/" + quoted(context_id), lambda a: a.flag("isDeleted"))
 
-    def sync_context(self, context_id: str) -> None:
+    def sync_context(self, context_id: str, timeout=None) -> None:
         """Ask the node to sync the context from its peers (answers `{"data": null}`)."""
-        self._call("POST", "/admin-api/contexts/sync/" + quoted(context_id), Answer.optional_object)
+        self._call("POST", "/admin-api/contexts/sync/" + quoted(context_id), Answer.optional_object, timeout=timeout)
 
     def resync_context(self, context_id: str, force: bool) -> Dict[str, Any]:
         """A full resync, replacing local state with a peer's: `{contextId, resyncStarted}`, no wrapper."""

@@ -536,7 +536,7 @@ def test_select_app_output(shared, world):
     assert summary["toolsNote"] == TOOLS_NOTE
     assert handle_payload(summary["app_handle"]) == {
         "a": world.kv, "p": KV, "v": "1.0.0", "g": hashlib.sha256(SAMPLE_GUIDE.encode()).hexdigest()[:16],
-        "c": world.kv_ctx, "s": None}
+        "c": world.kv_ctx, "s": None, "u": world.double.url}       # the node it runs on: its address
 
 
 def test_several_contexts_and_none_chosen(shared, world):

@@ -119,12 +119,19 @@ def test_single_mode_takes_no_node_argument(server):
     assert "wait_for_sync" not in server.tool_names()
 
 
-def test_generated_tools_gain_no_bytes_in_multi_mode(network, several, serve):
+def test_generated_tools_take_node_in_multi_mode_and_nothing_else_changes(network, several, serve):
+    """Issue 41: every tool but list_nodes takes node, generated ones too (a plain string, no description);
+    single mode's generated tools are as they were."""
     node1, node2 = pair(network)
     multi = several(("node1", node1.url), ("node2", node2.url))
     generated = [t for t in multi.result("tools/list")["tools"] if "_meta" in t]
     single = [t for t in serve(node1).result("tools/list")["tools"] if "_meta" in t]
-    assert generated and generated == single
+    assert generated and [t["name"] for t in generated] == [t["name"] for t in single]
+    for multi_tool, single_tool in zip(generated, single):
+        schema = dict(multi_tool["inputSchema"], properties=dict(multi_tool["inputSchema"]["properties"]))
+        assert schema["properties"].pop("node") == {"type": "string"}
+        assert dict(multi_tool, inputSchema=schema) == single_tool
+        assert "node" not in single_tool["inputSchema"]["properties"]
 
 
 def test_multi_node_off_keeps_one_node(network, several):
