@@ -1045,7 +1045,7 @@ def list_blobs(args, call):
 def get_blob(args, call):
     context = context_id_of(call.entry, args["context"]) if args.get("context") is not None else None
     offset = byte_offset(args)
-    data, headers = call.server.blob_pages.read((args["blob"], context), offset,
+    data, headers = call.server.blob_pages.read((call.entry.name, args["blob"], context), offset,
                                                 lambda: call.node.download_blob(args["blob"], context))
     if offset > len(data) or (offset == len(data) and data):
         raise ToolError("offset %d is past the end of blob %s, which is %d bytes." % (offset, args["blob"], len(data)))
@@ -1062,8 +1062,8 @@ BLOB_COPY_SECONDS = 60          # how long the blob read page by page is kept af
 class BlobPages:
     """One bounded, short-lived copy of the blob last read from its first page, serving its later pages: the node
     ignores HTTP Range (node-api §0.7), so each page would otherwise move the whole blob again. At most one blob
-    (itself within the answer-size cap) is held, for BLOB_COPY_SECONDS; a read from offset 0 always downloads,
-    and delete_blob drops the copy."""
+    (itself within the answer-size cap) is held, for BLOB_COPY_SECONDS, keyed by its node, blob and context: one
+    node's copy never serves another's read. A read from offset 0 always downloads; delete_blob drops the copy."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -1080,9 +1080,9 @@ class BlobPages:
                 else None
         return data, headers
 
-    def forget(self, blob):
+    def forget(self, node, blob):
         with self.lock:
-            if self.copy is not None and self.copy[0][0] == blob:
+            if self.copy is not None and self.copy[0][:2] == (node, blob):
                 self.copy = None
 
 
@@ -1125,7 +1125,7 @@ def blob_page(data, offset, room):
 @tool("delete_blob", "Delete a blob from this node (not one an installed app uses).",
       {"blob": STRING}, required=("blob",), annotations=DESTRUCTIVE, toolset="blobs")
 def delete_blob(args, call):
-    call.server.blob_pages.forget(args["blob"])
+    call.server.blob_pages.forget(call.entry.name, args["blob"])
     return call.node.delete_blob(args["blob"])
 
 

@@ -1252,7 +1252,8 @@ class Node:
             return self._login()
         if self._mode == "handoff":
             handoff, _ = read_handoff(state_dir(self._env))
-            if handoff and auth_plan(self._env, handoff, self._base)[0] == "handoff" \
+            # the node it names, or the default node when it names none: never another node of the directory
+            if handoff and auth_plan(self._env, handoff, self.url or self._base, self._default)[0] == "handoff" \
                     and is_newer(handoff.access_token, {"access_token": failed_token}):
                 fresh = token_bundle(handoff.access_token, handoff.refresh_token)
                 self._store.write(fresh)

@@ -686,6 +686,31 @@ def test_handoff_reconnect_after_revocation_is_adopted(tmp_path, authed):
     assert path.read_bytes() == before
 
 
+def test_a_rewritten_handoff_naming_no_node_is_never_adopted_by_another_node_than_the_default(tmp_path, authed):
+    """Issue 41: the handoff token belongs to the node it names, or to the default node when it names none. node2
+    (not the default) took its token from a handoff naming it; after that family is revoked, the desktop app
+    rewrites the file with node1's token and no node: node2 must fail rather than send node1's token."""
+    node2 = sample_double(auth=ADMIN).start()
+    try:
+        env = make_env(tmp_path)
+        write_handoff(env, dict(zip(("accessToken", "refreshToken"), node2.issue_tokens()), nodeUrl=node2.url))
+        named = mero_node_config.NamedNode("node2", node2.url, False, "CALIMERO_NODES", None)
+        client = Node(env, named=named, default=False)
+        client.get("/admin-api/contexts")
+        assert client.auth_mode == "handoff"
+        time.sleep(1.1)                           # the new key's iat must be a later second
+        node2.revoke_all()
+        foreign, foreign_refresh = authed.issue_tokens()          # node1's, in a file that names no node
+        write_handoff(env, {"accessToken": foreign, "refreshToken": foreign_refresh})
+        with pytest.raises(NodeError):
+            client.get("/admin-api/contexts")
+        assert not [value for value in node2.authorizations() if value and foreign in value]
+        default = Node(dict(env, CALIMERO_NODE_URL=authed.url), ports=[closed_port()])
+        assert default.get("/admin-api/contexts")["contexts"] and default.auth_mode == "handoff"  # the default does
+    finally:
+        node2.stop()
+
+
 # ── Passwords ─────────────────────────────────────────────────────────────────────────────────────
 
 def test_password_file_is_read_and_trimmed(tmp_path, authed):
