@@ -64,3 +64,10 @@ def test_no_module_is_over_its_size():
     sizes = {name: len((ROOT / (name + ".py")).read_text(encoding="utf-8").splitlines()) for name in our_modules()}
     assert sizes["mero_mcp"] <= ENTRY_LIMIT, sizes
     assert {name: size for name, size in sizes.items() if size > LIMIT} == {}, sizes
+
+
+def test_developers_md_stays_a_map():
+    """Issue 40: a map, not a manual: at most 16,000 characters, naming every module."""
+    text = (ROOT / "DEVELOPERS.md").read_text(encoding="utf-8")
+    assert len(text) <= 16000, len(text)
+    assert [name for name in our_modules() if "`%s.py`" % name not in text] == []
