@@ -1064,18 +1064,44 @@ def bench_nodes(home, stderr):
                 listed = [session.call_tool("list_nodes", {})[0] for _ in range(3)]
             finally:
                 session.close()
-    import mero_mcp
+        calls = requests_of_calls(multi, node1, node2, stderr)
+    import mero_tools
     return {name: statistics.median(values) for name, values in times.items()}, statistics.median(listed), \
-        mero_mcp.LIST_PROBE_SECONDS
+        mero_tools.LIST_PROBE_SECONDS, calls
 
 
-def nodes_rows(spawns, listed, deadline):
+def requests_of_calls(env, node1, node2, stderr):
+    """{(node, "first"|"later"): the requests one `call` of kv-store's get sent there}: the default node and
+    node2, each on a context of its own; a first call to node2 reads its ABI once, a later one reads none."""
+    contexts = {}
+    for double in (node1, node2):
+        kv = double._app_key(node_double.kv_store_spec()["package"])
+        contexts[double] = double.add_context(kv, group_id=double.add_namespace(kv, name="bench"))
+    session = open_session(env, stderr)
+    counts = {}
+    try:
+        session.request("tools/list")
+        for name, double in (("node1", node1), ("node2", node2)):
+            for when in ("first", "later"):
+                before = len(double.log)
+                session.call_tool("call", {"app": node_double.kv_store_spec()["package"], "context": contexts[double],
+                                           "method": "get", "args": {"key": "k"}, "node": name})
+                counts[(name, when)] = [entry["path"] for entry in double.log[before:]]
+    finally:
+        session.close()
+    return counts
+
+
+def nodes_rows(spawns, listed, deadline, calls):
     ratio = spawns["multi"] / spawns["single"]
+    later1, later2 = len(calls[("node1", "later")]), len(calls[("node2", "later")])
     return [("spawn → tools/list, one node", rms(spawns["single"]), "", ""),
             ("spawn → tools/list, two nodes", rms(spawns["multi"]), "within 10%",
              "x%.2f of one node%s" % (ratio, "" if ratio <= 1.10 else " (missed)")),
             ("list_nodes, 5 nodes, 2 down", rms(listed), "one probe deadline (%s)" % rms(deadline),
-             "" if listed <= deadline * 1.5 else "(missed)")]
+             "" if listed <= deadline * 1.5 else "(missed)"),
+            ("requests of a call on node2 ÷ on the default node", "%d ÷ %d (first on node2: %d, its ABI once)" % (
+                later2, later1, len(calls[("node2", "first")])), "1", "" if later2 == later1 else "(missed)")]
 
 
 def nodes_only():
@@ -1161,8 +1187,9 @@ def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_r
               target("≤ 40 MB", f["rss"] <= 40 * 2 ** 20, why=True))]
     near, far = link["times"]["mut_id"]
     first, later = first_write
-    spawns, listed, deadline = nodes
+    spawns, listed, deadline, calls = nodes
     multi = spawns["multi"] / spawns["single"]
+    later1, later2 = len(calls[("node1", "later")]), len(calls[("node2", "later")])
     rows += [("round trips of a [mut] call by context id, node %d ms away (`bench/run.py link`)" % (LINK_RTT * 1000),
               "%.2f" % ((far - near) / LINK_RTT), target("2", (far - near) / LINK_RTT <= 2.3)),
              ("the same, a session's first write to a context whose app has events (its stream is followed first)",
@@ -1170,7 +1197,10 @@ def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_r
              ("spawn → `tools/list` with two named nodes ÷ one node (`bench/run.py nodes`)", "%.2f× (%s, %s)" % (
                  multi, rms(spawns["multi"]), rms(spawns["single"])), target("≤ 1.1×", multi <= 1.10)),
              ("`list_nodes` of 5 nodes, 2 of them down (ports that never answer)", rms(listed),
-              target("one probe deadline (%s)" % rms(deadline), listed <= deadline * 1.5))]
+              target("one probe deadline (%s)" % rms(deadline), listed <= deadline * 1.5)),
+             ("requests of a `call` with `node: node2` ÷ on the default node (its ABI read once per build)",
+              "%d ÷ %d (the first on node2: %d)" % (later2, later1, len(calls[("node2", "first")])),
+              target("1", later2 == later1))]
     lines = [
         "`make bench` measures, in one run, on a node double with %d apps × %d methods, and prints this section"
         % (APPS, METHODS_PER_APP),
