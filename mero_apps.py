@@ -1155,13 +1155,15 @@ def binding_on_node(apps, binding):
     unit = apps.unit_for(app, listed.service)
     method = next((m for m in unit.manifest.methods if m.name == binding.method.name), None)
     if method is None:
-        raise refusal_for(apps, app, 'Method "%s" is not in %s %s%s (describe_app with node "%s" lists its methods).'
-                          % (binding.method.name, app.key, app.version or "", where, apps.entry.name))
+        raise refusal_for(apps, app, 'Method "%s" is not in %s %s%s: nothing was sent. describe_app with node "%s" '
+                          'lists the methods it has.' % (binding.method.name, app.key, app.version or "", where,
+                                                         apps.entry.name))
     if method.intent != binding.method.intent:
-        raise refusal_for(apps, app, 'Method "%s" is %s in %s %s%s, not %s as this tool was listed: call with node '
-                          '"%s" runs it as that node has it.' % (
+        raise refusal_for(apps, app, 'Method "%s" is %s in %s %s%s, not %s as this tool was listed from the default '
+                          'node: nothing was sent. describe_app with node "%s" lists that build\'s methods; the tool '
+                          '`call` with node "%s" runs this one as that node has it.' % (
                               method.name, intent_mark(method), app.key, app.version or "", where,
-                              intent_mark(binding.method), apps.entry.name))
+                              intent_mark(binding.method), apps.entry.name, apps.entry.name))
     return binding._replace(unit=unit, method=method)
 
 
