@@ -612,8 +612,10 @@ def refuse_unless_view(apps, method, app, listed=None):
     is refused too."""
     is_view = heavy("abi").is_read_only
     if apps.entry.read_only and not is_view(method):
-        raise ToolError('Method %s of %s is not [view]: node "%s" is read-only (" (ro)" in CALIMERO_NODES), so only '
-                        '[view] methods run there; nothing was sent.' % (method.name, app.key, apps.entry.name))
+        raise ToolError('Method %s of %s is not [view] in the build node "%s" runs (version %s, intent %s): that node '
+                        'is read-only (" (ro)" in CALIMERO_NODES), so only [view] methods run there; nothing was sent.'
+                        % (method.name, app.key, apps.entry.name, app.version or "unknown",
+                           method.intent or "unspecified"))
     if apps.server.config.read_only and not is_view(method):
         was = ("; it was [view] when this tool was listed" if listed is not None and is_view(listed) else "")
         raise ToolError("Method %s of %s is not [view] in the installed build (version %s, intent %s%s): this server "

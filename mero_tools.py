@@ -13,10 +13,11 @@ from mero_runtime import (as_failure, b64url, bound, CALL_MANY_LIMIT, Cancelled,
     CURSOR_SHOWN, cut_text, DESTRUCTIVE, DESTRUCTIVE_IDEMPOTENT, digest, failure_text, fit_count, heavy, json_text,
     log, MAX_BLOB_BYTES, NAMES, node_error_text, node_module, paged, plain_text, READ_ONLY, Refusal, refuse_oversized,
     refuse_unknown_arguments, Reply, row_cost, rows_nodes, TEXT_BOUND, text_size, together, tool, ToolError, unb64url)
-from mero_apps import (admit_by_context, admit_handle, Admitted, agreed_context, ahead, call_reads, carriers_text,
+from mero_apps import (admit_by_context, admit_handle, Admitted, agreed_context, ahead, app_record, call_reads,
+    carriers_text,
     context_service, execute, find_method, follow_early_for_call, foreign_handle, GENERIC_RETRY, GUIDE_SHOWN_NOTE,
     handle_for, LISTED_CONTEXTS, one_line, Ran, read_handle, refusal_for, resolve_as_given, SERVICE_NOTE, sign_handle,
-    some_contexts, TOOLS_NOTE, what_ran, wire_arguments)
+    some_contexts, TOOLS_NOTE, Unit, what_ran, wire_arguments)
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -575,17 +576,19 @@ def wait_for_sync(args, call):
         raise ToolError("timeout is seconds, more than 0 and at most %d." % SYNC_WAIT_LIMIT)
     expected = parsed_equals(args.get("equals"))
     deadline = time.monotonic() + timeout
+    call_deadline = deadline + node_module().PROBE_TIMEOUT     # the answer comes by then, however slow the nodes
     if args.get("nodes"):
         entries, left_out = [nodes.named(name) for name in args["nodes"]], []
     else:
-        entries, left_out = joined_entries(nodes, context_id, within(deadline, call))
+        entries, left_out = joined_entries(nodes, context_id, within(call_deadline, call))
     if not entries:
         raise ToolError("No named node has joined context %s (join_context with node joins one)." % context_id)
-    reads = sync_reads(entries, context_id, args, call.entry) if args.get("method") else None
+    reads = sync_reads(entries, context_id, args, call.entry, within(call_deadline, call)) if args.get("method") \
+        else None
     asked_at = {}
     while True:
-        rows = together(*[partial(sync_row, entry, context_id, reads and reads[entry.name], within(deadline, call))
-                          for entry in entries])
+        wait = within(call_deadline, call)
+        rows = together(*[partial(sync_row, entry, context_id, reads and reads[entry.name], wait) for entry in entries])
         agreed, proved = sync_agreed(rows, reads is not None, expected)
         progress(call, len(proved), len(rows))
         if agreed:
@@ -594,20 +597,21 @@ def wait_for_sync(args, call):
             raise ToolError(json_text(sync_answer(rows, reads, "not in sync after %gs: %s" % (
                 timeout, sync_diagnosis(rows, reads, proved)), proved, left_out)))
         if not call.server.config.read_only:
-            ask_laggards(entries, rows, context_id, asked_at, within(deadline, call))
+            ask_laggards(entries, rows, context_id, asked_at, within(call_deadline, call))
         time.sleep(max(0.0, min(SYNC_POLL_SECONDS, deadline - time.monotonic())))
 
 
 SYNC_WAIT_DEFAULT, SYNC_WAIT_LIMIT, SYNC_POLL_SECONDS, SYNC_ASK_EVERY = 30, 55, 0.25, 2.0
+SYNC_LAST_MOMENT = 0.1       # seconds a request still gets once wait_for_sync's time is up: an answer, not a wait
 ZERO_HASH = "0" * 64
 SyncRead = namedtuple("SyncRead", "method wire_args package")
 
 
-def within(deadline, call):
-    """A request's timeout in wait_for_sync: the time left and one probe deadline, so the answer comes by `timeout`
-    plus that, whichever nodes are slow (never more than a request's own timeout)."""
-    node = node_module()
-    return min(node.request_timeout(call.server.env), max(0.0, deadline - time.monotonic()) + node.PROBE_TIMEOUT)
+def within(call_deadline, call):
+    """A request's timeout in wait_for_sync: what is left until `timeout` plus one probe deadline has passed, so the
+    answer comes by then whichever nodes are slow (never more than a request's own timeout; a moment at least)."""
+    left = max(SYNC_LAST_MOMENT, call_deadline - time.monotonic())
+    return min(node_module().request_timeout(call.server.env), left)
 
 
 def parsed_equals(text):
@@ -635,12 +639,12 @@ def joined_entries(nodes, context_id, timeout):
             [entry.name for entry, yes in zip(nodes.entries.values(), held) if not yes])
 
 
-def sync_reads(entries, context_id, args, own):
+def sync_reads(entries, context_id, args, own, timeout):
     """{node name: the SyncRead to run there, or why nothing runs there}: the method admitted on each node by that
     node's own context record, application record and ABI (a method that is not [view] there, or a context that
     runs another app than on the call's node, gets no execute). Refused everywhere, the tool is refused."""
     admitted = dict(zip([entry.name for entry in entries],
-                        together(*[partial(sync_admit, entry, context_id, args) for entry in entries])))
+                        together(*[partial(sync_admit, entry, context_id, args, timeout) for entry in entries])))
     packages = [read.package for read in admitted.values() if isinstance(read, SyncRead)]
     if not packages:
         reasons = sorted(set(admitted.values()))
@@ -654,18 +658,22 @@ def sync_reads(entries, context_id, args, own):
     return admitted
 
 
-def sync_admit(entry, context_id, args):
-    """The SyncRead of one node, or the text saying why nothing runs there."""
-    apps = entry.apps
+def sync_admit(entry, context_id, args, timeout):
+    """The SyncRead of one node, or the text saying why nothing runs there: its context record, application record
+    and ABI (once per build) read through it, each within `timeout`."""
+    apps, node = entry.apps, entry.node
     try:
-        context = apps.context_by_id(context_id)
-        app = apps.app_by_id(context["applicationId"]) if context else None
+        context = node.context(context_id, timeout=timeout)
         if context is None:
             return "the context is not on this node."
-        if app is None:
+        raw = node.application(context["applicationId"], timeout=timeout)
+        if raw is None:
             return ("its application %s is missing on this node: install_application there (a node never gets the "
                     "app from its peers)." % context["applicationId"])
-        unit = apps.unit_for(app, context_service(context, app))
+        app = app_record(raw)
+        service = context_service(context, app)
+        known = apps.manifests.get((app.build, service))
+        unit = Unit(app, service, known or apps.manifest(app, service, node.abi(app.id, service, timeout=timeout)))
         method = find_method(unit, args["method"])
         if not heavy("abi").is_read_only(method):
             return "Method %s of %s is not [view]: wait_for_sync reads, it never writes." % (method.name, app.key)

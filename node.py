@@ -580,15 +580,16 @@ class Node:
         return self._call("GET", "/admin-api/applications",
                           lambda a: [app_metadata_decoded(row) for row in a.rows("apps", "id", fields=APP_FIELDS)])
 
-    def application(self, app_id: str) -> Optional[Dict[str, Any]]:
+    def application(self, app_id: str, timeout=None) -> Optional[Dict[str, Any]]:
         """One application's full record (with `services`, `metadata` decoded), or None when the node has none of
         that id: a 404, or (core's `application: Option<Application>`, older releases) `{"application": null}`."""
-        return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id), _application)
+        return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id), _application,
+                                    timeout=timeout)
 
-    def abi(self, app_id: str, service: Optional[str] = None) -> Dict[str, Any]:
+    def abi(self, app_id: str, service: Optional[str] = None, timeout=None) -> Dict[str, Any]:
         """The application's embedded ABI manifest (of one service, for a multi-service bundle)."""
         return self._call("GET", "/admin-api/applications/%s/abi" % quoted(app_id), Answer.object,
-                          params={"service_name": service} if service else None)
+                          params={"service_name": service} if service else None, timeout=timeout)
 
     def install_application(self, package: str, version: str) -> Dict[str, Any]:
         """Install package@version from the node's own registry: `{applicationId}`."""
