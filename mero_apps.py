@@ -12,7 +12,8 @@ from functools import cached_property, partial
 
 from mero_runtime import (advertised, b64url, compact_text, current_request, cut_text, FIXED_TOOLS,
     GENERATED_SYNONYMS, heavy, log, MissingLibrary, node_module, own_module, Refusal, refuse_oversized,
-    refuse_unless_view, together, Tool, tool_definition, ToolError, unb64url, unknown_arguments_text, with_node_argument)
+    refuse_unless_view, together, Tool, tool_definition, ToolError, unb64url, unknown_arguments_text,
+    with_node_argument)
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
