@@ -37,12 +37,12 @@ if not log.handlers:      # the server's own stderr lines and these share one fo
     log.addFilter(_Redacting())
 
 
-# ── The one exception ─────────────────────────────────────────────────────────────────────────────
+# ── NodeError and its kinds ───────────────────────────────────────────────────────────────────────
 
 class NodeError(Exception):
     """A node failure; `str()` is what a person should read. Never carries a token or password.
 
-    `status` is the HTTP status (None for network, discovery and JSON-RPC failures); `retryable` says the same
+    `status` is the HTTP status of a `Refused` (None for every other kind); `retryable` says the same
     call may succeed later; `fix` is one concrete thing to do about it (used by `check`); `auth_error` is the
     node's `x-auth-error` header, when it sent one; `hint` is what an agent should do next, for failures whose
     message names only what went wrong (unreachable, timed out, unreadable, 5xx, a typed refusal `node_advice`
@@ -62,6 +62,22 @@ class NodeError(Exception):
         return self.message
 
 
+# The kinds, named by what a caller decides; every instance keeps `status`, `retryable`, `fix`, `auth_error` and
+# `hint`, and its text is the same whichever kind it is:
+#
+#   NodeError                   (also: configuration, discovery's settings, JSON-RPC and event-stream failures)
+#   ├── NotSent                 nothing reached the node: BodyTooDeep, CancelledBeforeSent
+#   ├── Unreachable             no node answered: repair the url or start the node, then the same call may work
+#   ├── NoAnswer                it went out and no whole answer came back: a change may have been carried out
+#   ├── AnswerTooLarge          an answer past the size cap: ask for less, or raise the cap
+#   ├── UnexpectedAnswer        a 2xx of the wrong shape or not JSON: not the node's API (NestedTooDeep)
+#   └── Refused                 the node answered with a non-2xx status, `status` always set (`refused`)
+#       ├── BadRequest          400, 422: it cannot take the request as sent
+#       ├── Unauthorized        401: the token or credentials are not accepted: sign in again
+#       ├── Forbidden           403: not for this node or token (the auth guard's when `auth_error` is set)
+#       ├── NotFound            404: no such thing here
+#       └── ServerError         5xx: a failure inside the node (503 and 504 `retryable`)
+
 class NotSent(NodeError):
     """A request that never left: nothing of it reached the node (`BodyTooDeep`, `CancelledBeforeSent`)."""
 
@@ -77,6 +93,63 @@ class CancelledBeforeSent(NotSent):
 class UnexpectedAnswer(NodeError):
     """A 2xx answer of the wrong shape or not JSON (a proxy's page, another server, a broken release). A NodeError
     like any other; `check` tells it apart to say the server at the url is not a Calimero node."""
+
+
+class Unreachable(NodeError):
+    """No node answered: the connection was refused, the host is unknown, TLS failed, the url is not valid, or the
+    deadline passed before an answer to a read or to a request that never left (`network_error`, `late`); also
+    discovery finding no node, and a registry that cannot be reached. Nothing was changed: once the node is up
+    (or the url is right) the same call may work."""
+
+
+class NoAnswer(NodeError):
+    """The request went out and no whole answer came back: a change that got none in time or lost its connection
+    (`no_answer`: the node may have carried it out, so check before repeating it), or a connection closed
+    mid-answer (`cut_off`)."""
+
+
+class AnswerTooLarge(NodeError):
+    """An answer past the size cap (CALIMERO_MCP_MAX_RESPONSE_BYTES), refused unread (`too_large`), or a blob whose
+    size says it would be: ask for less, or raise the cap."""
+
+
+class Refused(NodeError):
+    """The node (or the registry, or its auth service) answered with a non-2xx status, always in `status`; its
+    own words are the text when it gave any. Built by `refused`, which picks the kind below for the status; a
+    status no kind names (405, 409, 413, 429, ...) is a plain Refused."""
+
+
+class BadRequest(Refused):
+    """400 or 422: the node cannot take the request as sent (a malformed id, a field it does not know or misses;
+    422 is the rejection of a JSON body of the wrong shape, which a GET or HEAD never gets)."""
+
+
+class Unauthorized(Refused):
+    """401: the node does not accept this session's token or credentials (expired past renewal, unknown, none
+    sent, a failed login): sign in again."""
+
+
+class Forbidden(Refused):
+    """403: not for this node or token. With `auth_error` set it is the auth guard's (a revoked token, a
+    permission the token lacks); without, the node's own refusal (not a member, not an admin, a blob in use), and
+    its text says why. A group read answered 403 is there, but not shown to this node."""
+
+
+class NotFound(Refused):
+    """404: no such thing on this node (an application, a context, a blob, a route an older node lacks)."""
+
+
+class ServerError(Refused):
+    """5xx: a failure inside the node; 503 ("not yet") and 504 (no peer answered) are `retryable`."""
+
+
+_REFUSED = {400: BadRequest, 422: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound}
+
+
+def refused(message, status: int, retryable=False, fix=None, auth_error=None, hint=None) -> Refused:
+    """The Refused of the kind `status` names, with its status kept."""
+    kind = _REFUSED.get(status) or (ServerError if 500 <= status < 600 else Refused)
+    return kind(message, status, retryable, fix=fix, auth_error=auth_error, hint=hint)
 
 
 # ── Sent secrets: every token, password and URL userinfo this process puts into a request ─────────

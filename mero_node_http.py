@@ -15,7 +15,8 @@ import time
 from typing import Any, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import urlsplit
 
-from mero_node_errors import _sent_userinfo, CancelledBeforeSent, NodeError, sent_secret, UnexpectedAnswer
+from mero_node_errors import (_sent_userinfo, AnswerTooLarge, CancelledBeforeSent, NoAnswer, NodeError, refused,
+    sent_secret, UnexpectedAnswer, Unreachable)
 from mero_node_config import display_url, RESPONSE_CAP_VARIABLE, setting
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
@@ -427,7 +428,7 @@ def _headers(token, content_type):
     return headers
 
 
-# ── Error mapping: every shape a node failure takes → one NodeError (§6) ─────────────────────────
+# ── Error mapping: every shape a node failure takes → one NodeError of its kind (§6) ──────────────
 
 _NETWORK_REASONS = (
     ("refused", "connection refused"),
@@ -469,7 +470,7 @@ def network_error(error: Exception, url: str, timeout: float, method: str = "GET
     fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
     if isinstance(error, requests.exceptions.SSLError):
         fix = tls_fix(base)
-    return NodeError("Cannot reach the node at %s: %s" % (shown, reason), fix=fix, hint=hint or fix)
+    return Unreachable("Cannot reach the node at %s: %s" % (shown, reason), fix=fix, hint=hint or fix)
 
 
 def tls_fix(base) -> str:
@@ -493,7 +494,7 @@ def never_left(error: Exception) -> bool:
 def no_answer(shown, base, reason, timeout) -> NodeError:
     """A write that reached the node and got no answer: it may have run, so "retry" would be wrong advice."""
     said = ("no answer within %g s" % timeout) if reason.startswith("timed out") else reason
-    return NodeError("The request to %s was sent, but no answer came (%s)" % (shown, said), hint=CARRIED_OUT % base)
+    return NoAnswer("The request to %s was sent, but no answer came (%s)" % (shown, said), hint=CARRIED_OUT % base)
 
 
 CARRIED_OUT = ("The node may have carried it out: check before repeating it (list or read what it would change). "
@@ -506,7 +507,7 @@ def late(shown, base, timeout, sent, method) -> NodeError:
         return no_answer(shown, base, "timed out", timeout)
     hint = "The node at %s did not answer in time: retry, and check its log if this keeps happening." % base
     fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
-    return NodeError("Cannot reach the node at %s: timed out after %g s" % (shown, timeout), fix=fix, hint=hint)
+    return Unreachable("Cannot reach the node at %s: timed out after %g s" % (shown, timeout), fix=fix, hint=hint)
 
 
 def too_large(shown, base, error, method) -> NodeError:
@@ -517,13 +518,13 @@ def too_large(shown, base, error, method) -> NodeError:
             "expected." % (RESPONSE_CAP_VARIABLE, error.cap))
     if method != "GET":
         hint = "The node may have carried it out: check before repeating it. " + hint
-    return NodeError("The answer from %s %s, more than this server reads (%d bytes, %s): refused, the rest unread"
-                     % (shown, size, error.cap, RESPONSE_CAP_VARIABLE), hint=hint)
+    return AnswerTooLarge("The answer from %s %s, more than this server reads (%d bytes, %s): refused, the rest "
+                          "unread" % (shown, size, error.cap, RESPONSE_CAP_VARIABLE), hint=hint)
 
 
 def cut_off(shown, base, method="GET"):
-    return NodeError("Unreadable response from %s: the connection closed mid-response" % shown,
-                     hint=CARRIED_OUT % base if method != "GET" else _unreadable_hint(base))
+    return NoAnswer("Unreadable response from %s: the connection closed mid-response" % shown,
+                    hint=CARRIED_OUT % base if method != "GET" else _unreadable_hint(base))
 
 
 def _is_short(response, content) -> bool:
@@ -566,16 +567,16 @@ def http_error(status: int, reason: Optional[str], body: bytes, url: str,
     text = body.decode("utf-8", "replace").strip()
     if not text:
         if status == 404 and ABI_ROUTE.search(shown):
-            return NodeError(OLD_NODE_ABI, status, fix="Upgrade merod to a release with the ABI endpoint.")
+            return refused(OLD_NODE_ABI, status, fix="Upgrade merod to a release with the ABI endpoint.")
         message = "%s from %s - the node returned no message" % (status_line, shown)
-        return NodeError(message, status, retryable, auth_error=auth_error, hint=_server_error_hint(status, url))
+        return refused(message, status, retryable, auth_error=auth_error, hint=_server_error_hint(status, url))
     said = node_message(text)
     advice = None if auth_error else node_advice(status, urlsplit(url).path, said or text)
     if said:                             # the node's own words; "not yet" gets advice added (and the url)
-        return NodeError(said, status, retryable, auth_error=auth_error,
-                         hint=advice or (_server_error_hint(status, url) if retryable else None))
-    return NodeError("%s from %s - the node said: %s" % (status_line, shown, text[:BODY_EXCERPT]),
-                     status, retryable, auth_error=auth_error, hint=advice or _server_error_hint(status, url))
+        return refused(said, status, retryable, auth_error=auth_error,
+                       hint=advice or (_server_error_hint(status, url) if retryable else None))
+    return refused("%s from %s - the node said: %s" % (status_line, shown, text[:BODY_EXCERPT]),
+                   status, retryable, auth_error=auth_error, hint=advice or _server_error_hint(status, url))
 
 
 # What an agent can do about the node's typed refusals (node-api §0.5.2, §0.5.3): (status, route or None,

@@ -112,7 +112,7 @@ def directory_row(entry, default):
     try:
         row["peers"] = entry.node.peers(timeout=LIST_PROBE_SECONDS)
     except node_module().NodeError as error:
-        if error.status in (401, 403) or error.auth_error:
+        if isinstance(error, (node_module().Unauthorized, node_module().Forbidden)) or error.auth_error:
             row["auth"] = "cannot sign in: %s" % error
     return row
 
@@ -1617,10 +1617,10 @@ def group_exists(node, group):
     other failure is raised, since it confirms nothing."""
     try:
         node.group(group)
-    except node_module().NodeError as error:
-        if error.status in (403, 404):
-            return error.status == 403
-        raise
+    except node_module().NotFound:
+        return False
+    except node_module().Forbidden:
+        pass                            # there, but not shown to this node
     return True
 
 

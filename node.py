@@ -23,7 +23,8 @@ import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import quote
 
-from mero_node_errors import BodyTooDeep, log, NodeError, redacted, sent_secret, UnexpectedAnswer
+from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, log, NodeError, NotFound, Refused,
+    refused, redacted, sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
 from mero_node_config import (_checked_node_url, _configured_location, _home_note, _logged, _logged_lock, auth_advice,
     auth_plan, CONFIG_FIX, configured_name, configured_nodes, display_url, Handoff, has_expired, is_newer, jwt_claims,
     LOCAL_FILE_LIMIT, Location, NamedNode, node_directory, node_dirs, node_home, NODES_FIX, nodes_setting_problem,
@@ -39,10 +40,12 @@ from mero_node_http import (_base_of, _headers, _is_short, _NETWORK_REASONS, _ne
 from mero_node_events import EventStream
 
 # What the server reads of the node beyond what this module uses itself: it reaches the node only through here.
+from mero_node_errors import NoAnswer, NotSent, ServerError      # NodeError's kinds not raised here
 from mero_node_config import ensure_dir, is_loopback_url, keep_private
 from mero_node_http import preload
 from mero_node_events import EVENT_ENTRIES
-FOR_THE_SERVER = (EVENT_ENTRIES, ensure_dir, is_loopback_url, keep_private, preload)   # (so pyflakes sees them used)
+FOR_THE_SERVER = (EVENT_ENTRIES, ensure_dir, is_loopback_url, keep_private, preload,   # (so pyflakes sees them used)
+                  NoAnswer, NotSent, ServerError)
 
 # ── Constants ─────────────────────────────────────────────────────────────────────────────────────
 
@@ -87,11 +90,11 @@ def _probed_location(env, ports) -> Location:
     if found:
         return Location(found[0], None, "probe")
     passed = [entry.problem for entry in node_dirs(env) if entry.problem]
-    raise NodeError("No Calimero node found. Start one in the Calimero desktop app, or set CALIMERO_NODE_URL. "
-                    "(Looked in %s and probed local ports.)%s%s" % (node_home(env), _home_note(env), "".join(
-                        " Passed over: %s." % problem for problem in passed)),
-                    fix=CONFIG_FIX if passed else "Start a node (Calimero desktop app, or `merod --node <name> run`), "
-                                                  "or set CALIMERO_NODE_URL to a running node's address.")
+    raise Unreachable("No Calimero node found. Start one in the Calimero desktop app, or set CALIMERO_NODE_URL. "
+                      "(Looked in %s and probed local ports.)%s%s" % (node_home(env), _home_note(env), "".join(
+                          " Passed over: %s." % problem for problem in passed)),
+                      fix=CONFIG_FIX if passed else "Start a node (Calimero desktop app, or `merod --node <name> "
+                                                    "run`), or set CALIMERO_NODE_URL to a running node's address.")
 
 
 def probe(ports=PROBE_PORTS) -> List[str]:
@@ -376,16 +379,17 @@ def is_hex64(value: str) -> bool:
 
 def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> NodeError:
     """A refused HEAD of a blob in words: 404 (not held, §0.6), 400 (a malformed blob or context id)."""
-    if error.status == 404:
+    if isinstance(error, NotFound):
         where = "on this node or among its context's peers" if context_id else "on this node"
-        return NodeError("Blob %s is not %s" % (blob_id, where), 404,
-                         hint="list_blobs shows the blobs this node holds%s." % (
-                             "" if context_id else "; pass context to have the node ask that context's peers"))
-    if error.status == 400 and not is_hex64(blob_id):
-        return NodeError('"%s" is not a blob id%s' % (blob_id, ", or the context id is not valid" if context_id else ""),
-                         400, hint="A blob id is 64 hex characters (list_blobs shows them).")
-    if error.status == 400:         # a well-formed id refused: the node's reason, never "not a blob id"
-        return NodeError("The node refused to read blob %s%s: %s" % (
+        return NotFound("Blob %s is not %s" % (blob_id, where), 404,
+                        hint="list_blobs shows the blobs this node holds%s." % (
+                            "" if context_id else "; pass context to have the node ask that context's peers"))
+    if isinstance(error, BadRequest) and not is_hex64(blob_id):
+        return BadRequest('"%s" is not a blob id%s' % (blob_id, ", or the context id is not valid" if context_id
+                                                        else ""),
+                          400, hint="A blob id is 64 hex characters (list_blobs shows them).")
+    if isinstance(error, BadRequest):   # a well-formed id refused: the node's reason, never "not a blob id"
+        return BadRequest("The node refused to read blob %s%s: %s" % (
             blob_id, " through context %s" % context_id if context_id else "", str(error).rstrip(".")), 400,
             hint="list_blobs shows the blobs this node holds%s." % (
                 "; context must be a context id or left out" if context_id else ""))
@@ -393,10 +397,10 @@ def _blob_refusal(error: NodeError, blob_id: str, context_id: Optional[str]) -> 
 
 
 def _blob_too_large(blob_id: str, size: int, cap: int) -> NodeError:
-    return NodeError("Blob %s is %d bytes, more than the %d bytes this server takes in one answer (%s): the node "
-                     "sends a blob whole, with no ranges" % (blob_id, size, cap, RESPONSE_CAP_VARIABLE),
-                     hint="Fetch it from the node's machine directly (meroctl blob download, or the node's GET "
-                          "/admin-api/blobs/%s)." % blob_id)
+    return AnswerTooLarge("Blob %s is %d bytes, more than the %d bytes this server takes in one answer (%s): the "
+                          "node sends a blob whole, with no ranges" % (blob_id, size, cap, RESPONSE_CAP_VARIABLE),
+                          hint="Fetch it from the node's machine directly (meroctl blob download, or the node's GET "
+                               "/admin-api/blobs/%s)." % blob_id)
 
 
 # ── Node: connect, request, refresh ───────────────────────────────────────────────────────────────
@@ -532,11 +536,11 @@ class Node:
         try:
             answer = self._exchange("POST", "/jsonrpc", body=body, timeout=timeout)
         except BodyTooDeep:             # a cancel (CancelledBeforeSent) goes on as it is
-            raise NodeError("%s was not sent to the node: its arguments are nested too deeply to encode (more "
-                            "levels than Python's JSON encoder allows)" % method) from None
+            raise BodyTooDeep("%s was not sent to the node: its arguments are nested too deeply to encode (more "
+                              "levels than Python's JSON encoder allows)" % method) from None
         except RecursionError:          # json.loads gives up past Python's recursion limit
-            raise NodeError("%s ran, but its output is nested too deeply to decode (more levels than Python's JSON "
-                            "decoder allows)" % method) from None
+            raise UnexpectedAnswer("%s ran, but its output is nested too deeply to decode (more levels than Python's "
+                                   "JSON decoder allows)" % method) from None
         reply = answer.value if isinstance(answer.value, dict) else {}
         if reply.get("error") is not None:
             raise self._scrubbed(rpc_error(reply["error"], context_id, method))
@@ -583,7 +587,7 @@ class Node:
     def application(self, app_id: str, timeout=None) -> Optional[Dict[str, Any]]:
         """One application's full record (with `services`, `metadata` decoded), or None when the node has none of
         that id: a 404, or (core's `application: Option<Application>`, older releases) `{"application": null}`."""
-        return self._absent_as_none((404,), "GET", "/admin-api/applications/" + quoted(app_id), _application,
+        return self._absent_as_none(NotFound, "GET", "/admin-api/applications/" + quoted(app_id), _application,
                                     timeout=timeout)
 
     def abi(self, app_id: str, service: Optional[str] = None, timeout=None) -> Dict[str, Any]:
@@ -603,7 +607,7 @@ class Node:
         try:
             return self._call("POST", route, lambda a: a.object("applicationId"), body={"path": path})
         except NodeError as error:
-            if error.status in (400, 422) and "missing field `metadata`" in str(error):
+            if isinstance(error, BadRequest) and "missing field `metadata`" in str(error):
                 return self._call("POST", route, lambda a: a.object("applicationId"),
                                   body={"path": path, "metadata": []})
             raise
@@ -645,16 +649,16 @@ class Node:
             reason = ("timed out after %g s" % self._timeout if isinstance(error, (Late, requests.Timeout))
                       else "its answer is larger than %d bytes" % error.cap if isinstance(error, TooLarge)
                       else next((said for marker, said in _NETWORK_REASONS if marker in repr(error)), "network error"))
-            raise NodeError("Cannot reach %s: %s" % (shown, reason), hint="Check that the registry is up, or "
-                            "point %s at one that is." % REGISTRY_VARIABLE) from None
+            raise Unreachable("Cannot reach %s: %s" % (shown, reason), hint="Check that the registry is up, or "
+                              "point %s at one that is." % REGISTRY_VARIABLE) from None
         if package and response.status_code == 404:
             return []
         said = shown[0].upper() + shown[1:]
         if not 200 <= response.status_code < 300:
             excerpt = redacted(response.content[:BODY_EXCERPT].decode("utf-8", "replace"))
-            raise NodeError("%s answered HTTP %d: %s" % (said, response.status_code, " ".join(excerpt.split())),
-                            status=response.status_code, hint="Check %s: it should be the registry's base URL "
-                            "(the node fetches {base_url}/artifacts/...)." % place.source)
+            raise refused("%s answered HTTP %d: %s" % (said, response.status_code, " ".join(excerpt.split())),
+                          response.status_code, hint="Check %s: it should be the registry's base URL "
+                          "(the node fetches {base_url}/artifacts/...)." % place.source)
         rows = self._registry_rows(response, url, said)
         if not package:
             return self._one_row_each(rows, said)
@@ -719,7 +723,7 @@ class Node:
 
     def context(self, context_id: str, timeout=None) -> Optional[Dict[str, Any]]:
         """One context, or None when the node knows no such context (404; 400 for a string no id could be)."""
-        return self._absent_as_none((400, 404), "GET", "/admin-api/contexts/" + quoted(context_id),
+        return self._absent_as_none((BadRequest, NotFound), "GET", "/admin-api/contexts/" + quoted(context_id),
                                     lambda a: a.object("id", CONTEXT_FIELDS), timeout=timeout)
 
     def create_context(self, application_id: str, group_id: str, initialization_params: List[int],
@@ -759,8 +763,8 @@ class Node:
     def lookup_alias(self, name: str) -> Optional[str]:
         """The context id an alias names, or None: a miss is `{"value": null}`, and 400, 404 and 422 all mean
         a string no alias could be."""
-        return self._absent_as_none((400, 404, 422), "POST", "/admin-api/alias/lookup/context/" + quoted(name),
-                                    Answer.alias_value, body={})
+        return self._absent_as_none((BadRequest, NotFound), "POST",
+                                    "/admin-api/alias/lookup/context/" + quoted(name), Answer.alias_value, body={})
 
     def context_aliases(self) -> Dict[str, str]:
         """Every context alias: `{alias: context id}`. Core answers a flat map; one branch a list of
@@ -924,10 +928,8 @@ class Node:
     def _shown_children(self, parent: str, is_namespace: bool) -> List[Dict[str, Any]]:
         try:
             return self.namespace_groups(parent) if is_namespace else self.subgroups(parent)
-        except NodeError as error:
-            if error.status in (403, 404):
-                return []
-            raise
+        except (Forbidden, NotFound):
+            return []
 
     def group_parent(self, namespace_id: str, group_id: str) -> Optional[Dict[str, Any]]:
         """The row `{groupId, name?}` of the group directly above `group_id` inside the namespace (the namespace's
@@ -1047,14 +1049,12 @@ class Node:
         error.hint = self._redacted(error.hint) if error.hint else error.hint
         return error
 
-    def _absent_as_none(self, statuses, method, path, shape, **request):
-        """_call, or None when the node answers one of `statuses`: its way of saying "no such thing"."""
+    def _absent_as_none(self, kinds, method, path, shape, **request):
+        """_call, or None when the node's refusal is one of `kinds`: its way of saying "no such thing"."""
         try:
             return self._call(method, path, shape, **request)
-        except NodeError as error:
-            if error.status in statuses:
-                return None
-            raise
+        except kinds:
+            return None
 
     def _every_page(self, path, rows_of, id_key) -> List[Dict[str, Any]]:
         """Every row of a paginated list (contexts, namespaces, members), read a full page at a time. Core counts
@@ -1076,7 +1076,7 @@ class Node:
         try:
             return self._call("POST", path, shape, body=body)
         except NodeError as error:
-            if error.status in (400, 422) and "upgradePolicy" in str(error):
+            if isinstance(error, BadRequest) and "upgradePolicy" in str(error):
                 return self._call("POST", path, shape, body=dict(UPGRADE_POLICY, **body))
             raise
 
@@ -1138,12 +1138,12 @@ class Node:
         token = self._access_token()
         if response.status_code == 401 and token and not error.auth_error and not response.content.strip():
             advice = auth_advice(self._mode)
-            return NodeError("%s Sign in again: %s%s" % (no_longer_accepted(token, url), advice[0].lower(),
-                                                          advice[1:]), 401, fix=advice)
+            return Unauthorized("%s Sign in again: %s%s" % (no_longer_accepted(token, url), advice[0].lower(),
+                                                             advice[1:]), 401, fix=advice)
         if response.status_code == 401 or (response.status_code == 403 and error.auth_error):
             advice = auth_advice(self._mode)
-            return NodeError("%s. %s" % (error.message.rstrip("."), advice), error.status, fix=advice,
-                             auth_error=error.auth_error)
+            return refused("%s. %s" % (error.message.rstrip("."), advice), error.status, fix=advice,
+                           auth_error=error.auth_error)
         return error
 
     # ---- expiry and revocation (§1.4) ----
@@ -1217,7 +1217,7 @@ class Node:
     def _refreshed(self, bundle) -> Dict[str, Any]:
         refresh = (bundle or {}).get("refresh_token")
         if not refresh:
-            raise NodeError("no refresh token is available", 401)
+            raise Unauthorized("no refresh token is available", 401)
         pair = self._auth_post("/auth/refresh", {"access_token": bundle["access_token"], "refresh_token": refresh})
         fresh = token_bundle(*pair)
         self._store.write(fresh)          # refresh tokens are single-use: persist before anything else
@@ -1229,8 +1229,8 @@ class Node:
         if self._mode == "token" and "do not belong to the same" in str(error):    # "key" since rc.83
             advice = ("CALIMERO_AUTH_TOKEN and CALIMERO_REFRESH_TOKEN come from different logins: set both from "
                       "the same fresh login.")
-        failure = NodeError("The access token expired and could not be refreshed: %s. %s"
-                            % (str(error).rstrip("."), advice), 401, fix=advice)
+        failure = Unauthorized("The access token expired and could not be refreshed: %s. %s"
+                               % (str(error).rstrip("."), advice), 401, fix=advice)
         return self._recover_or_raise(failed_token, error.auth_error, error.status, self._base + "/auth/refresh",
                                       failure)
 
@@ -1264,9 +1264,9 @@ class Node:
     def _raise_revoked(self, reason, status, url):
         """The cache file is gone; the dead token stays in memory only so a newer handoff can be told apart."""
         advice = auth_advice(self._mode)
-        raise NodeError("Authentication revoked (%s): HTTP %d %s from %s. The cached tokens were cleared. %s"
-                        % (reason, status, http.HTTPStatus(status).phrase, display_url(url), advice), status,
-                        fix=advice, auth_error=reason)
+        raise refused("Authentication revoked (%s): HTTP %d %s from %s. The cached tokens were cleared. %s"
+                      % (reason, status, http.HTTPStatus(status).phrase, display_url(url), advice), status,
+                      fix=advice, auth_error=reason)
 
     # ---- login (credentials mode) ----
     def _login(self, save: bool = True) -> Dict[str, Any]:
@@ -1383,23 +1383,23 @@ def _auth_error(response) -> Optional[str]:
 
 
 def _failed_health(error: NodeError) -> Dict[str, Any]:
-    return {"status": "unreachable" if error.status is None else "error", "error": str(error)}
+    return {"status": "error" if isinstance(error, Refused) else "unreachable", "error": str(error)}
 
 
 def _login_error(error: NodeError, base: str) -> NodeError:
     """`Authentication failed: <msg>` (§1.4), with a 404 read as "this node has no auth service"."""
-    if error.status is None:
+    if not isinstance(error, Refused):
         return error                      # unreachable: the network message says it better
     fix = auth_advice("credentials")
-    if error.status == 404:
-        return NodeError("Authentication failed: the node at %s has no login service (POST /auth/token answered "
-                         "404), so it probably runs without auth" % display_url(base), 404,
-                         fix="Unset CALIMERO_USERNAME and CALIMERO_PASSWORD for a node without auth.")
+    if isinstance(error, NotFound):
+        return NotFound("Authentication failed: the node at %s has no login service (POST /auth/token answered "
+                        "404), so it probably runs without auth" % display_url(base), 404,
+                        fix="Unset CALIMERO_USERNAME and CALIMERO_PASSWORD for a node without auth.")
     message = str(error)
     if not message.startswith("Authentication failed"):
         message = "Authentication failed: " + message
-    return NodeError(message, error.status, error.retryable, fix=error.hint or fix, auth_error=error.auth_error,
-                     hint=error.hint)
+    return refused(message, error.status, error.retryable, fix=error.hint or fix, auth_error=error.auth_error,
+                   hint=error.hint)
 
 
 # ── check: the `mero-mcp --check` doctor ──────────────────────────────────────────────────────────

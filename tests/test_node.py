@@ -968,6 +968,121 @@ def test_status_describes_a_node_that_is_down(tmp_path, plain):
                     "error": "Cannot reach the node at %s/admin-api/health: connection refused" % plain.url}
 
 
+# ── Error kinds: each failure shape raises its NodeError subclass (issue 40) ─────────────────────────
+
+KINDS = (node.NotSent, node.Unreachable, node.NoAnswer, node.AnswerTooLarge, node.UnexpectedAnswer, node.BadRequest,
+         node.Unauthorized, node.Forbidden, node.NotFound, node.ServerError)
+
+
+def kind_of(error):
+    """The one kind of ours `error` is (None: a plain NodeError or Refused), checked against the tree's rules: a
+    Refused always has a status, nothing else has one, and no error is of two kinds."""
+    kinds = [kind for kind in KINDS if isinstance(error, kind)]
+    assert len(kinds) <= 1, kinds
+    assert isinstance(error, node.Refused) == (error.status is not None), (type(error), error.status)
+    return kinds[0] if kinds else None
+
+
+@pytest.mark.parametrize("fault, method, kind, status", [
+    ({"status": 400, "json": {"error": "Invalid context id"}}, "GET", node.BadRequest, 400),
+    ({"status": 422, "body": "Failed to deserialize the JSON body"}, "POST", node.BadRequest, 422),
+    ({"status": 403, "json": {"error": "node is not a member of group"}}, "GET", node.Forbidden, 403),
+    ({"status": 404, "body": ""}, "GET", node.NotFound, 404),
+    ({"status": 404, "json": {"error": "Context not found"}}, "POST", node.NotFound, 404),
+    ({"status": 409, "json": {"error": "alias already exists"}}, "POST", None, 409),
+    ({"status": 429, "body": "slow down"}, "GET", None, 429),
+    ({"status": 500}, "GET", node.ServerError, 500),
+    ({"status": 502, "json": {"error": "no application published"}}, "POST", node.ServerError, 502),
+    ({"status": 503}, "POST", node.ServerError, 503),
+    ({"garbage": True}, "GET", node.UnexpectedAnswer, None),
+    ({"deep": 300}, "GET", node.UnexpectedAnswer, None),
+    ({"truncated": True}, "GET", node.NoAnswer, None),
+    ({"truncated": True}, "POST", node.NoAnswer, None),
+    ({"down": True}, "GET", node.Unreachable, None),
+    ({"reset": True}, "GET", node.Unreachable, None),
+    ({"down": True}, "POST", node.NoAnswer, None),
+    ({"delay": 1.0}, "GET", node.Unreachable, None),
+    ({"delay": 1.0}, "POST", node.NoAnswer, None),
+    ({"huge": 2 << 20}, "GET", node.AnswerTooLarge, None),
+])
+def test_each_failure_shape_is_its_kind(tmp_path, plain, fault, method, kind, status):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url, CALIMERO_MCP_MAX_RESPONSE_BYTES=1 << 20))
+    plain.faults.update(dict(fault, paths=["/admin-api/contexts"]))
+    with pytest.raises(NodeError) as caught:
+        if method == "GET":
+            client.get("/admin-api/contexts", timeout=0.5)
+        else:
+            client.post("/admin-api/contexts", {"applicationId": "x"}, timeout=0.5)
+    assert (kind_of(caught.value), caught.value.status) == (kind, status)
+    assert caught.value.retryable == (status in (503, 504))
+
+
+def test_a_closed_port_and_no_node_found_are_unreachable(tmp_path):
+    port = closed_port()
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL="http://127.0.0.1:%d" % port))
+    for send in (lambda: client.get("/admin-api/contexts"), lambda: client.post("/admin-api/contexts", {})):
+        with pytest.raises(NodeError) as caught:       # a write that never connected was never sent
+            send()
+        assert kind_of(caught.value) is node.Unreachable
+    with pytest.raises(NodeError) as caught:
+        Node(make_env(tmp_path), ports=[port]).health()
+    assert kind_of(caught.value) is node.Unreachable and str(caught.value).startswith("No Calimero node found.")
+
+
+def test_auth_refusals_are_their_kinds(tmp_path, authed, plain):
+    with pytest.raises(NodeError) as caught:               # no token at all
+        Node(make_env(tmp_path, CALIMERO_NODE_URL=authed.url)).get("/admin-api/contexts")
+    assert (kind_of(caught.value), caught.value.status) == (node.Unauthorized, 401)
+    with pytest.raises(NodeError) as caught:               # a login refused
+        Node(make_env(tmp_path, CALIMERO_NODE_URL=authed.url, CALIMERO_USERNAME="admin",
+                      CALIMERO_PASSWORD="wrong-guess-99")).get("/admin-api/contexts")
+    assert (kind_of(caught.value), caught.value.status) == (node.Unauthorized, 401)
+    with pytest.raises(NodeError) as caught:               # a login where the node has no auth service
+        Node(credentials_env(tmp_path, plain)).health()
+    assert (kind_of(caught.value), caught.value.status) == (node.NotFound, 404)
+    env, _, _ = token_env(tmp_path, authed)
+    client = Node(env)
+    client.get("/admin-api/contexts")
+    authed.revoke_all()                                    # the auth guard's 403 (x-auth-error: token_revoked)
+    with pytest.raises(NodeError) as caught:
+        client.get("/admin-api/contexts")
+    assert (kind_of(caught.value), caught.value.status, caught.value.auth_error) == (
+        node.Forbidden, 403, "token_revoked")
+
+
+def test_blob_and_absent_record_refusals_are_their_kinds(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url, CALIMERO_MCP_MAX_RESPONSE_BYTES=1024))
+    with pytest.raises(NodeError) as caught:
+        client.blob_info("ab" * 32)
+    assert kind_of(caught.value) is node.NotFound and str(caught.value) == "Blob %s is not on this node" % ("ab" * 32)
+    with pytest.raises(NodeError) as caught:
+        client.blob_info("not-a-blob")
+    assert kind_of(caught.value) is node.BadRequest and str(caught.value).startswith('"not-a-blob" is not a blob id')
+    blob = client.upload_blob(b"x" * 2048)["blobId"]
+    with pytest.raises(NodeError) as caught:
+        client.download_blob(blob)
+    assert kind_of(caught.value) is node.AnswerTooLarge
+    # a NotFound or BadRequest is the node's "no such thing" where a method answers None for it
+    assert client.context("ab" * 32) is None and client.context("not-an-id") is None
+    assert client.application("ab" * 32) is None
+
+
+def test_a_cancelled_change_and_a_body_too_deep_are_not_sent(tmp_path, plain):
+    client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url))
+    context = client.get("/admin-api/contexts")["contexts"][0]["id"]
+    deep = []
+    for _ in range(sys.getrecursionlimit() + 10):
+        deep = [deep]
+    with pytest.raises(NodeError) as caught:
+        client.execute(context, "put", {"value": deep})
+    assert kind_of(caught.value) is node.NotSent
+    cancelled = threading.Event()
+    cancelled.set()
+    with client.scope(None, cancelled), pytest.raises(NodeError) as caught:
+        client.post("/admin-api/contexts", {"applicationId": "x"})
+    assert kind_of(caught.value) is node.NotSent and not requests_to(plain, "/jsonrpc")
+
+
 # ── Requests and JSON-RPC ─────────────────────────────────────────────────────────────────────────
 
 def test_bodies_envelopes_and_put_bytes(tmp_path, plain):
