@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import logging
 import re
 import threading
 from typing import Optional
@@ -18,23 +17,38 @@ __version__ = "0.1.0"
 # hashlib, socket and concurrent.futures are imported where used: the server reads the node directory before it
 # answers initialize, and what that needs should load alone (requests brings the rest with the first request).
 
-log = logging.getLogger("mero-mcp")
+class _Log:
+    """The "mero-mcp" logger, set up on first use: `logging` costs more to import than the rest of what the node
+    directory needs, and the server answers initialize before the node side logs a line."""
+
+    def __getattr__(self, name):
+        return getattr(_logger(), name)
 
 
-class _Redacting(logging.Filter):
-    """Every line this module logs passes `redacted` (the secrets this process has sent)."""
-
-    def filter(self, record):
-        record.msg, record.args = redacted(record.getMessage()), ()
-        return True
+log = _Log()
+_logger_lock = threading.Lock()
+_logger_ready = []
 
 
-if not log.handlers:      # the server's own stderr lines and these share one format
-    _stderr = logging.StreamHandler()
-    _stderr.setFormatter(logging.Formatter("[mero-mcp] %(message)s"))
-    log.addHandler(_stderr)
-    log.setLevel(logging.INFO)
-    log.addFilter(_Redacting())
+def _logger():
+    import logging
+    logger = logging.getLogger("mero-mcp")
+    if not _logger_ready:
+        with _logger_lock:
+            if not _logger_ready:
+                if not logger.handlers:      # the server's own stderr lines and these share one format
+                    stderr = logging.StreamHandler()
+                    stderr.setFormatter(logging.Formatter("[mero-mcp] %(message)s"))
+                    logger.addHandler(stderr)
+                    logger.setLevel(logging.INFO)
+                logger.addFilter(_redacting)   # every line passes `redacted`: the secrets this process has sent
+                _logger_ready.append(True)
+    return logger
+
+
+def _redacting(record):
+    record.msg, record.args = redacted(record.getMessage()), ()
+    return True
 
 
 # ── NodeError and its kinds ───────────────────────────────────────────────────────────────────────

@@ -68,7 +68,7 @@ RESOURCE_NOT_FOUND = -32002            # handshake era; the modern era uses INVA
 UNSUPPORTED_VERSION = -32022
 
 class StderrLog:
-    """`[mero-mcp]` lines on stderr. node.py logs through `logging` with the same prefix, set up when it loads."""
+    """`[mero-mcp]` lines on stderr. node.py logs through `logging` with the same prefix, set up on its first line."""
 
     def info(self, message, *args):
         try:

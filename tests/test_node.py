@@ -1007,7 +1007,8 @@ def kind_of(error):
 ])
 def test_each_failure_shape_is_its_kind(tmp_path, plain, fault, method, kind, status):
     client = Node(make_env(tmp_path, CALIMERO_NODE_URL=plain.url, CALIMERO_MCP_MAX_RESPONSE_BYTES=1 << 20))
-    plain.faults.update(dict(fault, paths=["/admin-api/contexts"]))
+    client.get("/admin-api/contexts")        # connected first: on a busy machine a slow connect would read as
+    plain.faults.update(dict(fault, paths=["/admin-api/contexts"]))      # "never sent" within the short timeout
     with pytest.raises(NodeError) as caught:
         if method == "GET":
             client.get("/admin-api/contexts", timeout=0.5)
