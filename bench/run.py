@@ -563,7 +563,7 @@ def bench_footprint(home, stderr):
                                                    for _ in range(FOOTPRINT_SPAWNS))
     for name, imports in (("bare", "pass"), ("requests", "import requests"),
                           ("both", "import requests; import jsonschema"), ("protocol", "import json, threading, queue"),
-                          ("node", "import json, threading, queue; import node")):
+                          ("node", "import json, threading, queue; import mero_node_config")):
         figures["import_" + name] = import_cost(imports)
     return figures
 
@@ -1223,15 +1223,15 @@ def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_r
         % rms(own["own"]),
         "- **Memory**: importing `requests` adds %s and `jsonschema` %s to the interpreter's %s."
         % (mb(requests_rss - bare_rss), mb(both_rss - requests_rss), mb(bare_rss)),
-        "- **Start-up**: `python3 mero_mcp.py` compiles the script on every start (%s in this run, and %s against"
+        "- **Start-up**: `python3 mero_mcp.py` compiles the entry on every start (%s in this run, and %s against"
         % (rms(footprint["compile"]), mb(footprint["rss_script"])),
         "  %s once `initialize` is answered); the `mero-mcp` command installed by `pip install .` imports the cached"
         % mb(footprint["rss_installed"]),
-        "  bytecode instead. What is left even then is the standard library the protocol needs: `json` (which "
-        "imports `re`",
-        "  and `enum`), `threading` and `queue`; and node.py (%s more), whose node directory (one node or several)"
+        "  bytecode instead (the modules beside the entry load theirs either way). What is left even then is the",
+        "  standard library the protocol needs: `json` (which imports `re` and `enum`), `threading` and `queue`,",
+        "  about 2× a bare interpreter by itself; and `mero_node_config` (%s more), whose node directory (one node or"
         % rms(footprint["import_node"][0] - footprint["import_protocol"][0]),
-        "  decides the instructions `initialize` answers.",
+        "  several) decides the instructions `initialize` answers.",
         "- **Tool size**: a generated tool carries its name, its signature (the description), the two routing "
         "properties",
         "  `app_handle` and `_context` with a few words each, and the method's parameters; the routing and the JSON",
