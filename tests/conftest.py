@@ -116,6 +116,18 @@ def installed_version(folder, package):
         return None
 
 
+def pytest_itemcollected(item):
+    """Under pytest-xdist's --dist loadgroup (`make test`): the tests that share a module's module- or session-wide
+    fixture (a built venv, an npm install, a TypeScript client's session) run in one worker, so it is made once;
+    every other test goes to whichever worker is free."""
+    info, module = getattr(item, "_fixtureinfo", None), getattr(item, "module", None)
+    if info is None or module is None or not item.config.pluginmanager.hasplugin("xdist"):
+        return
+    if any(definition.scope != "function" and getattr(definition.func, "__module__", None) == module.__name__
+           for definitions in info.name2fixturedefs.values() for definition in definitions):
+        item.add_marker(pytest.mark.xdist_group(module.__name__))
+
+
 @pytest.fixture
 def double():
     from node_double import sample_double
