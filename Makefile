@@ -50,11 +50,20 @@ $(RUNTIME): setup.cfg pyproject.toml Makefile
 $(STAMP): $(RUNTIME)
 	@$(call venv_or_own,$(EDITABLE) '.[test]',requests jsonschema pytest,python3-requests python3-jsonschema python3-pytest,$@,the test stack (pytest$(comma) the MCP SDK))
 
-# TESTS: the files (or pytest arguments) the suite's run takes, all of tests/ unless given; test-oldest keeps its own.
+# TESTS: the files (or pytest arguments) the suite's run takes, and only those; without TESTS, all of tests/ and then
+# test-oldest (which keeps its own list), as CI runs it.
 TESTS ?=
+# Tests run side by side in TEST_WORKERS processes (pytest-xdist) when the Python running them has pytest-xdist, else
+# one at a time. Most tests wait on a server subprocess and a node double over loopback, so more workers than cores
+# pay. TEST_WORKERS=0: one process (pytest's --pdb, -s).
+TEST_WORKERS ?= 4
+workers_of = $$($(1) -c 'import xdist' >/dev/null 2>&1 && echo ' -n $(TEST_WORKERS) --dist loadgroup')
 test: $(STAMP)
-	@py=$(call python_of,$(STAMP)); echo "$$py -m pytest -q $(TESTS)"; $$py -m pytest -q $(TESTS)
+	@py=$(call python_of,$(STAMP)); run="$$py -m pytest -q$(call workers_of,$$py)"; echo "$$run $(TESTS)"; \
+	$$run $(TESTS)
+ifeq ($(strip $(TESTS)),)
 	@$(MAKE) --no-print-directory test-oldest
+endif
 
 # The oldest releases the server supports, as Ubuntu 22.04 and Debian 11 ship them: Python 3.9 with exactly
 # requests 2.25.1 and jsonschema 3.2.0 (no 2020-12 validator there: abi.compile_schema checks with Draft 7).
@@ -64,7 +73,7 @@ test: $(STAMP)
 # tools added since, through the same checks) and test_faults (the total deadline watches urllib3's connections,
 # and 2.25.1 brings urllib3 1.26). No Python 3.9 here: one line, and no failure.
 OLDEST_VENV  := .venv-oldest
-OLDEST_PINS  := requests==2.25.1 jsonschema==3.2.0 pytest
+OLDEST_PINS  := requests==2.25.1 jsonschema==3.2.0 pytest pytest-xdist==3.8.0
 OLDEST_TESTS := tests/test_abi.py tests/test_fixed_tools.py tests/test_app_tools.py tests/test_node.py \
                 tests/test_adversarial.py tests/test_names_and_rows.py tests/test_lifecycle.py \
                 tests/test_faults.py tests/test_events.py
@@ -74,19 +83,24 @@ PYTHON39 = $(firstword $(foreach p,$(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)
                    $(shell command -v python3.9),$(shell $(p) -c 'import sys; print("$(p)" if sys.version_info[:2] \
                    == (3, 9) else "")' 2>/dev/null)))
 
+# Its stamp names the pins it was built with: a venv built with other pins is built again.
+oldest_built = grep -qxF '$(OLDEST_PINS)' $(OLDEST_VENV)/.installed 2>/dev/null
+
 test-oldest:
 	@if [ -z "$(PYTHON39)" ]; then echo "test-oldest: skipped, no Python 3.9 here (python3.9 on PATH or under pyenv)"; \
-	elif ! test -f $(OLDEST_VENV)/.installed && ! $(MAKE) --no-print-directory oldest-venv; then exit 1; \
-	elif ! test -f $(OLDEST_VENV)/.installed; then :; \
+	elif ! $(oldest_built) && ! $(MAKE) --no-print-directory oldest-venv; then exit 1; \
+	elif ! $(oldest_built); then :; \
 	else echo "test-oldest: $(PYTHON39) with $(OLDEST_PINS)" && \
-	$(OLDEST_MODERN) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS); fi
+	$(OLDEST_MODERN) $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider$(call workers_of,$(OLDEST_VENV)/bin/python) \
+	  $(OLDEST_TESTS); fi
 
 # Built whole or not at all: where no package index answers, one line and a skip (the pins come from nowhere else).
 OFFLINE_SIGNS := NewConnectionError|No matching distribution|Could not find a version|Temporary failure|Network is unreachable
 oldest-venv:
 	@rm -rf $(OLDEST_VENV); log=$$(mktemp); \
 	if $(PYTHON39) -m venv $(OLDEST_VENV) >$$log 2>&1 && $(OLDEST_VENV)/bin/python -m pip install -q \
-	    --disable-pip-version-check $(OLDEST_PINS) >>$$log 2>&1; then touch $(OLDEST_VENV)/.installed; rm -f $$log; \
+	    --disable-pip-version-check $(OLDEST_PINS) >>$$log 2>&1; then echo '$(OLDEST_PINS)' >$(OLDEST_VENV)/.installed; \
+	  rm -f $$log; \
 	else rm -rf $(OLDEST_VENV); why=$$(grep -E '^ *(ERROR|Error|error):' $$log | tail -n 1 | sed 's/^ *//'); \
 	  if grep -qE '$(OFFLINE_SIGNS)' $$log; then rm -f $$log; \
 	    echo "test-oldest: skipped, no package index answers for $(OLDEST_PINS) ($$why)"; \

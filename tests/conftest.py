@@ -1,8 +1,12 @@
 """Shared fixtures: the node double, and the real server started against it over stdio."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import filecmp
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,31 +49,62 @@ def node_with(folder, package, version, min_major=18):
         pytest.skip("cannot read the node version: %s" % error)
     if major < min_major:
         pytest.skip("%s %s needs Node %d or newer; found %s" % (package, version, min_major, found))
-    if installed_version(folder, package) != version:
-        command = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
-        try:
-            done = subprocess.run(command, cwd=str(folder), capture_output=True, text=True, timeout=NPM_INSTALL_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pytest.skip("npm install of %s did not finish within %ss" % (package, NPM_INSTALL_TIMEOUT))
-        except OSError as error:
-            pytest.skip("npm install could not run: %s" % error)
-        if done.returncode != 0:
-            pytest.skip("npm install of %s failed (exit %s): %s"
-                        % (package, done.returncode, (done.stderr or done.stdout).strip()[-800:]))
-        if installed_version(folder, package) != version:
-            pytest.skip("npm install finished but node_modules holds %s %r, not %s"
-                        % (package, installed_version(folder, package), version))
+    # One install at a time into a folder (test workers side by side, another checkout's run sharing the cache: two
+    # npm installs in one node_modules leave it without some files), and only one that finished counts.
+    with held(install_lock(folder)) as lock:
+        if installed_version(folder, package) != version or lock.read_text(encoding="utf-8") != version:
+            shutil.rmtree(str(Path(folder, "node_modules")), ignore_errors=True)     # what a cut install left
+            command = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
+            try:
+                done = subprocess.run(command, cwd=str(folder), capture_output=True, text=True,
+                                      timeout=NPM_INSTALL_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pytest.skip("npm install of %s did not finish within %ss" % (package, NPM_INSTALL_TIMEOUT))
+            except OSError as error:
+                pytest.skip("npm install could not run: %s" % error)
+            if done.returncode != 0:
+                pytest.skip("npm install of %s failed (exit %s): %s"
+                            % (package, done.returncode, (done.stderr or done.stdout).strip()[-800:]))
+            if installed_version(folder, package) != version:
+                pytest.skip("npm install finished but node_modules holds %s %r, not %s"
+                            % (package, installed_version(folder, package), version))
+            lock.write_text(version, encoding="utf-8")
     return node
+
+
+def install_lock(folder):
+    """The lock file of npm installs into `folder`; it holds the version of the last install that finished there."""
+    return cache_root() / "locks" / (re.sub(r"[^\w.-]+", "_", str(Path(folder).resolve())).strip("_") + ".lock")
+
+
+def cache_root():
+    """Where tests keep what outlives a run (npm installs, downloaded wheels): outside the checkout."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mero-mcp-tests"
+
+
+@contextlib.contextmanager
+def held(path):
+    """An exclusive lock on the file `path` (made if missing) while the block runs; yields the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def npm_cache(source, name):
     """A folder outside the checkout holding copies of source's package.json, lock and scripts, for a client whose
     node_modules is too big to keep in the tree (and carries Python files `make lint` would read)."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mero-mcp-tests" / name
+    root = cache_root() / name
     root.mkdir(parents=True, exist_ok=True)
-    for item in Path(source).iterdir():
-        if item.is_file():
-            shutil.copyfile(item, root / item.name)
+    with held(install_lock(root)):                 # not while node_with installs there
+        for item in Path(source).iterdir():
+            copy = root / item.name
+            if item.is_file() and not (copy.exists() and filecmp.cmp(str(item), str(copy), shallow=False)):
+                shutil.copyfile(item, copy)
     return root
 
 
@@ -79,6 +114,18 @@ def installed_version(folder, package):
         return json.loads(manifest.read_text(encoding="utf-8")).get("version")
     except (OSError, ValueError):
         return None
+
+
+def pytest_itemcollected(item):
+    """Under pytest-xdist's --dist loadgroup (`make test`): the tests that share a module's module- or session-wide
+    fixture (a built venv, an npm install, a TypeScript client's session) run in one worker, so it is made once;
+    every other test goes to whichever worker is free."""
+    info, module = getattr(item, "_fixtureinfo", None), getattr(item, "module", None)
+    if info is None or module is None or not item.config.pluginmanager.hasplugin("xdist"):
+        return
+    if any(definition.scope != "function" and getattr(definition.func, "__module__", None) == module.__name__
+           for definitions in info.name2fixturedefs.values() for definition in definitions):
+        item.add_marker(pytest.mark.xdist_group(module.__name__))
 
 
 @pytest.fixture
@@ -137,3 +184,4 @@ def serve(start_server, tmp_path):
     yield run
     for double in doubles:
         double.stop()
+

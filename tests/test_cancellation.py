@@ -15,6 +15,7 @@ from node_double import sample_double
 ITEMS = 32
 WORKERS = 4
 LONG = 60.0                      # "did not hang" bound
+HELD = 2 * LONG                  # a node call held this long is still running when the test looks (it releases it)
 
 
 @pytest.fixture
@@ -104,7 +105,7 @@ def test_cancelled_call_gets_no_response(start_server, slow_env, slow_double, ha
 def test_ping_is_answered_while_a_slow_call_runs(start_server, slow_env, slow_double, handle_of):
     server = start_server(slow_env)
     handle = handle_of(server)
-    slow_double.exec_delay = 4.0
+    slow_double.exec_delay = HELD                   # until both pings are answered (release() below)
     before = len(slow_double.executions)
     server.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
                  "params": {"name": "call", "arguments": {"app_handle": handle, "method": "len"}}})
@@ -115,6 +116,9 @@ def test_ping_is_answered_while_a_slow_call_runs(start_server, slow_env, slow_do
                  "params": {"_meta": MODERN_META}})
     order = []
     while len(order) < 4:
+        if len(order) == 2:
+            slow_double.exec_delay = 0.0
+            slow_double.release()
         frame = server.read(LONG)
         assert frame is not None, server.stderr
         if "id" in frame:
@@ -162,13 +166,23 @@ def slow_call(server, handle, request_id="slow"):
 
 
 def busy_with_a_slow_call(server, double, handle_of):
-    """Select the app, then keep the main loop in a 2 s call: (handle, executions before it)."""
+    """Select the app, then keep the main loop in a call the node holds until let_the_slow_call_end: (handle,
+    executions before it)."""
     handle = handle_of(server)
-    double.exec_delay = 2.0
+    double.exec_delay = HELD
     before = len(double.executions)
     slow_call(server, handle)
     wait_until(lambda: len(double.executions) > before, "the slow call to reach the node")
     return handle, before
+
+
+def let_the_slow_call_end(server, double):
+    """Once the server has read all that was sent so far (a ping sent after it is answered while the slow call
+    still runs), the node answers the slow call, and every call after it at once."""
+    assert server.result("ping") == {}
+    assert len(double.unanswered("POST", "/jsonrpc")) == 1, "the slow call ended before all was sent"
+    double.exec_delay = 0.0
+    double.release()
 
 
 def set_request(request_id, handle, key):
@@ -184,11 +198,12 @@ def test_a_request_cancelled_while_it_waits_never_runs(start_server, slow_env, s
     handle, before = busy_with_a_slow_call(server, slow_double, handle_of)
     server.send(set_request("queued", handle, "cancelled-key"))
     server.notify("notifications/cancelled", {"requestId": "queued", "reason": "changed my mind"})
-    reused = server.request("tools/call", {"name": "call", "arguments": {"app_handle": handle, "method": "len"}},
-                            request_id="queued", timeout=LONG)
+    server.send({"jsonrpc": "2.0", "id": "queued", "method": "tools/call",
+                 "params": {"name": "call", "arguments": {"app_handle": handle, "method": "len"}}})
+    let_the_slow_call_end(server, slow_double)
+    reused = server.wait_for("queued", LONG)
     assert reused["result"]["content"][0]["text"] == "0", reused     # the len's answer; no set ran before it
     assert "result" in server.wait_for("slow", LONG)
-    slow_double.exec_delay = 0.0
     assert server.call_tool("call", {"app_handle": handle, "method": "get",
                                      "args": {"key": "cancelled-key"}})["content"][0]["text"] == "null"
     methods = [e["method"] for e in slow_double.executions[before:]]
@@ -204,9 +219,9 @@ def test_a_request_cancelled_while_it_waits_stays_cancelled_when_its_id_returns(
     server.send(set_request(9, handle, "first"))
     server.notify("notifications/cancelled", {"requestId": 9})
     server.send(set_request(9, handle, "second"))
+    let_the_slow_call_end(server, slow_double)
     answer = server.wait_for(9, LONG)
     assert not answer["result"].get("isError"), answer
-    slow_double.exec_delay = 0.0
     assert server.result("ping") == {}
     writes = [e["argsJson"]["key"] for e in slow_double.executions[before:] if e["method"] == "set"]
     assert writes == ["second"]
@@ -218,15 +233,13 @@ def test_a_batch_item_cancelled_while_it_waits_never_runs(start_server, slow_env
     handle, before = busy_with_a_slow_call(server, slow_double, handle_of)
     server.send([set_request("a", handle, "kept"), set_request("b", handle, "dropped")])
     server.notify("notifications/cancelled", {"requestId": "b"})
+    let_the_slow_call_end(server, slow_double)
     assert "result" in server.wait_for("a", LONG)
-    slow_double.exec_delay = 0.0
     assert server.result("ping") == {}
     writes = [e["argsJson"]["key"] for e in slow_double.executions[before:] if e["method"] == "set"]
     assert writes == ["kept"]
     assert responses_to(server, "b") == []
 
-
-HELD = 2 * LONG                  # a node call held this long is still running when the test looks (it releases it)
 
 
 @pytest.mark.parametrize("tool", ["kv_store_len", "call"])

@@ -114,16 +114,21 @@ def test_without_an_index_or_the_packages_make_demo_says_what_it_needs(tmp_path_
 
 
 def test_without_an_index_make_test_runs_the_suite_on_the_interpreters_own_pytest(tmp_path_factory):
-    """`make test` there: the suite (one quick file here, TESTS=) on this interpreter's requests, jsonschema and
-    pytest, then test-oldest's one line (no index: its pins cannot be had), and neither venv left."""
+    """`make test` there: the files TESTS names (one quick file here) and only those, on this interpreter's requests,
+    jsonschema and pytest (side by side when it has pytest-xdist); `make test-oldest` says its one line (no index:
+    its pins cannot be had); and neither venv left."""
     clone = fresh_clone(tmp_path_factory)
     done = make(clone, "test", "PYTHON=" + sys.executable, "TESTS=tests/test_tool_lint.py", env=no_index_env())
     assert done.returncode == 0, done.stdout + done.stderr
     with_pytest = OWN_PACKAGES.replace("requests and jsonschema", "requests, jsonschema and pytest")
     assert done.stderr.splitlines() == [with_pytest % sys.executable], done.stderr
     printed = done.stdout.splitlines()
-    assert printed[0] == "%s -m pytest -q tests/test_tool_lint.py" % sys.executable, printed
-    assert [line for line in printed if " passed" in line], printed
-    assert printed[-1].startswith(("test-oldest: skipped, no package index answers for requests==2.25.1",
-                                   "test-oldest: skipped, no Python 3.9 here")), printed
+    assert re.fullmatch(r"%s -m pytest -q( -n \d+ --dist loadgroup)? tests/test_tool_lint\.py" % re.escape(sys.executable),
+                        printed[0]), printed
+    assert " passed" in printed[-1] and not [line for line in printed if "test-oldest" in line], printed
+    oldest = make(clone, "test-oldest", "PYTHON=" + sys.executable, env=no_index_env())
+    assert oldest.returncode == 0, oldest.stdout + oldest.stderr
+    assert oldest.stdout.splitlines()[-1].startswith(("test-oldest: skipped, no package index answers for "
+                                                      "requests==2.25.1", "test-oldest: skipped, no Python 3.9 here")), \
+        oldest.stdout
     assert not (clone / ".venv").exists() and not (clone / ".venv-oldest").exists()

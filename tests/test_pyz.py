@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import held
 from mcp_client import ROOT, SERVER, SERVER_COMMAND, McpServer, minimal_env
 from test_packaging import VERSION, old_python
 
@@ -42,9 +43,10 @@ def wheel_cache():
 
 def built(target, out):
     try:
-        if target == "pyz":
-            return build.build_pyz(out, wheel_cache())[0]
-        return build.build_mcpb(out, wheel_cache())
+        with held(wheel_cache().parent / "locks" / "wheels.lock"):     # one download at a time into the cache
+            if target == "pyz":
+                return build.build_pyz(out, wheel_cache())[0]
+            return build.build_mcpb(out, wheel_cache())
     except build.Offline as error:
         pytest.skip("no package index answers (%s), so the %s cannot be built" % (error, target))
     except SystemExit as error:            # the build's one-line refusals; only a Python without pip is no failure
