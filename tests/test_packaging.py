@@ -157,7 +157,8 @@ def test_without_the_packages_tools_say_what_to_install(bare_python, double, tmp
 def test_a_missing_package_is_logged_once_however_often_the_catalog_retries(bare_python, double, tmp_path):
     """The catalog poll retries every 30 s; here every 0.2 s (the constant set before main runs), so a few polls
     go by while the test waits."""
-    server = tuned_server(bare_env(tmp_path, double), "import mero_apps\nmero_apps.POLL_SECONDS = 0.2", python=bare_python,
+    server = tuned_server(bare_env(tmp_path, double), "import mero_apps\nmero_apps.POLL_SECONDS = 0.2",
+                          python=bare_python,
                           check="hasattr(__import__('mero_apps'), 'POLL_SECONDS')")
     try:
         server.initialize()
@@ -235,9 +236,11 @@ def test_the_server_modules_copied_alone_say_the_node_modules_are_missing(bare_p
 
 @pytest.mark.parametrize("args", [[], ["--check"], ["--version"]], ids=["server", "check", "version"])
 def test_mero_mcp_py_copied_alone_cannot_start_and_says_why_in_one_line(args, tmp_path):
+    """-S: no site-packages, where an editable install of this checkout would find the modules."""
     copied(tmp_path, "mero_mcp.py")
-    out = subprocess.run([sys.executable, "-I", str(tmp_path / "mero_mcp.py")] + args, input="", capture_output=True,
-                         text=True, timeout=30, cwd=str(tmp_path), env=minimal_env(tmp_path / "home"))
+    out = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "mero_mcp.py")] + args, input="",
+                         capture_output=True, text=True, timeout=30, cwd=str(tmp_path),
+                         env=minimal_env(tmp_path / "home"))
     assert out.returncode == 1 and out.stdout == "", out
     assert out.stderr == ("mero-mcp cannot start: No module named 'mero_runtime' (beside %s). %s\n"
                           % (tmp_path / "mero_mcp.py", TOGETHER)), out.stderr
