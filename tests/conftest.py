@@ -116,12 +116,19 @@ def installed_version(folder, package):
         return None
 
 
+# The test files whose module- or session-wide fixtures take seconds to make (a venv and pip, an npm install, a Node
+# client's session, the pyz build): under pytest-xdist their tests that use one run in one worker, so it is made
+# once. Elsewhere such a fixture is cheap (a double of 3,000 rows takes 40 ms) and its tests go wherever a worker is
+# free: grouped, test_bounded's would run one after another for two minutes.
+COSTLY_SETUP = frozenset({"test_demo", "test_packaging", "test_ts_client", "test_gemini_cli", "test_pyz"})
+
+
 def pytest_itemcollected(item):
-    """Under pytest-xdist's --dist loadgroup (`make test`): the tests that share a module's module- or session-wide
-    fixture (a built venv, an npm install, a TypeScript client's session) run in one worker, so it is made once;
-    every other test goes to whichever worker is free."""
+    """Under pytest-xdist's --dist loadgroup (`make test`): the tests of a COSTLY_SETUP file that share one of its
+    module- or session-wide fixtures go to one worker (an xdist_group); every other test to whichever is free."""
     info, module = getattr(item, "_fixtureinfo", None), getattr(item, "module", None)
-    if info is None or module is None or not item.config.pluginmanager.hasplugin("xdist"):
+    if info is None or module is None or module.__name__ not in COSTLY_SETUP \
+            or not item.config.pluginmanager.hasplugin("xdist"):
         return
     if any(definition.scope != "function" and getattr(definition.func, "__module__", None) == module.__name__
            for definitions in info.name2fixturedefs.values() for definition in definitions):
