@@ -1227,7 +1227,8 @@ def readme_section(tool_count, cold, system_cold, f, own, footprint, installed_r
         % (rms(footprint["compile"]), mb(footprint["rss_script"])),
         "  %s once `initialize` is answered); the `mero-mcp` command installed by `pip install .` imports the cached"
         % mb(footprint["rss_installed"]),
-        "  bytecode instead (the modules beside the entry load theirs either way, once written). What is left then is the",
+        "  bytecode instead (the modules beside the entry load theirs either way, once written). What is left then is "
+        "the",
         "  standard library the protocol needs: `json` (which imports `re` and `enum`), `threading` and `queue`,",
         "  about 2× a bare interpreter by itself; and `mero_node_config` (%s more), whose node directory (one node or"
         % rms(footprint["import_node"][0] - footprint["import_protocol"][0]),
