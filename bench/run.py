@@ -1251,14 +1251,34 @@ def print_readme_section(*figures):
 
 def start_only():
     """`bench/run.py start`: spawn → initialize answer for the checkout, the installed command and the pyz, each
-    against a bare interpreter's echo, in one run (issue 40's figure)."""
+    against a bare interpreter's echo, in one run (issue 40's figure); and, run from a venv, the checkout on the
+    interpreter the venv was made from (its own site, as a user's python3 has it) against that one's echo."""
     with tempfile.TemporaryDirectory(prefix="mero-bench-") as home:
         with open(Path(home) / "stderr.log", "wb") as stderr:
             _, cold = bench_cold_start(home, stderr)
+            base = base_python()
+            if base:
+                with sample_double() as double:
+                    env = server_env(home, double.url)
+                    base_cold = median_spawn_times({"base bare": [base] + ECHO_ONE_LINE[1:],
+                                                    "base ours": [base] + SERVER[1:]}, env, stderr)
+                cold.update(base_cold)
     for name in ("bare", "ours", "installed", "pyz", "sdk"):
         if name in cold:
             print("%-10s %7.1f ms  %5.2fx bare" % (name, cold[name] * 1000, cold[name] / cold["bare"]))
+    if "base bare" in cold:
+        print("%s: bare %.1f ms; mero_mcp.py %.1f ms, %.2fx" % (base, cold["base bare"] * 1000,
+                                                                cold["base ours"] * 1000,
+                                                                cold["base ours"] / cold["base bare"]))
     return 0
+
+
+def base_python():
+    """The interpreter this venv was made from, when the bench runs in a venv and it can be found; else None."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    found = Path(sys.base_prefix) / "bin" / ("python%d.%d" % sys.version_info[:2])
+    return str(found) if found.is_file() else None
 
 
 def main():
