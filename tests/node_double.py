@@ -1570,9 +1570,11 @@ class NodeDouble:
     # -- contexts, aliases, namespaces, groups ----------------------------------------------------------------
 
     def _new_id(self, kind: str) -> str:
+        """A new id, as a node makes them: never one another node of a Network made (each named node its own)."""
         with self._lock:
             self._serial += 1
-            return hex_id("{}:{}".format(kind, self._serial))
+            label = "{}:{}".format(kind, self._serial)
+            return hex_id(label if self.name is None else "{}/{}".format(self.name, label))
 
     def add_context(self, app_id, context_id=None, service=None, group_id=None, name=None,
                     state=None, heads=None, uninitialized=False) -> str:

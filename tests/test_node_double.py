@@ -1632,3 +1632,17 @@ def test_the_real_server_carries_the_flow_across_two_networked_doubles(tmp_path)
             one.close()
             two.close()
         assert not any("/jsonrpc" == e["path"] and e["json"]["params"].get("method") == "set" for e in node2.log)
+
+
+def test_each_node_of_a_network_makes_ids_of_its_own():
+    """Real nodes make random ids: two nodes creating a namespace and a context each never get the same ones (a
+    per-node counter gave both node1's ids, so a test could pass an id to the wrong node and still be answered)."""
+    from node_double import Network, kv_store_spec
+    with Network() as network:
+        made = []
+        for name in ("node1", "node2"):
+            node = network.add(name, apps=[kv_store_spec()])
+            kv = node._app_key("com.calimero.kv-store")
+            namespace = node.add_namespace(kv, name="team")
+            made.append((namespace, node.add_context(kv, group_id=namespace)))
+    assert made[0][0] != made[1][0] and made[0][1] != made[1][1], made
