@@ -1569,6 +1569,10 @@ class NodeDouble:
 
     # -- contexts, aliases, namespaces, groups ----------------------------------------------------------------
 
+    def _member_key(self, context_id: str) -> str:
+        """This node's member key in a context: its own (a named node's differs from every other node's)."""
+        return hex_id("member:" + context_id if self.name is None else "member:%s:%s" % (self.name, context_id))
+
     def _new_id(self, kind: str) -> str:
         """A new id, as a node makes them: never one another node of a Network made (each named node its own)."""
         with self._lock:
@@ -2156,7 +2160,7 @@ class NodeDouble:
         with self._lock:
             if context_id not in self._contexts:
                 raise error_reply(404, CONTEXT_NOT_FOUND.format(context_id))
-        return {"data": {"contextId": context_id, "memberPublicKey": hex_id("member:" + context_id)}}
+        return {"data": {"contextId": context_id, "memberPublicKey": self._member_key(context_id)}}
 
     _h_leave_context = _h_join_context
 
@@ -2225,7 +2229,7 @@ class NodeDouble:
             init_input = self._init_input(body.get("initializationParams"))
             self._run_init(manifest, init_input)
             context_id = self.add_context(record["id"], service=service, group_id=group_id, name=body.get("name"))
-        return {"data": {"contextId": context_id, "memberPublicKey": hex_id("member:" + context_id),
+        return {"data": {"contextId": context_id, "memberPublicKey": self._member_key(context_id),
                          "groupId": group_id, "groupCreated": False}}
 
     @staticmethod

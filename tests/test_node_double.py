@@ -1646,3 +1646,13 @@ def test_each_node_of_a_network_makes_ids_of_its_own():
             namespace = node.add_namespace(kv, name="team")
             made.append((namespace, node.add_context(kv, group_id=namespace)))
     assert made[0][0] != made[1][0] and made[0][1] != made[1][1], made
+
+
+def test_a_node_joining_a_context_has_a_member_key_of_its_own():
+    from node_double import Network
+    with Network() as network:
+        node1, node2, namespace, context_id = two_nodes(network)
+        assert invite_and_join(node1, node2, namespace).status == 200
+        joined = call(node2, "POST", "/admin-api/contexts/{}/join".format(context_id)).json()["data"]
+        assert joined["contextId"] == context_id
+        assert joined["memberPublicKey"] != node1._member_key(context_id)
