@@ -192,3 +192,24 @@ def serve(start_server, tmp_path):
     for double in doubles:
         double.stop()
 
+
+# ---- several nodes: a Network of doubles, and a server over named nodes ----
+
+@pytest.fixture
+def network():
+    from node_double import Network
+    with Network(gossip_delay=0.05) as net:
+        yield net
+
+
+@pytest.fixture
+def several(start_server, tmp_path):
+    """Start a server over named nodes: several(("node1", url), ("node2", url, "ro"), **env)."""
+    def run(*nodes, initialize=True, **env):
+        entries = ",".join("%s=%s%s" % (n[0], n[1], " (ro)" if len(n) > 2 else "") for n in nodes)
+        settings = {"CALIMERO_NODES": entries, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
+                    "CALIMERO_NODE_HOME": tmp_path / "nodes"}
+        settings.update(env)
+        return start_server(minimal_env(tmp_path / "home", settings),
+                            **({} if initialize else {"initialize": None}))
+    return run

@@ -10,31 +10,13 @@ import pytest
 
 import node_double
 from mcp_client import minimal_env, wait_until
-from node_double import COUNTER_MANIFEST, Network, counter_spec, hex_id, kv_store_manifest, kv_store_spec
+from node_double import COUNTER_MANIFEST, counter_spec, hex_id, kv_store_manifest, kv_store_spec
 from test_node_double import call as http, invite_and_join, output_of
 from test_several_nodes import answer, ran_on, texts
 
 KV = "com.calimero.kv-store"
 COUNTER = "com.example.counter"
 APPS = "/admin-api/applications"
-
-
-@pytest.fixture
-def network():
-    with Network(gossip_delay=0.05) as net:
-        yield net
-
-
-@pytest.fixture
-def several(start_server, tmp_path):
-    """A server over named nodes: several(("node1", url), ("node2", url, "ro"), **env) (test_several_nodes')."""
-    def run(*nodes, **env):
-        entries = ",".join("%s=%s%s" % (n[0], n[1], " (ro)" if len(n) > 2 else "") for n in nodes)
-        settings = {"CALIMERO_NODES": entries, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
-                    "CALIMERO_NODE_HOME": tmp_path / "nodes"}
-        settings.update(env)
-        return start_server(minimal_env(tmp_path / "home", settings))
-    return run
 
 
 # ---- the fixture: two builds of one app on two nodes, and an app only on node2 ----

@@ -28,25 +28,6 @@ def answer(result):
     return json.loads(texts(result)[0])
 
 
-@pytest.fixture
-def network():
-    with Network(gossip_delay=0.05) as net:
-        yield net
-
-
-@pytest.fixture
-def several(start_server, tmp_path):
-    """Start a server over named nodes: several(("node1", url), ("node2", url, "ro"), **env)."""
-    def run(*nodes, initialize=True, **env):
-        entries = ",".join("%s=%s%s" % (n[0], n[1], " (ro)" if len(n) > 2 else "") for n in nodes)
-        settings = {"CALIMERO_NODES": entries, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
-                    "CALIMERO_NODE_HOME": tmp_path / "nodes"}
-        settings.update(env)
-        return start_server(minimal_env(tmp_path / "home", settings),
-                            **({} if initialize else {"initialize": None}))
-    return run
-
-
 def pair(network, joiner_apps=True, **options):
     node1 = network.add("node1", apps=[kv_store_spec()], **options)
     node2 = network.add("node2", apps=[kv_store_spec()] if joiner_apps else [], **options)
