@@ -3,7 +3,7 @@
 
 This is the entry: the wire (one JSON message a line), the scheduler, the session and its method handlers, and
 `main`. Nothing imports it. The tools run in mero_runtime, the app model is mero_apps, the fixed tools are
-mero_tools; the node is reached through node.py and ABIs are mapped by abi.py, both imported lazily so that the
+mero_tools and mero_governance; the node is reached through node.py and ABIs are mapped by abi.py, both imported lazily so that the
 `initialize` answer costs little more than starting the interpreter.
 """
 # Only what answering `initialize` needs is imported here; the rest (hashing, base64, regular expressions,
@@ -42,6 +42,7 @@ try:
         UNSUPPORTED_VERSION, with_node_argument, without_null_optionals, without_secrets)
     from mero_apps import Apps, GUIDE_TEMPLATE, load_handle_key, read_handle
     from mero_tools import BlobPages
+    __import__("mero_governance")    # its @tool declarations join the fixed tools
 except ImportError as error:
     sys.stderr.write("mero-mcp cannot start: %s (beside %s). mero-mcp's modules travel together (mero_mcp.py, "
                      "the mero_*.py beside it, node.py and abi.py): copy them all, from one release, into one "

@@ -156,7 +156,7 @@ _found_beside = set()
 
 PACKAGE_OF = {"node": "requests", "abi": "jsonschema"}
 # Every module of ours, the entry first and each above what it imports (setup.cfg's py_modules, the pyz, the mcpb).
-OUR_MODULES = ("mero_mcp", "mero_tools", "mero_apps", "mero_runtime", "node", "mero_node_events", "mero_node_http",
+OUR_MODULES = ("mero_mcp", "mero_governance", "mero_tools", "mero_apps", "mero_runtime", "node", "mero_node_events", "mero_node_http",
                "mero_node_config", "mero_node_errors", "abi")
 TOGETHER = ("mero-mcp's modules travel together (mero_mcp.py, the mero_*.py beside it, node.py and abi.py): copy them "
             "all, from one release, into one folder, or install the checkout with pip.")
@@ -424,13 +424,18 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
 
     def register(handler):
         assert nodes in NODE_NEEDS, nodes
-        FIXED_TOOLS.append(Tool(name, title, description, schema, None, annotations, None, toolset, kind,
-                                tuple(synonyms), named, handler, nodes))
+        made = Tool(name, title, description, schema, None, annotations, None, toolset, kind, tuple(synonyms),
+                    named, handler, nodes)
+        # tools.md's order by toolset, declaration order within one, whichever module declares it first
+        rank = LISTED_ORDER.index(toolset)
+        place = sum(1 for listed in FIXED_TOOLS if LISTED_ORDER.index(listed.toolset) <= rank)
+        FIXED_TOOLS.insert(place, made)
         return handler
     return register
 
 
-FIXED_TOOLS = []                # filled by @tool, in declaration order
+FIXED_TOOLS = []                # filled by @tool, in LISTED_ORDER
+LISTED_ORDER = TOOLSETS + ("app",)
 NODE_ARGUMENT = {"type": "string"}           # no enum (names change) and no description: the instructions say it
 MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (a name from list_nodes); a call runs "
                           "on its node, else where its app_handle was made, else on the default node, %s. To bring a node into a "

@@ -250,7 +250,7 @@ def test_mero_mcp_py_copied_alone_cannot_start_and_says_why_in_one_line(args, tm
 
 TOGETHER = ("mero-mcp's modules travel together (mero_mcp.py, the mero_*.py beside it, node.py and abi.py): copy them "
             "all, from one release, into one folder, or install the checkout with pip.")
-SERVER_FILES = ("mero_mcp.py", "mero_tools.py", "mero_apps.py", "mero_runtime.py")
+SERVER_FILES = ("mero_mcp.py", "mero_governance.py", "mero_tools.py", "mero_apps.py", "mero_runtime.py")
 NODE_FILES = ("node.py", "mero_node_events.py", "mero_node_http.py", "mero_node_config.py", "mero_node_errors.py")
 ALL_FILES = SERVER_FILES + NODE_FILES + ("abi.py",)
 

@@ -139,8 +139,8 @@ def test_an_upgrade_still_running_after_the_wait_says_so(start_server, tmp_path)
         double.upgrade_pending_reads = 10 ** 6
         env = minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
                                               "CALIMERO_MCP_STATE_DIR": tmp_path / "state"})
-        server = tuned_server(env, "import mero_tools\nmero_tools.UPGRADE_WAIT_SECONDS = 0.3",
-                              check="hasattr(__import__('mero_tools'), 'UPGRADE_WAIT_SECONDS')")
+        server = tuned_server(env, "import mero_governance\nmero_governance.UPGRADE_WAIT_SECONDS = 0.3",
+                              check="hasattr(__import__('mero_governance'), 'UPGRADE_WAIT_SECONDS')")
         try:
             server.initialize()
             double.upgrade_app(double._app_key(KV), "1.1.0")
