@@ -23,8 +23,8 @@ import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import quote
 
-from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, log, NodeError, NotFound, Refused,
-    refused, redacted, sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
+from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, log, LOG_LEVEL_VARIABLE, LOG_LEVELS,
+    log_threshold, NodeError, NotFound, Refused, refused, redacted, sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
 from mero_node_config import (_checked_node_url, _configured_location, _home_note, _logged, _logged_lock, auth_advice,
     auth_plan, CONFIG_FIX, configured_name, configured_nodes, display_url, Handoff, has_expired, is_newer, jwt_claims,
     LOCAL_FILE_LIMIT, Location, NamedNode, node_directory, node_dirs, node_home, NODES_FIX, nodes_setting_problem,
@@ -1484,6 +1484,10 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     cap_problem = response_cap_setting(env)[1]
     if cap_problem:
         report.problem(cap_problem, RESPONSE_CAP_FIX, fatal=False)
+    level_problem = log_threshold(env)[1]
+    if level_problem:
+        report.problem(level_problem, "Set %s to one of %s, or unset it." % (LOG_LEVEL_VARIABLE, ", ".join(LOG_LEVELS)),
+                       fatal=False)
     nodes_problem = nodes_setting_problem(env)
     if nodes_problem:                     # start-up stops on it too: nothing below would be what the server does
         report.line("Node", "none: %s" % nodes_problem)

@@ -77,7 +77,7 @@ def test_log_level_debug_writes_each_request_to_stderr_never_stdout(started, dou
     assert "[mero-mcp] GET %s/admin-api/health: 200 in " % double.url in server.stderr, server.stderr
 
 
-def test_the_log_level_leaves_out_what_is_below_it(started, double):
+def test_the_log_level_leaves_out_what_is_below_it(started, double, tmp_path):
     quiet = started(["--log-level", "warning"], CALIMERO_NODE_URL=double.url, CALIMERO_MCP_LOG_LEVEL="debug")
     quiet.tool_json("node_status")
     quiet.close()
@@ -87,6 +87,11 @@ def test_the_log_level_leaves_out_what_is_below_it(started, double):
     assert said.stderr.count('CALIMERO_MCP_LOG_LEVEL="loud" is none of debug, info, warning, error, so info is '
                              'used') == 1, said.stderr
     assert "ready on stdio" in said.stderr
+    checked = run_check(minimal_env(tmp_path / "home", {"CALIMERO_NODE_URL": double.url,
+                                                        "CALIMERO_MCP_LOG_LEVEL": "loud"}))
+    assert checked.returncode == 0 and checked.stderr == "", checked
+    assert '  - CALIMERO_MCP_LOG_LEVEL="loud" is none of debug, info, warning, error, so info is used\n' \
+        in checked.stdout, checked.stdout
 
 
 # ---- -V, --help, and what is refused ----
