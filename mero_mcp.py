@@ -790,8 +790,9 @@ class Server:
         tool = params.get("name") if message["method"] == "tools/call" and isinstance(params, dict) else None
         outcome = "no answer" if answer is None else "error %s" % answer["error"]["code"] if "error" in answer \
             else "tool error" if isinstance(answer["result"], dict) and answer["result"].get("isError") else "ok"
-        log.debug("%s%s (id %s): %s in %.0f ms", message["method"], " %s" % tool if isinstance(tool, str) else "",
-                  json.dumps(message["id"]), outcome, (time.monotonic() - started) * 1000)
+        log.debug("%s%s (id %s): %s in %.0f ms", str(message["method"])[:100],     # a client's names, cut short
+                  " %s" % tool[:100] if isinstance(tool, str) else "", json.dumps(message["id"])[:100], outcome,
+                  (time.monotonic() - started) * 1000)
         return answer
 
     def answer(self, message, in_batch, ticket):
@@ -1200,7 +1201,8 @@ def parse_arguments(argv):
         name, equals, value = word.partition("=") if word.startswith("--") else (word, "", "")
         flag = FLAG_NAMED.get(name)
         if flag is None:
-            raise UsageError("unknown argument %s (mero-mcp --help lists the flags)" % json.dumps(word)[1:-1])
+            shown = word if word and word.strip() == word and word.isprintable() else json.dumps(word)
+            raise UsageError("unknown argument %s (mero-mcp --help lists the flags)" % shown[:200])
         if flag.value is None:
             if equals:
                 raise UsageError("%s takes no value" % name)

@@ -135,6 +135,8 @@ def test_help_names_the_command_that_started_it():
     (["--bogus"], "unknown argument --bogus"),
     (["-x"], "unknown argument -x"),
     (["serve"], "unknown argument serve"),
+    ([""], 'unknown argument ""'),
+    (["--x\nrest"], 'unknown argument "--x\\nrest"'),
     (["--toolsets"], "--toolsets needs a value: --toolsets LIST"),
     (["--toolsets", "--read-only"], "--toolsets needs a value"),
     (["--node-url="], "--node-url needs a value"),
