@@ -38,6 +38,17 @@ LOCAL_LISTEN = {"127.0.0.1": "localhost", "0.0.0.0": "localhost", "localhost": "
 
 # ── Environment and the state directory (§1.1, §1.2) ─────────────────────────────────────────────
 
+# {variable: the flag that set it} (mero_mcp.apply_flags): a flag is its variable, so this serves only what a message
+# calls the setting (--check's "found by the --nodes flag").
+SET_BY_FLAG: Dict[str, str] = {}
+
+
+def said_as(variable: str) -> str:
+    """The setting as the user gave it: `CALIMERO_NODES`, or "the --nodes flag" when that flag set it."""
+    flag = SET_BY_FLAG.get(variable)
+    return "the %s flag" % flag if flag else variable
+
+
 def setting(env: Mapping[str, str], name: str) -> Optional[str]:
     """An environment value, trimmed; blank counts as unset (§1.1)."""
     value = env.get(name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 import re
 import threading
 from typing import Optional
@@ -16,6 +17,20 @@ __version__ = "0.1.0"
 
 # hashlib, socket and concurrent.futures are imported where used: the server reads the node directory before it
 # answers initialize, and what that needs should load alone (requests brings the rest with the first request).
+
+LOG_LEVEL_VARIABLE = "CALIMERO_MCP_LOG_LEVEL"
+LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}      # logging's numbers, without importing it
+
+
+def log_threshold(env) -> tuple:
+    """(the level CALIMERO_MCP_LOG_LEVEL (or --log-level) sets, what is wrong with its value or None): info unless
+    set; a value that is no level is said once on stderr, and info is used."""
+    raw = (env.get(LOG_LEVEL_VARIABLE) or "").strip()
+    if not raw or raw.lower() in LOG_LEVELS:
+        return LOG_LEVELS[raw.lower() or "info"], None
+    return LOG_LEVELS["info"], "%s=%s is none of %s, so info is used" % (
+        LOG_LEVEL_VARIABLE, json.dumps(raw[:40]), ", ".join(LOG_LEVELS))
+
 
 class _Log:
     """The "mero-mcp" logger, set up on first use: `logging` costs more to import than the rest of what the node
@@ -40,7 +55,7 @@ def _logger():
                     stderr = logging.StreamHandler()
                     stderr.setFormatter(logging.Formatter("[mero-mcp] %(message)s"))
                     logger.addHandler(stderr)
-                    logger.setLevel(logging.INFO)
+                    logger.setLevel(log_threshold(os.environ)[0])
                 logger.addFilter(_redacting)   # every line passes `redacted`: the secrets this process has sent
                 _logger_ready.append(True)
     return logger

@@ -68,16 +68,37 @@ RESOURCE_NOT_FOUND = -32002            # handshake era; the modern era uses INVA
 UNSUPPORTED_VERSION = -32022
 
 class StderrLog:
-    """`[mero-mcp]` lines on stderr. node.py logs through `logging` with the same prefix, set up on its first line."""
+    """`[mero-mcp]` lines on stderr, those below CALIMERO_MCP_LOG_LEVEL (mero_node_errors.log_threshold, read at the
+    first line: main has applied the flags by then) left out. node.py logs through `logging` with the same prefix
+    and threshold, set up on its first line."""
 
-    def info(self, message, *args):
+    threshold = None
+
+    def write(self, level, message, args):
+        if self.threshold is None:
+            try:
+                self.threshold = own_module("mero_node_errors").log_threshold(os.environ)[0]
+            except (ImportError, MissingLibrary):
+                self.threshold = 20
+        if level < self.threshold:
+            return
         try:
             sys.stderr.write("[mero-mcp] %s\n" % without_secrets(message % args if args else message))
             sys.stderr.flush()
         except (OSError, AttributeError, ValueError):   # the host closed our stderr: logs are a courtesy
             pass
 
-    warning = error = info
+    def debug(self, message, *args):
+        self.write(10, message, args)
+
+    def info(self, message, *args):
+        self.write(20, message, args)
+
+    def warning(self, message, *args):
+        self.write(30, message, args)
+
+    def error(self, message, *args):
+        self.write(40, message, args)
 
 
 log = StderrLog()

@@ -23,14 +23,14 @@ import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import quote
 
-from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, log, NodeError, NotFound, Refused,
-    refused, redacted, sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
+from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, log, LOG_LEVEL_VARIABLE, LOG_LEVELS,
+    log_threshold, NodeError, NotFound, Refused, refused, redacted, sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
 from mero_node_config import (_checked_node_url, _configured_location, _home_note, _logged, _logged_lock, auth_advice,
     auth_plan, CONFIG_FIX, configured_name, configured_nodes, display_url, Handoff, has_expired, is_newer, jwt_claims,
     LOCAL_FILE_LIMIT, Location, NamedNode, node_directory, node_dirs, node_home, NODES_FIX, nodes_setting_problem,
     ORPHAN_PASSWORD_FIX, password_without_username, read_handoff, read_password, registry_place, REGISTRY_VARIABLE,
     RegistryPlace, request_timeout, response_cap, RESPONSE_CAP_FIX, response_cap_setting, RESPONSE_CAP_VARIABLE,
-    same_node, setting, state_dir, STATE_DIR_FIX, TIMEOUT_FIX, timeout_setting, token_bundle, token_cache_path,
+    said_as, same_node, setting, state_dir, STATE_DIR_FIX, TIMEOUT_FIX, timeout_setting, token_bundle, token_cache_path,
     token_problem, TokenStore)
 from mero_node_http import (_base_of, _headers, _is_short, _NETWORK_REASONS, _new_session, _not_json, _prepared,
     _registry_session, _requests, _session, _session_lock, _unreadable_hint, absent_packages, BODY_EXCERPT,
@@ -1122,7 +1122,12 @@ class Node:
         kind = method if changes is None else ("POST" if changes else "GET")
         try:
             prepared = _prepared(requests, session, method, url, params, data, _headers(token, content_type))
-            return fetch(session, prepared, timeout, self.max_response_bytes)
+            started = time.monotonic()
+            response = fetch(session, prepared, timeout, self.max_response_bytes)
+            if log.isEnabledFor(10):          # --log-level debug: each node request, its status and time
+                log.debug("%s %s: %d in %.0f ms", method, display_url(url), response.status_code,
+                          (time.monotonic() - started) * 1000)
+            return response
         except requests.RequestException as error:
             raise network_error(error, url, timeout, kind) from None
         except Late as error:
@@ -1404,10 +1409,10 @@ def _login_error(error: NodeError, base: str) -> NodeError:
 
 # ── check: the `mero-mcp --check` doctor ──────────────────────────────────────────────────────────
 
-_SOURCE_TEXT = {
-    "env": "CALIMERO_NODE_URL",
+_SOURCE_TEXT = {                         # said_as: a flag that set the variable is named as the flag
+    "env": "%(url)s",
     "handoff": "the desktop app's handoff file",
-    "named": "CALIMERO_NODE_NAME in the node home",
+    "named": "%(name)s in the node home",
     "config-scan": "the node home's only (or default) node",
     "probe": "a live probe of local ports",
 }
@@ -1479,6 +1484,10 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     cap_problem = response_cap_setting(env)[1]
     if cap_problem:
         report.problem(cap_problem, RESPONSE_CAP_FIX, fatal=False)
+    level_problem = log_threshold(env)[1]
+    if level_problem:
+        report.problem(level_problem, "Set %s to one of %s, or unset it." % (LOG_LEVEL_VARIABLE, ", ".join(LOG_LEVELS)),
+                       fatal=False)
     nodes_problem = nodes_setting_problem(env)
     if nodes_problem:                     # start-up stops on it too: nothing below would be what the server does
         report.line("Node", "none: %s" % nodes_problem)
@@ -1492,16 +1501,19 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
         directory = node_directory(env)
         if directory.multi:
             _report_named_nodes(report, env, directory)
+        if directory.default is not None:     # the server's default: a named node (a lone CALIMERO_NODES one too)
             location = Location(directory.default.url, directory.default.name, "named")
+            found_by = _default_found_by(env, directory)
         else:
             location, handoff = _resolve(env, ports)
+            found_by = _SOURCE_TEXT[location.source] % {
+                "url": said_as("CALIMERO_NODE_URL"), "name": said_as("CALIMERO_NODE_NAME")}
     except NodeError as error:
         report.line("Node", "none: %s" % error)
         report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, None)[0]])
         report.problem(str(error), error.fix or "Set CALIMERO_NODE_URL to a running node's address.")
         return report.finish()
-    report.line("Node", "%s, found by %s (name: %s)" % (location.url, _SOURCE_TEXT[location.source],
-                                                          location.name or "none"))
+    report.line("Node", "%s, found by %s (name: %s)" % (location.url, found_by, location.name or "none"))
     https = location.url.lower().startswith("https:")
     if https or any(setting(env, name) for name in CA_SETTINGS):
         line, unreadable = ca_bundle_line(env)
@@ -1537,6 +1549,21 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     return report.finish()
 
 
+def _named_where(named: NamedNode) -> str:
+    """Where a named node is named: CALIMERO_NODES (or the --nodes flag), or its node home's folder."""
+    return said_as(named.source) if named.source != "home" else "the node home %s" % named.home
+
+
+def _default_found_by(env, directory) -> str:
+    """--check's "found by" for the default named node: where it is named, and what made it the default."""
+    where = _named_where(directory.default)
+    if setting(env, "CALIMERO_NODE_NAME"):
+        return "%s, the default by %s" % (where, said_as("CALIMERO_NODE_NAME"))
+    if setting(env, "CALIMERO_NODE_URL"):
+        return "%s, the default by %s" % (where, said_as("CALIMERO_NODE_URL"))
+    return where if len(directory.nodes) == 1 else "%s, the default as the first named node" % where
+
+
 def _report_named_nodes(report, env, directory) -> None:
     """Multi-node mode: one line per named node (its health and how it signs in), all probed at once. A node
     other than the default being down is said, not fatal: the server works without it. The default's own lines
@@ -1557,7 +1584,8 @@ def _report_named_nodes(report, env, directory) -> None:
     for named, said, ok in results:
         label = "%s%s%s" % (named.name, " (default)" if named == directory.default else "",
                             " (ro)" if named.read_only else "")
-        report.line("  " + label, "%s: %s" % (named.url, said if ok else "unreachable or refused: " + said))
+        report.line("  " + label, "%s from %s: %s" % (named.url, _named_where(named),
+                                                        said if ok else "unreachable or refused: " + said))
         if not ok and named != directory.default:
             report.problem('node "%s" cannot be used now: %s' % (named.name, said),
                            "Start it (merod --node %s run), or fix its entry; the other nodes work meanwhile."

@@ -177,6 +177,23 @@ def test_version_and_check_from_the_pyz(python, pyz, double, tmp_path):
     assert os.listdir(str(tmp_path / "tmp")) == []
 
 
+def test_help_from_the_pyz_says_how_to_register_the_pyz_itself(pyz, tmp_path):
+    """Unpacked into its cache and run from the zip as is (no cache folder can be made): --help names the pyz as
+    what to register, lists the flags, and names no file the pyz does not carry."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    for extra in ({}, {"XDG_CACHE_HOME": blocked / "cache"}):
+        done = run(sys.executable, pyz, ["--help"], pyz_env(tmp_path, **extra))
+        assert done.returncode == 0 and done.stderr == "", done
+        assert "Register it with your agent as the command: python3 %s [FLAG ...]\n" % pyz.resolve() in done.stdout, \
+            done.stdout
+        assert "--read-only " in done.stdout and "CALIMERO_REGISTRY_URL " in done.stdout, done.stdout
+        assert not re.search(r"README|mero_mcp\.py|\.md\b", done.stdout), done.stdout
+    assert list(cache_of(pyz_env(tmp_path)).glob("%s-*/mero_mcp.py" % VERSION)), "the first run was not the unpacked one"
+    bad = run(sys.executable, pyz, ["--toolsets"], pyz_env(tmp_path))
+    assert (bad.returncode, bad.stdout, bad.stderr) == (2, "", "mero-mcp: --toolsets needs a value: --toolsets LIST\n")
+
+
 def session_against(command, env):
     """initialize, tools/list, a set/get round trip and a wrong-typed argument, over stdio; the server closed."""
     server = McpServer(env, command=command)
