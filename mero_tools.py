@@ -883,9 +883,7 @@ def install_from_registry(entry, package, version):
     """A registry miss names what the registry has instead: the package's versions, or the closest packages."""
     try:
         return entry.node.install_application(package, version)
-    except node_module().NodeError as error:
-        if error.status != 502 or "no application published" not in str(error):
-            raise
+    except node_module().NotPublished as error:
         raise ToolError(("%s %s" % (node_error_text(error), registry_instead(entry.node, package))).strip())
 
 
