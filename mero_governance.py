@@ -4,6 +4,7 @@ and their upgrades. Registered among the fixed tools by toolset (mero_runtime.to
 Imports mero_tools (its helpers) and below; only mero_mcp imports it.
 """
 import time
+from functools import partial
 
 from mero_runtime import (compact_text, CURSOR, DESTRUCTIVE, log, node_error_text, node_module, paged, READ_ONLY,
     together, tool, ToolError)
@@ -307,7 +308,27 @@ def named_text(carrier):
 @tool("list_group_members", "Members of a group, with their roles.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
-    return paged("list_group_members", args, call.node.group_members(args["group"]), "members", "identity")
+    listed = call.node.group_members(args["group"])
+    nodes = node_accounts(call.server.nodes)
+    if nodes:                 # several nodes: a member that is one of them is marked with its name
+        listed = dict(listed, members=[dict(m, node=nodes[m["identity"].lower()]) if m["identity"].lower() in nodes
+                                       else m for m in listed["members"]])
+    return paged("list_group_members", args, listed, "members", "identity")
+
+
+IDENTITY_SECONDS = 2.0        # each node's account read for the members' names: all at once, a down node left out
+
+
+def node_accounts(nodes):
+    """{account id: node name} of every configured node that will say its account (several nodes only)."""
+    def account(entry):
+        try:
+            return (entry.node.identity(timeout=IDENTITY_SECONDS).get("accountId") or "").lower() or None
+        except node_module().NodeError:
+            return None                     # a fresh node has none yet; a down one cannot say
+    entries = list(nodes.entries.values())
+    found = together(*[partial(account, entry) for entry in entries])
+    return {found: entry.name for entry, found in zip(entries, found) if found}
 
 
 @tool("add_group_members", "Add members to a group, each with a role.",

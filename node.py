@@ -584,9 +584,9 @@ class Node:
     def health(self) -> Dict[str, Any]:
         return self._call("GET", "/admin-api/health", health_shape)
 
-    def identity(self) -> Dict[str, Any]:
+    def identity(self, timeout=None) -> Dict[str, Any]:
         """`{accountId, publicKey, deviceId?, ...}`; a fresh node answers 404 with why it has none yet (§0.6)."""
-        return self._call("GET", "/admin-api/identity", lambda a: a.object("accountId"))
+        return self._call("GET", "/admin-api/identity", lambda a: a.object("accountId"), timeout=timeout)
 
     def peers(self, timeout=None) -> int:
         """How many peers the node is connected to: `{"count": N}`, no wrapper (§0.6)."""
