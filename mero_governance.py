@@ -270,6 +270,10 @@ def join_failure_text(error, giver, here):
     if error.status == 503:
         return ('Node "%s" joined but the namespace key is still on its way (503): the membership is recorded and '
                 'catches up; join_context there will wait for it.' % here.name)
+    if error.status in (400, 409):          # the advice to pass the invitation as returned fits no hand-over
+        return ('Node "%s" refused the invitation the server minted on "%s" for this join (never shown): %s. '
+                "join_namespace with from mints a fresh one each time." % (here.name, giver.name,
+                                                                            str(error).rstrip(".")))
     return 'Node "%s" could not join: %s' % (here.name, node_error_text(error))
 
 

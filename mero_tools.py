@@ -563,7 +563,7 @@ def lookup_alias(args, call):
     name = args["name"]
     context_id = call.apps.lookup_alias(name)
     if context_id is None:
-        return NO_ALIAS % name
+        return NO_ALIAS % name + call.apps.named_so(name)     # a context's name, or another node's alias
     return {"alias": name, "contextId": context_id}
 
 
@@ -576,7 +576,7 @@ def delete_alias(args, call):
     alias, node = args["alias"], call.node
     context_id = node.lookup_alias(alias)        # the node answers a miss as a success: ask first, to say it
     if context_id is None:
-        return NO_ALIAS % alias
+        return NO_ALIAS % alias + call.apps.named_so(alias)
     node.delete_alias(alias)
     return 'Alias "%s" deleted; it named context %s.' % (alias, context_id)
 

@@ -192,9 +192,42 @@ def test_a_joiner_quoting_the_minted_invitation_back_shows_neither_its_signature
     team(server)
     result = server.call_tool("join_namespace", {"namespace": "team", "from": "node1", "node": "node2"})
     text = refusal(result)
-    assert "invitation rejected" in text and "[redacted]" in text
+    assert "invitation rejected" in text and "[redacted]" in text and "Pass the invitation" not in text
     quoted = json.loads(json.dumps(node2.log[-1]["json"]))["invitation"]
     salt, signature = quoted["invitation"]["secret_salt"], quoted["inviter_signature"]
     shown = json.dumps(result) + server.stderr
     for form in (signature, bytes(salt).hex(), json.dumps(salt), json.dumps(salt, separators=(",", ":"))):
         assert form not in shown
+
+
+def test_join_from_brings_the_version_the_namespace_runs_not_the_member_nodes_newest(network, several, tmp_path):
+    node1, node2 = fresh_pair(network, tmp_path, published=["1.0.0", "1.1.0"])
+    server = several(("node1", node1.url), ("node2", node2.url))
+    team(server)
+    node1.upgrade_app(node1._app_key(KV), "1.1.0")          # installed, but the namespace still runs 1.0.0
+    joined = answer(server.call_tool("join_namespace", {"namespace": "team", "from": "node1", "node": "node2"}))
+    assert joined["installed"]["version"] == "1.0.0"
+    assert [e["json"]["version"] for e in sent(node2, "POST", "/install-application")] == ["1.0.0"]
+
+
+def test_join_from_refuses_another_signers_build_of_that_version_and_mints_nothing(network, several, tmp_path):
+    node1, node2 = fresh_pair(network, tmp_path, published=[])
+    node2.registry["%s@1.0.0" % KV] = dict(kv_store_spec(), signer_id="did:key:someone-else")
+    server = several(("node1", node1.url), ("node2", node2.url))
+    team(server)
+    text = refusal(server.call_tool("join_namespace", {"namespace": "team", "from": "node1", "node": "node2"}))
+    assert "another signer's build" in text and "Nothing was minted" in text
+    assert sent(node1, "POST", "/invite") == [] and sent(node2, "POST", "/join") == []
+
+
+def test_lookup_and_delete_of_another_nodes_alias_say_whose_it_is(network, several):
+    node1 = network.add("node1", apps=[kv_store_spec()])
+    node2 = network.add("node2", apps=[kv_store_spec()])
+    server = several(("node1", node1.url), ("node2", node2.url))
+    _, context = team(server)
+    looked = texts(server.call_tool("lookup_alias", {"name": "doomed", "node": "node2"}))[0]
+    assert looked.startswith('No alias named "doomed" on this node.') and "node1's alias for context %s" % context \
+        in looked
+    deleted = texts(server.call_tool("delete_alias", {"alias": "doomed", "node": "node2"}))[0]
+    assert "node1's alias" in deleted and sent(node2, "POST", "/alias/delete/context/doomed") == []
+    assert sent(node1, "POST", "/alias/delete/context/doomed") == []
