@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 VISIBILITIES = ("open", "restricted")
 
 
-@tool("create_namespace", "Create a namespace for an application's contexts, which other nodes can join.",
+@tool("create_namespace", "Create a namespace for an app's contexts; other nodes can join it.",
       {"application": STRING,
        "name": STRING},
       required=("application",), toolset="governance")
@@ -67,7 +67,7 @@ def delete_namespace(args, call):
     return dict(answer, namespaceId=args["namespace"], name=acted_on.name)
 
 
-@tool("invite_to_namespace", "Create an invitation to a namespace, for join_namespace on another node.",
+@tool("invite_to_namespace", "Invite another node to a namespace (for its join_namespace).",
       {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
     entry, namespace = call.entry, args["namespace"]
@@ -110,8 +110,7 @@ def invitation_terms(invitation):
     return (" and ".join(terms) + ".") if terms else ""
 
 
-@tool("join_namespace", "Join a namespace with an invitation from invite_to_namespace (signed: reshaping "
-      "invalidates it).",
+@tool("join_namespace", "Join a namespace with invite_to_namespace's invitation (signed: pass it unchanged).",
       {"namespace": STRING,
        # Opaque on purpose: declared properties would let validation reshape a signed object (tools.md caution).
        "invitation": {"type": "object", "description": "From invite_to_namespace, unchanged."},
@@ -393,7 +392,7 @@ def set_member_role(args, call):
     return "Member %s of group %s now has role %s." % (args["member"], args["group"], args["role"])
 
 
-@tool("create_group", "Create a group (subgroup) in a namespace, or nested under a parent group.",
+@tool("create_group", "Create a subgroup in a namespace, or under a parent group.",
       {"namespace": NAMESPACE_ID,
        "name": STRING,
        "visibility": {"type": "string", "enum": list(VISIBILITIES),
@@ -632,8 +631,7 @@ def set_group_metadata(args, call):
     return with_namesakes(answer, name, namesakes)
 
 
-@tool("join_open_group", "Join an open group via its parent namespace or group; then join_context for its "
-      "contexts.",
+@tool("join_open_group", "Join an open group (via its parent); then join_context for its contexts.",
       {"group": GROUP_ID}, required=("group",), toolset="governance")
 def join_open_group(args, call):
     return call.node.join_open_group(args["group"])

@@ -1044,8 +1044,9 @@ def unb64url(text):
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-FROM_ARGUMENT = {"type": "string", "description": "A member node: the server invites from it, no invitation."}
-FROM_CONTEXT = {"type": "string", "description": "A member node whose alias or name context is."}
+FROM_ARGUMENT = {"type": "string", "description": "A member node: the server invites from it and brings the app; no "
+                 "invitation."}
+FROM_CONTEXT = {"type": "string", "description": "Member node naming context."}
 
 
 def cut_text(text, limit):

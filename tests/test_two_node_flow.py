@@ -231,3 +231,6 @@ def test_lookup_and_delete_of_another_nodes_alias_say_whose_it_is(network, sever
     deleted = texts(server.call_tool("delete_alias", {"alias": "doomed", "node": "node2"}))[0]
     assert "node1's alias" in deleted and sent(node2, "POST", "/alias/delete/context/doomed") == []
     assert sent(node1, "POST", "/alias/delete/context/doomed") == []
+    called = refusal(server.call_tool("call", {"app": KV, "context": "doomed", "node": "node2", "method": "get",
+                                               "args": {"key": "k"}}))
+    assert "node1's alias for context %s" % context in called and not node2.executions
