@@ -225,16 +225,19 @@ def contexts_to_join(giver, here, namespace):
     """The next step: join_context for each of the namespace's contexts, each by id with its name and the aliases
     it has on the member node (aliases are per node: from resolves them there)."""
     try:
-        rows, aliases = together(giver.node.contexts, giver.node.context_aliases)
+        rows, aliases, joined = together(giver.node.contexts, giver.node.context_aliases, here.node.contexts)
     except node_module().NodeError:
         return 'join_context with node "%s" for each of its contexts (list_contexts with node "%s" shows them).' % (
             here.name, giver.name)
-    named = {}
+    named, joined = {}, {row.get("id") for row in joined}
     for alias, context_id in sorted(aliases.items()):
         named.setdefault(context_id, []).append(alias)
-    shown = [context_said(row, named.get(row["id"], []), giver.name)
-             for row in rows if row.get("groupId") == namespace and row.get("id")]
+    rows = [row for row in rows if row.get("groupId") == namespace and row.get("id")]
+    shown = [context_said(row, named.get(row["id"], []), giver.name) for row in rows if row["id"] not in joined]
     step = 'join_context with node "%s" and from "%s"' % (here.name, giver.name)
+    if rows and not shown:
+        return 'Node "%s" has joined %s.' % (here.name, "its one context" if len(rows) == 1
+                                             else "all %d of its contexts" % len(rows))
     if not shown:
         return "The namespace has no contexts yet: %s joins one once it is created." % step
     more = " and %d more (list_contexts with node \"%s\")" % (len(shown) - LISTED_JOINS, giver.name) \

@@ -127,6 +127,8 @@ def test_the_next_step_names_each_context_and_join_context_takes_node1s_alias_wi
     assert not by_name.get("isError"), by_name
     missing = refusal(server.call_tool("join_context", {"context": "nope", "from": "node1", "node": "node2"}))
     assert 'On node "node1" (from)' in missing and "Nothing was sent" in missing
+    again = answer(server.call_tool("join_namespace", {"namespace": "team", "from": "node1", "node": "node2"}))
+    assert again["alreadyMember"] and 'Node "node2" has joined its one context.' in again["note"]
 
 
 def test_an_alias_of_another_node_is_refused_naming_that_node_and_the_id(network, several):
