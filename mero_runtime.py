@@ -466,7 +466,7 @@ MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (
 def with_node_argument(t, multi):
     """Multi-node mode: a `node` on every tool that talks to a node (and on each call_many item; a generated tool's
     unless its method declares a `node` of its own); join_namespace takes `from` instead of an invitation. Single
-    mode: the tool as declared, byte for byte."""
+    mode: the tool as declared, byte for byte. join_context takes `from` too: a context named on a member node."""
     if not multi or t.nodes == "none" or "node" in (t.input_schema.get("properties") or {}):
         return t
     schema = dict(t.input_schema)
@@ -478,6 +478,8 @@ def with_node_argument(t, multi):
     if t.name == "join_namespace":
         properties["from"] = FROM_ARGUMENT
         schema["required"] = ["namespace"]
+    if t.name == "join_context":
+        properties["from"] = FROM_CONTEXT
     schema.update(type="object", properties=properties)
     return t._replace(input_schema=schema)
 
@@ -1063,7 +1065,9 @@ def unb64url(text):
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-FROM_ARGUMENT = {"type": "string", "description": "A member node: the server invites from it, no invitation."}
+FROM_ARGUMENT = {"type": "string", "description": "A member node: the server invites from it and brings the app; no "
+                 "invitation."}
+FROM_CONTEXT = {"type": "string", "description": "Member node naming context."}
 
 
 def cut_text(text, limit):

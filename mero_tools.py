@@ -468,11 +468,33 @@ def top_level_key(path):
     return re.split(r"[.\[]", path, maxsplit=1)[0]
 
 
-@tool("join_context", "Join a context this node is not yet a member of (in a namespace or group it joined).",
+@tool("join_context", "Join a context of a namespace or group this node joined.",
       {"context": STRING}, required=("context",))
 def join_context(args, call):
-    context_id = context_id_of(call.entry, args["context"])
+    if args.get("from") is not None:
+        context_id = context_on_member(call, call.server.nodes.named(args["from"]), args["context"])
+    else:
+        context_id = context_id_of(call.entry, args["context"])
     return call.node.join_context(context_id)
+
+
+def context_on_member(call, member, value):
+    """join_context's `from`: the context a member node knows by that id, alias or name (aliases and names are
+    that node's: the joiner has none of them yet), read there; nothing is sent before it resolves."""
+    if member is call.entry:
+        raise ToolError('from names node "%s", the node the join runs on: name the member node whose alias or name '
+                        "it is." % member.name)
+    if node_module().is_hex64(value):
+        return value
+    context_id = member.apps.lookup_alias(value)
+    if context_id is not None:
+        return context_id
+    named = [row["id"] for row in member.node.contexts() if row.get("name") == value and row.get("id")]
+    if len(named) == 1:
+        return named[0]
+    raise ToolError('On node "%s" (from): context "%s" is %s. Nothing was sent.' % (
+        member.name, value, "the name of %s: pass one id" % " and ".join(named) if named
+        else "neither an alias nor a context's name there (list_contexts with that node shows them)"))
 
 
 @tool("delete_context", "Delete a context (id or alias), its data and aliases; also one a deleted namespace left "
@@ -541,7 +563,7 @@ def lookup_alias(args, call):
     name = args["name"]
     context_id = call.apps.lookup_alias(name)
     if context_id is None:
-        return NO_ALIAS % name
+        return NO_ALIAS % name + call.apps.named_so(name)     # a context's name, or another node's alias
     return {"alias": name, "contextId": context_id}
 
 
@@ -554,7 +576,7 @@ def delete_alias(args, call):
     alias, node = args["alias"], call.node
     context_id = node.lookup_alias(alias)        # the node answers a miss as a success: ask first, to say it
     if context_id is None:
-        return NO_ALIAS % alias
+        return NO_ALIAS % alias + call.apps.named_so(alias)
     node.delete_alias(alias)
     return 'Alias "%s" deleted; it named context %s.' % (alias, context_id)
 
@@ -814,7 +836,7 @@ def peer_count(node):
 
 @tool("install_application", "Install an app from the node's registry (coords) or a bundle file on the node's machine "
       "(path).",
-      {"coords": text_property("package@version"),
+      {"coords": text_property("package[@version]"),
        "path": text_property("Absolute .mpk path.")},
       toolset="blobs")
 def install_application(args, call):
@@ -826,8 +848,13 @@ def install_application(args, call):
         before = {app.id: app for app in entry.apps.installed()}
     except node_module().NodeError:
         before = None                       # the install goes ahead; what it changed is then not said
+    newest = None
     if coords is not None:
-        answer = install_from_registry(entry, *package_and_version(coords))
+        package, version = package_and_version(coords)
+        if version is None:
+            version = newest = newest_published(entry.node, package)
+            coords = "%s@%s" % (package, version)
+        answer = install_from_registry(entry, package, version)
     else:
         answer = entry.node.install_dev_application(bundle_path(entry.node, path))
     entry.apps.catalog.refresh()           # logs, never raises: the install itself succeeded
@@ -836,7 +863,24 @@ def install_application(args, call):
         summary = what_changed(entry.apps, before.get(answer["applicationId"]), summary)
     if call.server.nodes.multi and not entry.default:    # the tool list is the default node's, not this one's
         summary["note"] = OTHER_NODE_INSTALLED_NOTE % (call.server.nodes.default.name, entry.name)
+    if newest is not None:
+        summary["note"] = "No version was given: %s is the newest its registry publishes. %s" % (newest,
+                                                                                               summary["note"])
     return dict(summary, note=summary.pop("note"))
+
+
+def newest_published(node, package):
+    """The newest version of `package` the node's registry publishes, yanked ones left out; a refusal naming why
+    when there is none or the registry is unknown (nothing is installed)."""
+    place = node.registry()
+    if place.url is None:
+        raise ToolError("coords %s names no version, and the newest published one cannot be looked up: %s Pass "
+                        "package@version." % (package, place.problem))
+    rows = [row for row in node.registry_bundles(package) if not row.get("yanked")]
+    if not rows:
+        raise ToolError("The registry at %s publishes no version of %s to install. %s" % (
+            node_module().display_url(place.url), package, registry_instead(node, package)))
+    return max((row.get("appVersion") for row in rows), key=version_key)
 
 
 OTHER_NODE_INSTALLED_NOTE = ("The tool list follows the default node, %s, and does not change: here, call, call_many "
@@ -883,10 +927,9 @@ def install_from_registry(entry, package, version):
     """A registry miss names what the registry has instead: the package's versions, or the closest packages."""
     try:
         return entry.node.install_application(package, version)
-    except node_module().NodeError as error:
-        if error.status != 502 or "no application published" not in str(error):
-            raise
-        raise ToolError(("%s %s" % (node_error_text(error), registry_instead(entry.node, package))).strip())
+    except node_module().NotPublished as error:
+        instead = registry_instead(entry.node, package)      # what it publishes, when the registry is known
+        raise ToolError("%s %s" % (error, instead) if instead else node_error_text(error)) from None
 
 
 def registry_instead(node, package):
@@ -955,7 +998,8 @@ def installed_summary(apps, app_id, coords):
     package, version = package_and_version(coords) if coords is not None else (None, None)
     names = method_names(apps, app) if app else None
     return {"applicationId": app_id, "package": app.package if app else package,
-            "version": app.version if app else version, "tools": apps.catalog.tool_count_of(app_id),
+            "version": app.version if app else version, "name": app.name if app else None,
+            "hasGuide": bool(app.guide) if app else None, "tools": apps.catalog.tool_count_of(app_id),
             "methods": listed_methods(names), "note": INSTALLED_NOTE}
 
 
@@ -990,11 +1034,12 @@ def bundle_path(node, path):
 
 
 def package_and_version(coords):
-    """Split package@version; refuse anything else before the node sees it (the reference took `a@b@c`)."""
-    package, _, version = coords.partition("@")
-    if coords.count("@") != 1 or not package or not version or any(c.isspace() for c in coords):
-        raise ToolError('Expected package@version, got "%s".' % coords)
-    return package, version
+    """Split package@version, or a package alone (version None: the newest published); refuse anything else
+    before the node sees it (the reference took `a@b@c`)."""
+    package, at, version = coords.partition("@")
+    if coords.count("@") > 1 or not package or (at and not version) or any(c.isspace() for c in coords):
+        raise ToolError('Expected package@version (or a package alone, for its newest version), got "%s".' % coords)
+    return package, version or None
 
 
 @tool("uninstall_application", "Uninstall an application from this node.",

@@ -23,8 +23,9 @@ import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import quote
 
-from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, log, LOG_LEVEL_VARIABLE, LOG_LEVELS,
-    log_threshold, NodeError, NotFound, Refused, refused, redacted, sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
+from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, kept_secret, log,
+    LOG_LEVEL_VARIABLE, LOG_LEVELS, log_threshold, NodeError, NotFound, NotPublished, Refused, refused, redacted,
+    sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
 from mero_node_config import (_checked_node_url, _configured_location, _home_note, _logged, _logged_lock, auth_advice,
     auth_plan, CONFIG_FIX, configured_name, configured_nodes, display_url, Handoff, has_expired, is_newer, jwt_claims,
     LOCAL_FILE_LIMIT, Location, NamedNode, node_directory, node_dirs, node_home, NODES_FIX, nodes_setting_problem,
@@ -323,6 +324,21 @@ def signed_invitation(given: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[s
     return given, None
 
 
+def kept_invitation(answer) -> Dict[str, Any]:
+    """Answer.invitation, its bearer parts recorded as secrets before anything else sees them."""
+    invitation = Answer.invitation(answer)
+    signed, _ = signed_invitation(invitation)
+    inner = signed.get("invitation")
+    kept_secret(signed.get("inviter_signature"))
+    kept_secret(inner.get("secret_salt") if isinstance(inner, dict) else None)
+    return invitation
+
+
+# A registry miss at install (§0.5.3), in the node's words.
+PUBLISHED_MISS = "has no application published at"
+PUBLISHED_MISS_TEXT = "the configured Http source has no application published at %s@%s"
+
+
 def decode_metadata(raw) -> Any:
     """Bundle metadata as the node sends it: an int array of UTF-8 JSON (usually an object), or a plain string.
     The decoded value; the string itself when it is not JSON; None when absent or not UTF-8."""
@@ -569,9 +585,9 @@ class Node:
     def health(self) -> Dict[str, Any]:
         return self._call("GET", "/admin-api/health", health_shape)
 
-    def identity(self) -> Dict[str, Any]:
+    def identity(self, timeout=None) -> Dict[str, Any]:
         """`{accountId, publicKey, deviceId?, ...}`; a fresh node answers 404 with why it has none yet (§0.6)."""
-        return self._call("GET", "/admin-api/identity", lambda a: a.object("accountId"))
+        return self._call("GET", "/admin-api/identity", lambda a: a.object("accountId"), timeout=timeout)
 
     def peers(self, timeout=None) -> int:
         """How many peers the node is connected to: `{"count": N}`, no wrapper (§0.6)."""
@@ -596,9 +612,17 @@ class Node:
                           params={"service_name": service} if service else None, timeout=timeout)
 
     def install_application(self, package: str, version: str) -> Dict[str, Any]:
-        """Install package@version from the node's own registry: `{applicationId}`."""
-        return self._call("POST", "/admin-api/install-application", lambda a: a.object("applicationId"),
-                          body={"package": package, "version": version})
+        """Install package@version from the node's own registry: `{applicationId}`. A registry miss (a 502 in
+        the node's words, §0.5.3) is a NotPublished said as such, not a gateway fault to retry."""
+        try:
+            return self._call("POST", "/admin-api/install-application", lambda a: a.object("applicationId"),
+                              body={"package": package, "version": version})
+        except ServerError as error:
+            if error.status != 502 or PUBLISHED_MISS not in str(error):
+                raise
+            raise NotPublished("The registry this node installs from does not publish %s@%s (the node: \"%s\")."
+                               % (package, version, PUBLISHED_MISS_TEXT % (package, version)), 502,
+                               hint=error.hint) from None
 
     def install_dev_application(self, path: str) -> Dict[str, Any]:
         """Install the bundle at `path` on the node's own filesystem: `{applicationId}`. The newest body is
@@ -835,12 +859,15 @@ class Node:
         return self._call("DELETE", "/admin-api/namespaces/" + quoted(namespace_id), lambda a: a.flag("isDeleted"),
                           body={})
 
-    def invite_to_namespace(self, namespace_id: str, expires_in: Optional[int] = None) -> Dict[str, Any]:
+    def invite_to_namespace(self, namespace_id: str, expires_in: Optional[int] = None,
+                            secret: bool = False) -> Dict[str, Any]:
         """The signed invitation, bare or wrapped as `{invitation, groupName}` depending on the release.
-        `expires_in`: seconds it stays valid (the request's expirationTimestamp is a duration, §0.8)."""
+        `expires_in`: seconds it stays valid (the request's expirationTimestamp is a duration, §0.8). `secret`:
+        an invitation no one is shown (a hand-over): its signature and salt are secrets as soon as they are read,
+        so no text of ours carries them (`redacted`), even a joiner's refusal quoting it."""
         body = {} if expires_in is None else {"expirationTimestamp": int(expires_in)}
-        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), Answer.invitation,
-                          body=body)
+        shape = kept_invitation if secret else Answer.invitation
+        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), shape, body=body)
 
     def join_namespace(self, namespace_id: str, invitation: Dict[str, Any],
                        group_name: Optional[str] = None) -> Dict[str, Any]:

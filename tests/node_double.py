@@ -1268,7 +1268,9 @@ class NodeDouble:
                  (503 → the "authority … not yet resolvable" error, 500 → Internal server error)
 
     states a test sets to reach the typed errors of current releases (§0.5):
-      join_outcome    None (joins succeed), "no_peer" (504), "key_pending" or "not_endorsed" (503)
+      join_outcome    None (joins succeed), "no_peer" (504), "key_pending" or "not_endorsed" (503),
+                      "quote_invitation" (400 quoting the whole invitation, a deserializer's style: the bearer
+                      secrets in the text)
       registry_mode   "http" (installs from `registry`; a miss is a 502) or "dht" (every install is a 502)
       legacy_group_info  True: group info as before rc.83, without namespaceId and ownerOpCounter
       alias_rows      True: GET /alias/list/context answers [{alias, value}] rows, as one branch of core does
@@ -2505,6 +2507,8 @@ class NodeDouble:
             raise error_reply(400, "Invalid JSON data: missing field `invitation`")
         if inner["group_id"] != id_bytes(namespace_id):
             raise error_reply(400, "invitation group_id does not match namespace_id in path")
+        if self.join_outcome == "quote_invitation":
+            raise error_reply(400, "invitation rejected: {}".format(json.dumps(signed)))
         if signed.get("inviter_signature") != self._invitation_signature(inner):
             raise error_reply(400, INVITATION_INVALID)   # a reshaped invitation
         if self.network is not None:

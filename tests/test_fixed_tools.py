@@ -457,10 +457,10 @@ def test_a_lookup_miss_is_a_result_not_an_error(server, name):
 
 # ── blobs ─────────────────────────────────────────────────────────────────────────────────────────
 
-@pytest.mark.parametrize("coords", ["kv-store", "a@b@c", "@1.0.0", "com.x@", "com.x @1.0.0", "com.x@1.0.0\n", ""])
+@pytest.mark.parametrize("coords", ["a@b@c", "@1.0.0", "com.x@", "com.x @1.0.0", "com.x@1.0.0\n", ""])
 def test_install_refuses_malformed_coordinates(server, double, coords):
     text = error_text(server.call_tool("install_application", {"coords": coords}))
-    assert text == 'Error: Expected package@version, got "%s".' % coords
+    assert text == 'Error: Expected package@version (or a package alone, for its newest version), got "%s".' % coords
     assert double.requests_to("POST", "/admin-api/install-application") == []
 
 
@@ -471,8 +471,8 @@ def test_install_by_coordinates_then_reads_the_list_again(serve):
     before = len(double.requests_to("GET", "/admin-api/applications"))
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "methods": ["increment", "value"], "change": "new application",
-                         "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "name": "Counter", "hasGuide": False, "tools": 2,
+                         "methods": ["increment", "value"], "change": "new application", "note": INSTALLED_NOTE}
     assert bodies(double, "POST", "/admin-api/install-application") == [
         {"package": "com.example.counter", "version": "0.1.0"}]
     assert len(double.requests_to("GET", "/admin-api/applications")) > before
@@ -487,7 +487,7 @@ def test_install_succeeds_when_only_the_refresh_fails(serve):
     double.faults = {"status": 500, "json": {"error": "list broke"}, "paths": ["/admin-api/applications"]}
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 0, "methods": None,
+                         "version": "0.1.0", "name": None, "hasGuide": None, "tools": 0, "methods": None,
                          "note": INSTALLED_NOTE}     # the catalog could not be read
     server.close()
     assert "app list refresh failed: list broke" in server.stderr
@@ -613,7 +613,7 @@ def test_invitation_round_trip_is_byte_identical(server, double):
     answer = json.loads(returned_text)
     assert invited["structuredContent"] == answer
     joined = server.tool_json("join_namespace", {"namespace": namespace, "invitation": answer})
-    assert joined["memberAccount"] == NODE_ACCOUNT
+    assert joined["identity"] == NODE_ACCOUNT and "memberAccount" not in joined
     sent = double.requests_to("POST", "/admin-api/namespaces/%s/join" % namespace)[-1]["body"]
     signed = answer["invitation"]
     # The signed object left as it arrived: same keys, same order, same values, snake_case kept.

@@ -361,8 +361,8 @@ def test_install_from_a_path_sends_it_and_says_what_came_in(serve):
     server.tool_names()
     installed = server.tool_json("install_application", {"path": "/srv/bundles/counter.mpk"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "methods": ["increment", "value"], "change": "new application",
-                         "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "name": "Counter", "hasGuide": False, "tools": 2,
+                         "methods": ["increment", "value"], "change": "new application", "note": INSTALLED_NOTE}
     assert [e["json"] for e in double.requests_to("POST", "/admin-api/install-dev-application")] == [
         {"path": "/srv/bundles/counter.mpk"}]
     assert "counter_increment" in server.tool_names() and double.refusals == []
