@@ -1,0 +1,155 @@
+"""Issue 43, the event stream: whatever the node or a peer sends, the stream's memory stays bounded, its threads
+live on, its reconnects back off, an outage is one Gap, and frames are read as they arrive whatever the framing.
+
+Driven through the real server against the double's /sse, whose odd behaviours are opt-in knobs (a stream that
+ends after its connect frame, a connect id that is not Latin-1, no chunked framing, a huge or odd subscription
+answer). Memory is the server's own RSS (/proc/<pid>/status); bounds are generous, the old code went far past them."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from node_double import sample_double
+from test_events import env_for, events, live, tuned, until
+
+KV = "com.calimero.kv-store"
+MB = 1 << 20
+
+
+@pytest.fixture
+def node():
+    double = sample_double().start()
+    yield double
+    double.stop()
+
+
+def rss(server) -> int:
+    """The server process's resident memory in bytes, as the kernel counts it."""
+    with open("/proc/%d/status" % server.proc.pid) as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for the server")
+
+
+needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="RSS is read from /proc")
+
+
+def gets(node):
+    return [e for e in node.sse_log if e["path"] == "/sse" and e["method"] == "GET"]
+
+
+# ---- memory ----
+
+@needs_proc
+def test_remembering_echoes_costs_digests_not_frames(start_server, tmp_path, node):
+    """A peer's write within core's limits (100 events of 16 KiB each: a ~6 MB frame) is remembered for the echo
+    check by a digest: sixteen of them in each of two contexts leave the server's memory where it was."""
+    server = start_server(env_for(tmp_path, node))
+    app = node._app_key(KV)
+    contexts = [live(server)] + [node.add_context(app) for _ in range(1)]
+    for context in contexts[1:]:
+        live(server, context)
+    before = rss(server)
+    value = "v" * (16 << 10)
+    for round_ in range(16):
+        for index, context in enumerate(contexts):
+            node.sse_mutation(context, [("Inserted", value)] * 100, new_root="big-%d-%d" % (index, round_))
+    for context in contexts:
+        until(lambda: events(server, context=context, after=1599)["entries"], "the last write's events", 120)
+    grown = rss(server) - before
+    assert grown < 60 * MB, "the server grew %d MB remembering echoes" % (grown // MB)
+    # the digests still find the author's echo: the same frame again adds nothing
+    last = events(server, context=contexts[0], after=1599)["next"]
+    node.sse_mutation(contexts[0], [("Inserted", value)] * 100, new_root="big-0-15")
+    node.sse_mutation(contexts[0], [("Cleared", None)], new_root="after-echo")
+    answer = until(lambda: events(server, context=contexts[0], after=last)["entries"], "the frame after the echo")
+    assert [e["kind"] for e in answer] == ["Cleared"]
+
+
+@needs_proc
+def test_a_huge_subscription_answer_is_refused_unread_under_the_cap(tmp_path, node):
+    node.sse_subscription_body = b'{"result":{"status":"subscribed","contexts":[],"pad":"' + b"x" * (120 * MB) + b'"}}'
+    server = tuned(env_for(tmp_path, node, CALIMERO_MCP_MAX_RESPONSE_BYTES=str(MB)), "")
+    try:
+        before = rss(server)
+        events(server)                              # opens the stream; the subscription's answer is the huge one
+        until(lambda: [e for e in node.sse_log if e["method"] == "POST"], "a subscription POST")
+        time.sleep(1.0)
+        grown = rss(server) - before
+        assert grown < 40 * MB, "the server grew %d MB reading a subscription answer" % (grown // MB)
+        node.sse_subscription_body = None           # the node answers sanely again: the retry subscribes
+        until(lambda: events(server)["stream"] == "live", "the context subscribed after the refusal", 60)
+    finally:
+        server.close()
+
+
+# ---- threads that die or spin ----
+
+@pytest.mark.parametrize("body", [
+    b'{"result":"subscribed"}',
+    b'{"result":{"contexts":5}}',
+    b'[1,2,3]',
+    b"[" * 100000 + b"]" * 100000,
+    b'{"result":{"contexts":[' + b'"x",' * 10 + b'{"a":1}]}}',
+    b"not json at all",
+], ids=["result-string", "contexts-number", "array", "nested-100000", "contexts-mixed", "not-json"])
+def test_an_odd_subscription_answer_leaves_the_subscriber_alive(tmp_path, node, body):
+    node.sse_subscription_body = body
+    server = tuned(env_for(tmp_path, node), "")
+    try:
+        events(server)
+        until(lambda: [e for e in node.sse_log if e["method"] == "POST"], "a subscription POST")
+        assert events(server)["stream"] != "live"
+        node.sse_subscription_body = None
+        until(lambda: events(server)["stream"] == "live", "a retry that subscribes", 60)
+        assert server.call_tool("node_status")["content"]
+    finally:
+        server.close()
+    assert "Traceback" not in server.stderr
+
+
+def test_a_connect_id_that_is_not_latin_1_never_kills_the_reader(start_server, tmp_path, node):
+    node.sse_connect_id = "7000001-\u00e9\u4e2d"     # UTF-8 on the wire; no HTTP header can carry it back
+    server = start_server(env_for(tmp_path, node))
+    context = live(server)
+    node.sse_disconnect()                            # right after the connect frame: its id is the last one
+    until(lambda: len(gets(node)) >= 2, "a reconnect")
+    until(lambda: events(server)["stream"] == "live", "the stream back after the reconnect", 60)
+    node.sse_mutation(context, [("Inserted", {"key": "after", "value": "1"})])
+    until(lambda: events(server, kind="Inserted")["entries"], "events after the reconnect")
+    assert all("\u4e2d" not in json.dumps(e["headers"]) for e in gets(node))
+    assert "Traceback" not in server.stderr
+
+
+def test_a_stream_closing_after_its_connect_frame_backs_off_and_writes_one_gap(tmp_path, node):
+    server = tuned(env_for(tmp_path, node), "")
+    try:
+        live(server)
+        node.sse_close_after_connect = True
+        node.sse_disconnect()
+        start, before = time.monotonic(), len(gets(node))
+        time.sleep(8.0)
+        reconnects = len(gets(node)) - before
+        # 0.5 + 1 + 2 + 4 s of backoff: at most 5 in 8 s (the old code reconnected twice a second: ~16)
+        assert 2 <= reconnects <= 6, reconnects
+        gaps = events(server, kind="Gap")["entries"]
+        assert len(gaps) == 1, gaps                  # one outage, one Gap (not one per attempt)
+        node.sse_close_after_connect = False
+        until(lambda: events(server)["stream"] == "live" and time.monotonic() - start > 0, "the stream back", 90)
+    finally:
+        server.close()
+
+
+def test_a_stream_without_chunked_framing_is_read_as_it_arrives(start_server, tmp_path, node):
+    node.sse_chunked = False                         # Connection: close; the body runs until the stream ends
+    server = start_server(env_for(tmp_path, node))
+    answer = events(server)
+    until(lambda: events(server)["stream"] == "live", "the connect frame read before the stream ends", 20)
+    node.sse_mutation(answer["context"], [("Inserted", {"key": "k", "value": "v"})])
+    entries = until(lambda: events(server, kind="Inserted")["entries"], "the event read as it came", 20)
+    assert entries[0]["payload"] == {"key": "k", "value": "v"}
+    assert len(gets(node)) == 1
