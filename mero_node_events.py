@@ -204,6 +204,8 @@ class EventStream:
             watched = self._watched.get(context_id)
             if watched is not None:
                 self._watched.move_to_end(context_id)
+                if self._thread is not None and not self._thread.is_alive() and self.state != "polling":
+                    self._start()                    # it never ends but to poll; if it did, a touch starts it again
                 return False
             if not opens and self._thread is None and self.state != "polling":
                 return False
@@ -216,13 +218,17 @@ class EventStream:
             if self.state == "polling":
                 return True
             self._pending.add(context_id)
-            if self._thread is None or not self._thread.is_alive():     # never ends; if it did, it starts again
-                self.state = "connecting"
-                self._thread = threading.Thread(target=self._run, name="events", daemon=True)
-                self._thread.start()
+            if self._thread is None or not self._thread.is_alive():
+                self._start()
             elif self._session_id is not None:
                 self._kick()
             return True
+
+    def _start(self):
+        """Start the reader thread (called under the lock)."""
+        self.state = "connecting"
+        self._thread = threading.Thread(target=self._run, name="events", daemon=True)
+        self._thread.start()
 
     def subscribed(self, context_id: str) -> bool:
         with self._cond:
@@ -485,6 +491,8 @@ class EventStream:
         with self._cond:
             new = session_id != self._session_id or not resumed
             self._session_id, self.state, self.why = session_id, "live", None
+            if new:
+                self._last_id = None                # an older session's id names no session of this stream
             down = self._down_since if not self._gapped else None
             self._gapped = self._gapped or down is not None
             for context_id, watched in self._watched.items():

@@ -72,19 +72,28 @@ def test_remembering_echoes_costs_digests_not_frames(start_server, tmp_path, nod
 
 @needs_proc
 def test_a_huge_subscription_answer_is_refused_unread_under_the_cap(tmp_path, node):
-    node.sse_subscription_body = b'{"result":{"status":"subscribed","contexts":[],"pad":"' + b"x" * (120 * MB) + b'"}}'
+    """A 120 MB answer to a subscription POST (well-formed, naming the context) with a 1 MiB cap set: refused by
+    its size, never read; the server's memory stays where it was, and a sane answer later subscribes."""
+    demo = node._aliases["context"]["demo"]
+    node.sse_subscription_body = (b'{"result":{"status":"subscribed","contexts":["%s"],"groups":[],"pad":"'
+                                  % demo.encode() + b"x" * (120 * MB) + b'"}}')
     server = tuned(env_for(tmp_path, node, CALIMERO_MCP_MAX_RESPONSE_BYTES=str(MB)), "")
     try:
+        assert server.call_tool("node_status")["content"]      # the node modules loaded: what follows is the stream's
         before = rss(server)
         events(server)                              # opens the stream; the subscription's answer is the huge one
         until(lambda: [e for e in node.sse_log if e["method"] == "POST"], "a subscription POST")
-        time.sleep(1.0)
-        grown = rss(server) - before
-        assert grown < 40 * MB, "the server grew %d MB reading a subscription answer" % (grown // MB)
+        peak, end = before, time.monotonic() + 4.0
+        while time.monotonic() < end:               # the old code read it whole (and subscribed) within this
+            peak = max(peak, rss(server))
+            time.sleep(0.05)
+        assert peak - before < 40 * MB, "the server grew %d MB reading a subscription answer" % ((peak - before) // MB)
+        assert events(server)["stream"] != "live"
         node.sse_subscription_body = None           # the node answers sanely again: the retry subscribes
         until(lambda: events(server)["stream"] == "live", "the context subscribed after the refusal", 60)
     finally:
         server.close()
+    assert "Traceback" not in server.stderr
 
 
 # ---- threads that die or spin ----
