@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from mero_node_errors import log, NodeError, UnexpectedAnswer
+from mero_node_errors import log, NodeError, redacted, UnexpectedAnswer
 from mero_node_config import display_url, setting
 from mero_node_http import (_base_of, _headers, _new_session, _prepared, _requests, arriving, current_scope,
                             decode_json, fetch, Late, late, network_error, opened, too_large, TooLarge)
@@ -356,6 +356,8 @@ class EventStream:
             with self._cond:
                 if self.state == "polling":
                     return
+                if proved:
+                    self._down_since = None         # the outage it ended is over: this break is a new one
                 if self._down_since is None and self._session_id is not None:
                     self._down_since, self._gapped = _now_text(), False
                 self.state = "reconnecting"
@@ -371,7 +373,7 @@ class EventStream:
             if said in self._said:
                 return
             self._said.add(said)
-        log.warning("Events: thread %s met %s (%s); it goes on.", thread, said[1], str(error)[:200])
+        log.warning("Events: thread %s met %s (%s); it goes on.", thread, said[1], ascii(redacted(str(error)[:200])))
 
     def _session(self):
         if self._http is None:

@@ -135,12 +135,12 @@ def test_a_connect_id_that_is_not_latin_1_never_kills_the_reader(start_server, t
 
 
 def test_a_stream_closing_after_its_connect_frame_backs_off_and_writes_one_gap(tmp_path, node):
-    server = tuned(env_for(tmp_path, node), "")
+    server = tuned(env_for(tmp_path, node), "mero_node_events.SSE_STEADY_SECONDS = 1.0")
     try:
         live(server)
         node.sse_close_after_connect = True
         node.sse_disconnect()
-        start, before = time.monotonic(), len(gets(node))
+        before = len(gets(node))
         time.sleep(8.0)
         reconnects = len(gets(node)) - before
         # 0.5 + 1 + 2 + 4 s of backoff: at most 5 in 8 s (the old code reconnected twice a second: ~16)
@@ -148,7 +148,12 @@ def test_a_stream_closing_after_its_connect_frame_backs_off_and_writes_one_gap(t
         gaps = events(server, kind="Gap")["entries"]
         assert len(gaps) == 1, gaps                  # one outage, one Gap (not one per attempt)
         node.sse_close_after_connect = False
-        until(lambda: events(server)["stream"] == "live" and time.monotonic() - start > 0, "the stream back", 90)
+        until(lambda: events(server)["stream"] == "live", "the stream back", 90)
+        time.sleep(1.5)                              # up past SSE_STEADY_SECONDS: the outage is over
+        node.sse_disconnect()                        # a new outage: a second Gap
+        until(lambda: len(events(server, kind="Gap")["entries"]) == 2, "the next outage's Gap")
+        until(lambda: events(server)["stream"] == "live", "the stream back again")
+        assert len(events(server, kind="Gap")["entries"]) == 2
     finally:
         server.close()
 
