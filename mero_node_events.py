@@ -366,8 +366,8 @@ class EventStream:
             attempt += 1
 
     def _failed(self, thread, error):
-        """A failure no rule foresaw (an answer or frame of a shape never seen): one log line per kind; the
-        thread goes on."""
+        """A failure no rule foresaw (an answer or frame of a shape never seen), or a subscription's: one log line
+        per kind; the thread goes on."""
         said = (thread, type(error).__name__)
         with self._cond:
             if said in self._said:
@@ -405,6 +405,9 @@ class EventStream:
             except Late as error:
                 raise late(display_url(url), display_url(node._base), node._timeout, error.sent, method) from None
             except TooLarge as error:
+                if error.cap < node.max_response_bytes:     # our own bound, not the one a user can raise
+                    raise UnexpectedAnswer("%s %s answered more than %d bytes (a subscription's answer takes a few "
+                                           "KB): refused, the rest unread" % (method, path, error.cap)) from None
                 raise too_large(display_url(url), display_url(node._base), error, method) from None
             return sent[-1]
         return node._send_authenticated(send)
@@ -573,8 +576,7 @@ class EventStream:
                 if asked:
                     self._subscribed(asked, self._subscription(session_id, "subscribe", asked))
             except Exception as error:          # a NodeError, or an answer of a shape never seen: retried later
-                if not isinstance(error, NodeError):
-                    self._failed("events-subscribe", error)
+                self._failed("events-subscribe", error)
                 self._retry_later(asked, error)
                 return
 
