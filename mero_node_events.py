@@ -153,6 +153,18 @@ def event_payload(data) -> Tuple[Any, Optional[int]]:
     return text[:EVENT_PAYLOAD], len(text)
 
 
+def _digest(items) -> Optional[bytes]:
+    """A 16-byte digest of JSON values, one at a time (a frame's text is never made twice); None if one is not
+    JSON."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        for item in items:
+            digest.update(json.dumps(item, sort_keys=True).encode("utf-8") + b"\n")
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return digest.digest()
+
+
 class _Watched:
     """One context's known events: a ring of entries, numbered from 1 in arrival order."""
 
@@ -530,11 +542,7 @@ class EventStream:
         watched.mutations += 1
         watched.framed = True
         events = data.get("events") if isinstance(data.get("events"), list) else []
-        try:
-            key = hashlib.blake2b(json.dumps([data.get("newRoot"), events], sort_keys=True).encode("utf-8"),
-                                  digest_size=16).digest()
-        except (TypeError, ValueError, RecursionError):
-            key = None
+        key = _digest([data.get("newRoot")] + events)
         if key is not None and key in watched.echoes:
             return                                  # the author's own delta, echoed back over gossip
         watched.echoes.append(key)
@@ -621,7 +629,8 @@ class EventStream:
     def _retry_later(self, asked, error):
         with self._cond:
             self._pending.update(c for c in asked if c in self._watched)
-            self.why = str(error) if isinstance(error, NodeError) else "a subscription failed (%s)" % type(error).__name__
+            self.why = str(error) if isinstance(error, NodeError) else "a subscription failed (%s)" \
+                % type(error).__name__
             self._subscribe_failures += 1
             delay = SSE_BACKOFF[min(self._subscribe_failures + 1, len(SSE_BACKOFF) - 1)]    # 2 s, 4 s, … 30 s
         timer = threading.Timer(delay, self._kick_locked)
