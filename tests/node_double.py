@@ -3263,8 +3263,8 @@ class NodeDouble:
         handler.end_headers()
         hello = {"type": "connect", "session_id": sid, "reconnect": resumed}
         try:
-            self._sse_write(handler, "event: message\nid: %s\nretry: 3000\ndata: %s\n\n" % (first_id, compact_json(hello)),
-                            chunked)
+            self._sse_write(handler, "event: message\nid: %s\nretry: 3000\ndata: %s\n\n"
+                            % (first_id, compact_json(hello)), chunked)
             quiet_since = time.monotonic()
             while self._server is not None and not self.sse_close_after_connect:
                 with self._sse_cond:
