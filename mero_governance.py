@@ -191,8 +191,7 @@ def join_failure(error, giver, here):
     return 'Node "%s" could not join: %s' % (here.name, node_error_text(error))
 
 
-@tool("leave_namespace", "Leave a namespace. Its only admin can leave only as its last member, and then no one can "
-      "govern it.",
+@tool("leave_namespace", "Leave a namespace; its only admin can only as its last member, leaving it ungoverned.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
     acted_on = call.apps.carrier_of(args["namespace"], call, "namespace")
@@ -356,7 +355,7 @@ def create_nested_group(node, args):
     return created_group(group_id, parent, args["namespace"], visibility or "restricted")
 
 
-@tool("describe_group", "Show a namespace or group: name, parent, app, visibility, counts, subgroups, metadata, "
+@tool("describe_group", "A namespace or group: name, parent, app, visibility, counts, subgroups, metadata, "
       "upgrade.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def describe_group(args, call):

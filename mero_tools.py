@@ -33,8 +33,8 @@ __version__ = "0.1.0"
 #   set_group_visibility set_group_metadata join_open_group upgrade_group
 # application tools (always on): describe_app select_app call call_many
 
-@tool("node_status", "Health, identity and peer count (connections, not members) of the node in use; whether "
-      "this server is read-only.", annotations=READ_ONLY)
+@tool("node_status", "The node in use: health, identity, peers (connections, not members), registry; whether this "
+      "server is read-only.", annotations=READ_ONLY)
 def node_status(args, call):
     return dict(call.node.status(), readOnly=call.server.config.read_only)
 
@@ -75,7 +75,7 @@ def hex_of(value):
     return value
 
 
-@tool("list_nodes", "Calimero nodes known on this machine or found by a local probe.", {"cursor": CURSOR},
+@tool("list_nodes", "Known Calimero nodes, and any a local probe finds.", {"cursor": CURSOR},
       annotations=READ_ONLY, nodes="none")
 def list_nodes(args, call):
     if call.server.nodes.multi:
@@ -233,7 +233,7 @@ def after_key(row, key, new_key, value):
     return placed
 
 
-@tool("list_contexts", "Contexts on this node, each with its app's versions.",
+@tool("list_contexts", "Contexts on this node.",
       {"application": text_property("Only this app's."),
        "verbose": flag_property("Also state hash and DAG heads."),
        "cursor": CURSOR},
@@ -510,7 +510,7 @@ def join_context(args, call):
     return call.node.join_context(context_id)
 
 
-@tool("delete_context", "Delete a context (id or alias), its data and aliases; also one a deleted namespace left "
+@tool("delete_context", "Delete a context, its data and aliases; also one a deleted namespace left "
       "behind.",
       {"context": STRING}, required=("context",), annotations=DESTRUCTIVE)
 def delete_context(args, call):
@@ -570,7 +570,7 @@ def repointed(node, alias, old, new):
     return 'Alias "%s" now resolves to context %s (it named context %s).' % (alias, new, old)
 
 
-@tool("lookup_alias", "Resolve a context alias to its context id.",
+@tool("lookup_alias", "A context alias's context id.",
       {"name": text_property("The alias.")}, required=("name",), annotations=READ_ONLY)
 def lookup_alias(args, call):
     name = args["name"]
@@ -594,7 +594,7 @@ def delete_alias(args, call):
     return 'Alias "%s" deleted; it named context %s.' % (alias, context_id)
 
 
-@tool("sync_context", "Sync a context from its peers; force: a full resync that overwrites local state.",
+@tool("sync_context", "Sync a context from its peers; force: full resync, overwriting local state.",
       {"context": STRING, "force": {"type": "boolean"}}, required=("context",),
       annotations=DESTRUCTIVE_IDEMPOTENT)       # force overwrites local state
 def sync_context(args, call):
@@ -1062,7 +1062,7 @@ def left_behind(node, app):
              else "delete_context for each of its contexts, then delete_namespace"} for row in rows]
 
 
-@tool("upload_blob", "Upload a blob (a file's bytes) to this node. At most %d bytes fit in one request."
+@tool("upload_blob", "Upload a blob (a file's bytes) to this node; at most %d bytes a request."
       % MAX_BLOB_BYTES,
       {"data": text_property("The bytes, base64-encoded; or pass text."),
        "text": text_property("Uploaded as its UTF-8 bytes."),
@@ -1306,8 +1306,8 @@ MAX_WAIT = 50               # seconds an events call may wait: under the usual h
 WATCH_PROGRESS_SECONDS = 10.0   # a watch says it still watches at least this often, however busy the context
 
 
-@tool("events", "What happened in a context (id or alias), oldest first. after: a previous next; wait: "
-      "seconds for one; watch: seconds to collect all that come (from now, or after).",
+@tool("events", "What happened in a context, oldest first. after: a previous next; wait: seconds for one; "
+      "watch: seconds to collect all (from now, or after).",
       {"context": STRING, "after": {"type": "integer"}, "kind": STRING, "wait": {"type": "number", "maximum": MAX_WAIT},
        "watch": {"type": "number", "maximum": MAX_WAIT}},
       required=["context"], annotations=READ_ONLY, toolset="app")
@@ -1425,7 +1425,7 @@ def fitted_entries(entries):
     return fitted
 
 
-@tool("describe_app", "Show an application's guide, methods and their types, and an app_handle for planning.",
+@tool("describe_app", "An app's guide, methods and types, and an app_handle for planning.",
       {"app": STRING, "service": STRING, "cursor": CURSOR},
       required=["app"], annotations=READ_ONLY, toolset="app")
 def describe_app(args, call):
@@ -1513,7 +1513,7 @@ def installed_versions(node, app):
         return None
 
 
-@tool("select_app", "Pick an app and the context to act in; returns the app_handle its tools and call take.",
+@tool("select_app", "Pick an app and the context to act in: the app_handle its tools and call take.",
       {"app": STRING,
        "context": text_property("Default: the app's only one."),
        "service": text_property("For a multi-service app, if no context."),
@@ -1585,7 +1585,7 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
              "required": ["method"]}
 
 
-@tool("call", "Call any method of an installed app by name, even one with no tool listed.",
+@tool("call", "Any method of an installed app, by name, even with no tool listed.",
       CALL_PROPERTIES, required=["method"], toolset="app", kind="app-call", synonyms=["_context"],
       annotations=APP_CALL)
 def call_tool(args, call):

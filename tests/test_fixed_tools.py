@@ -561,7 +561,7 @@ def test_the_largest_blob_stated_uploads_and_a_line_over_the_limit_is_refused(se
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     line_limit = int(re.search(r"of at most 16 MiB \(([\d,]+) bytes\)", readme).group(1).replace(",", ""))
     tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
-    largest = int(re.search(r"At most (\d+) bytes fit in one request\.", tools["upload_blob"]["description"]).group(1))
+    largest = int(re.search(r"at most (\d+) bytes a request\.", tools["upload_blob"]["description"]).group(1))
     assert "blobs of up to %s bytes" % format(largest, ",") in readme, "the README states the same size"
 
     blob = os.urandom(largest)
