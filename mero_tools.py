@@ -119,7 +119,7 @@ def node_directory_page(nodes, args):
     if start + count >= len(shells):
         return answer
     answer["nextCursor"] = make_cursor(query, row_key(rows[count - 1], "url"))
-    line = ('Nodes %d-%d of %d. For the rest, call list_nodes again with cursor "%s".'
+    line = ('Nodes %d-%d of %d. For the rest, call list_nodes again with the same arguments and cursor "%s".'
             % (start + 1, start + count, len(shells), answer["nextCursor"]))
     return {"content": [{"type": "text", "text": json_text(answer)}, {"type": "text", "text": line}],
             "structuredContent": answer}
