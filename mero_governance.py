@@ -223,12 +223,14 @@ def contexts_left(node, joined):
     try:
         kept = [cid for cid in (c["id"] for c in node.contexts()) if cid in joined]
     except node_module().NodeError:
-        return "Whether this node still lists its %d contexts could not be read: list_contexts shows them." % len(joined)
+        return ("Whether this node still lists its %d contexts could not be read: list_contexts shows them."
+                % len(joined))
     if not kept:
         return "Its %d contexts are gone from this node." % len(joined)
     shown = ", ".join("%s%s" % (cid, " (%s)" % joined[cid] if joined[cid] else "") for cid in kept[:10])
     return ("This node still holds %d of its contexts (%s%s): leaving does not delete them, but as a non-member it "
-            "takes no part in them; delete_context removes each." % (len(kept), shown, ", ..." if len(kept) > 10 else ""))
+            "takes no part in them; delete_context removes each."
+            % (len(kept), shown, ", ..." if len(kept) > 10 else ""))
 
 
 def sole_admin(node, namespace):

@@ -11,10 +11,10 @@ from functools import partial
 from urllib.parse import urlsplit
 
 from mero_runtime import (as_failure, b64url, bound, CALL_MANY_LIMIT, Cancelled, compact_text, CURSOR, CURSOR_LIMIT,
-    CURSOR_SHOWN, cut_text, DESTRUCTIVE, DESTRUCTIVE_IDEMPOTENT, digest, failure_text, fit_count, heavy, json_text,
-    in_id_order, log, make_cursor, MAX_BLOB_BYTES, NAMES, node_error_text, node_module, paged, plain_text, READ_ONLY, Refusal, refuse_oversized,
-    query_fingerprint, refuse_unknown_arguments, Reply, resume_at, row_cost, row_key, rows_nodes, settled, TEXT_BOUND, text_size, together, tool, ToolError,
-    unb64url)
+    CURSOR_SHOWN, cut_text, DESTRUCTIVE, DESTRUCTIVE_IDEMPOTENT, digest, failure_text, fit_count, heavy, in_id_order,
+    json_text, log, make_cursor, MAX_BLOB_BYTES, NAMES, node_error_text, node_module, paged, plain_text,
+    query_fingerprint, READ_ONLY, Refusal, refuse_oversized, refuse_unknown_arguments, Reply, resume_at, row_cost,
+    row_key, rows_nodes, settled, TEXT_BOUND, text_size, together, tool, ToolError, unb64url)
 from mero_apps import (admit_by_context, admit_handle, Admitted, agreed_context, ahead, app_record, call_reads,
     context_service, execute, find_method, follow_early_for_call, foreign_handle, GENERIC_RETRY, GUIDE_SHOWN_NOTE,
     handle_for, one_line, Ran, read_handle, refusal_for, resolve_as_given, SERVICE_NOTE, sign_handle,
@@ -259,9 +259,9 @@ def list_contexts(args, call):
 
 
 # One version story, said where the versions are shown (issue 42): a model asked a second call for what they meant.
-VERSIONS_SAID = ("applicationVersion: what a context last ran. namespaceVersion: what its namespace runs (upgrade_group "
-                 "sets it; a subgroup may run another). behind: older than that, than its own group's version or "
-                 "than its app's newest installed one; nextCall then says what moves it.")
+VERSIONS_SAID = ("applicationVersion: what a context last ran. namespaceVersion: what its namespace runs "
+                 "(upgrade_group sets it; a subgroup may run another). behind: older than that, than its own "
+                 "group's version or than its app's newest installed one; nextCall then says what moves it.")
 
 
 class GroupVersions:
