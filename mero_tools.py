@@ -191,7 +191,15 @@ def list_namespaces(args, call):
     rows = [namespace_row(after_key(row, "targetApplicationId", "application",
                                     keys.get(row.get("targetApplicationId"), row.get("targetApplicationId"))))
             for row in namespaces]
-    return paged("list_namespaces", args, {"namespaces": rows}, "namespaces", "namespaceId")
+    answer = {"namespaces": rows}
+    if any("memberCount" in row for row in rows):
+        answer["countsNote"] = NAMESPACE_COUNTS
+    return paged("list_namespaces", args, answer, "namespaces", "namespaceId")
+
+
+# What a namespace's memberCount counts, said where it is shown (issue 42): a subgroup's own count is another.
+NAMESPACE_COUNTS = ("memberCount counts the namespace's members; a subgroup counts only those added to it or that "
+                    "joined it (describe_group).")
 
 
 def namespace_row(row):

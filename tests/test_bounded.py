@@ -125,8 +125,9 @@ def test_small_answers_are_unchanged(server, double):
                                       ("list_namespaces", {}, "namespaces"), ("list_applications", {}, "apps")]:
         result = server.call_tool(tool, arguments)
         assert len(result["content"]) == 1 and not result.get("isError")
-        # list_contexts says what its versions mean beside its rows (issue 42)
-        assert set(result["structuredContent"]) == {rows_key} | ({"versions"} if tool == "list_contexts" else set())
+        # list_contexts says what its versions mean beside its rows, list_namespaces what memberCount counts
+        said = {"list_contexts": {"versions"}, "list_namespaces": {"countsNote"}}.get(tool, set())
+        assert set(result["structuredContent"]) == {rows_key} | said
         assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
         assert result["content"][0]["text"] == json.dumps(result["structuredContent"], indent=2, ensure_ascii=False)
 

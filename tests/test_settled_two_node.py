@@ -280,3 +280,9 @@ def test_a_watch_sends_progress_while_entries_keep_coming(tmp_path):
     finally:
         server.close()
         double.stop()
+
+
+def test_list_namespaces_says_what_its_member_count_counts(serve):
+    listed = serve(sample_double()).tool_json("list_namespaces")
+    assert listed["namespaces"][0]["memberCount"] == 1
+    assert listed["countsNote"].startswith("memberCount counts the namespace's members; a subgroup counts only those")
