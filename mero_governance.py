@@ -9,8 +9,8 @@ from functools import partial
 from mero_runtime import (compact_text, CURSOR, DESTRUCTIVE, log, node_error_text, node_module, paged, READ_ONLY,
     together, tool, ToolError)
 from mero_apps import carriers_text, LISTED_CONTEXTS
-from mero_tools import (GROUP_ID, NAMESPACE_ID, NOT_CONNECTED, STRING, group_app_version, is_epoch, namespace_row,
-    progress, text_property, utc_text, version_key)
+from mero_tools import (GROUP_ID, GroupVersions, NAMESPACE_ID, NOT_CONNECTED, STRING, group_app_version, is_epoch,
+    namespace_row, progress, text_property, utc_text, version_key)
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -279,17 +279,46 @@ def join_failure_text(error, giver, here):
     return 'Node "%s" could not join: %s' % (here.name, node_error_text(error))
 
 
-@tool("leave_namespace", "Leave a namespace (this node stops being a member).",
+@tool("leave_namespace", "Leave a namespace; its only admin can only as its last member, leaving it ungoverned.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
     acted_on = call.apps.carrier_of(args["namespace"], call, "namespace")
     node = call.node
     alone = sole_admin(node, args["namespace"])          # read before: after leaving, its members are not ours to read
+    joined = contexts_in(node, args["namespace"])
     node.leave_namespace(args["namespace"])
-    if alone is None:
-        return "Left %s." % named_text(acted_on)
-    return "Left %s. This node was its only admin%s: no one is left who can invite to it, add members or upgrade " \
-           "it." % (named_text(acted_on), " and only member" if alone else "")
+    said = "Left %s." % named_text(acted_on)
+    if alone is not None:
+        said += " This node was its only admin%s: no one is left who can invite to it, add members or upgrade it." % (
+            " and only member" if alone else "")
+    return said + " " + contexts_left(node, joined)
+
+
+def contexts_in(node, namespace):
+    """The contexts this node holds in a namespace and its subgroups, {id: alias or name or None}; {} unreadable."""
+    try:
+        groups = {namespace} | set(groups_below(node, namespace))
+        aliases = {context_id: alias for alias, context_id in sorted(node.context_aliases().items())}
+        return {c["id"]: aliases.get(c["id"]) or c.get("name") for c in node.contexts() if c.get("groupId") in groups}
+    except node_module().NodeError:
+        return {}
+
+
+def contexts_left(node, joined):
+    """What became of the contexts this node had joined there, read after the leave (issue 42)."""
+    if not joined:
+        return "This node had joined none of its contexts."
+    try:
+        kept = [cid for cid in (c["id"] for c in node.contexts()) if cid in joined]
+    except node_module().NodeError:
+        return ("Whether this node still lists its %d contexts could not be read: list_contexts shows them."
+                % len(joined))
+    if not kept:
+        return "Its %d contexts are gone from this node." % len(joined)
+    shown = ", ".join("%s%s" % (cid, " (%s)" % joined[cid] if joined[cid] else "") for cid in kept[:10])
+    return ("This node still holds %d of its contexts (%s%s): leaving does not delete them, but as a non-member it "
+            "takes no part in them; delete_context removes each."
+            % (len(kept), shown, ", ..." if len(kept) > 10 else ""))
 
 
 def sole_admin(node, namespace):
@@ -436,7 +465,7 @@ def create_nested_group(node, args):
     return created_group(group_id, parent, args["namespace"], visibility or "restricted")
 
 
-@tool("describe_group", "Show a namespace or group: name, parent, app, visibility, counts, subgroups, metadata, "
+@tool("describe_group", "A namespace or group: name, parent, app, visibility, counts, subgroups, metadata, "
       "upgrade.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def describe_group(args, call):
@@ -455,19 +484,26 @@ def describe_group(args, call):
                  "application": {"id": target, "package": app.package if app else None,
                                  "version": group_app_version(node, info, namespaces.get(namespace))},
                  "visibility": info.get("subgroupVisibility"), "memberCount": info.get("memberCount"),
-                 "contextCount": info.get("contextCount")}
+                 "contextCount": info.get("contextCount"), "countsNote": OWN_COUNTS}
     if group in namespaces:                  # when and by whom it was founded: only a namespace's row says
         shown = namespace_row(namespaces[group])
         described.update({key: shown[key] for key in ("createdAt", "founder") if key in shown})
     described.update(known_subgroups(node, group, namespaces.get(group)))
-    if described["subgroups"]:
-        described["countsNote"] = OWN_COUNTS
     described["metadata"] = metadata.get("data")
     described["upgrade"] = counts_said(node.upgrade_status(group) or info.get("activeUpgrade"))
     moved = described["upgrade"] if isinstance(described["upgrade"], dict) else {}
     if described["application"]["version"] is None and moved.get("status") == "completed":
         described["application"]["version"] = moved.get("toVersion")     # the version it moved to
+    with_newer_build(described["application"], GroupVersions(node, {app.id: app.version} if app else {}), group)
     return paged("describe_group", args, described, "subgroups", "groupId")      # subgroups page like a list
+
+
+def with_newer_build(application, versions, group):
+    """The newest installed build of the group's app when the group runs an older one, and what moves it."""
+    running, newest = application["version"], versions.newest(application["id"])
+    if running and newest and version_key(newest) > version_key(running):
+        application["newestInstalled"] = newest
+        application["upgrade"] = "upgrade_group %s moves it to %s" % (group, newest)
 
 
 def listed_name(node, group):
@@ -509,8 +545,9 @@ def with_counts(node, rows):
     return [counted(row) for row in rows]
 
 
-# What the double serves (node-api.md gives the counts, not their reach): a group counts its own contexts.
-OWN_COUNTS = "contextCount counts the contexts directly in a group; each subgroup's count is its own."
+# What the double serves (node-api.md gives the counts, not their reach): a group counts its own members and contexts.
+OWN_COUNTS = ("memberCount and contextCount count this group's own: a namespace's members, a subgroup's only those "
+              "added to it or that joined it; the contexts directly in it. Each subgroup's counts are its own.")
 
 NOT_REPORTED = ("The node did not report how many contexts moved (null counts): it marks an upgrade completed "
                 "before any context migrates, and each context moves when next called; list_contexts shows which "
@@ -696,7 +733,34 @@ def upgraded(node, group, record, cascade):
             len(contexts) - LISTED_CONTEXTS)
     if any(c["movesWhenNextCalled"] for c in contexts):
         answer["note"] = MOVES_NEXT_CALL
+    if not cascade:
+        answer.update(subgroups_not_moved(node, group, version))
     return answer
+
+
+def subgroups_not_moved(node, group, version):
+    """Without cascade: the subgroups below that still run another version, and what moves them (issue 42)."""
+    try:
+        below = groups_below(node, group)
+    except node_module().NodeError:
+        return {}
+    behind = []
+    for subgroup in below:
+        running = group_version_now(node, subgroup)
+        if running != version:
+            behind.append({"groupId": subgroup, "name": group_name(node, subgroup), "version": running})
+    if not behind:
+        return {}
+    return {"subgroupsNotMoved": behind[:LISTED_CONTEXTS],
+            "subgroupsNote": "Without cascade these %d subgroups keep their version: upgrade_group %s again with "
+                             "cascade: true moves them all, or upgrade_group one by its groupId." % (len(behind), group)}
+
+
+def group_name(node, group):
+    try:
+        return (node.group(group).get("metadata") or {}).get("name") or listed_name(node, group)
+    except node_module().NodeError:
+        return None
 
 
 def group_version_now(node, group):

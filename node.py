@@ -31,7 +31,8 @@ from mero_node_config import (_checked_node_url, _configured_location, _home_not
     LOCAL_FILE_LIMIT, Location, NamedNode, node_directory, node_dirs, node_home, NODES_FIX, nodes_setting_problem,
     ORPHAN_PASSWORD_FIX, password_without_username, read_handoff, read_password, registry_place, REGISTRY_VARIABLE,
     RegistryPlace, request_timeout, response_cap, RESPONSE_CAP_FIX, response_cap_setting, RESPONSE_CAP_VARIABLE,
-    said_as, same_node, setting, state_dir, STATE_DIR_FIX, TIMEOUT_FIX, timeout_setting, token_bundle, token_cache_path,
+    said_as, same_node, setting, sign_in_fix, start_fix, state_dir, STATE_DIR_FIX, TIMEOUT_FIX, timeout_setting,
+    token_bundle, token_cache_path,
     token_problem, TokenStore)
 from mero_node_http import (_base_of, _headers, _is_short, _NETWORK_REASONS, _new_session, _not_json, _prepared,
     _registry_session, _requests, _session, _session_lock, _unreadable_hint, absent_packages, BODY_EXCERPT,
@@ -1343,34 +1344,77 @@ class Node:
 
     # ---- node_status ----
     def status(self) -> Dict[str, Any]:
-        """What node_status reports; never raises: when the node is down, `health` describes the failure."""
+        """What node_status reports; never raises: when the node is down, `health` describes the failure and `fix`
+        what to do about it. `registry`: the registry address list_registry and installs by coords would use."""
         try:
             self.connect()
         except NodeError as error:
             location, mode = self._attempt or (None, self._planned_mode())
-            return {"health": _failed_health(error), "url": location.url if location else None,
-                    "nodeName": location.name if location else None,
-                    "discoverySource": location.source if location else None, "authMode": mode,
-                    "peers": None, "identity": None}
+            status = {"health": _failed_health(error), "url": location.url if location else None,
+                      "nodeName": location.name if location else None,
+                      "discoverySource": location.source if location else None, "authMode": mode,
+                      "peers": None, "identity": None}
+            return self._with_registry(dict(status, fix=self.fix_for(error, location, mode)))
         try:
-            health = self.health()
+            health, failed = self.health(), None
         except NodeError as error:
-            health = _failed_health(error)
+            health, failed = _failed_health(error), error
         status = {"health": health, "url": self.url, "nodeName": self.name, "discoverySource": self.source,
                   "authMode": self.auth_mode}
-        return dict(status, **self._facts() if health.get("status") == "alive" else {"peers": None, "identity": None})
+        if health.get("status") == "alive":
+            facts, failed = self._facts()
+            status.update(facts)
+        else:
+            status.update(peers=None, identity=None)
+        if failed is not None and self.fix_for(failed, self._location, self.auth_mode):
+            status["fix"] = self.fix_for(failed, self._location, self.auth_mode)
+        return self._with_registry(status)
 
-    def _facts(self) -> Dict[str, Any]:
-        """node_status's peers and identity: each null with the node's reason when it cannot be had (a fresh node
-        has no identity yet), never a failure of node_status."""
-        facts = {}
+    def _with_registry(self, status: Dict[str, Any]) -> Dict[str, Any]:
+        place = registry_place(self._env, status.get("nodeName"))
+        status["registry"] = {"url": place.url, "from": place.source} if place.url else None
+        if place.problem:
+            status["registryNote"] = place.problem
+        return status
+
+    def fix_for(self, error: NodeError, location: Optional[Location] = None, mode: Optional[str] = None
+                ) -> Optional[str]:
+        """What to do about a node that cannot be used (issue 42): for a refused login the variables that sign in
+        there; for one that does not answer the command that starts it (a node home on this machine holds it), else
+        check it and the setting naming its URL; else the error's own fix."""
+        if location is None and self._named is not None:
+            location = Location(self._named.url, self._named.name, "named")
+        mode = mode or self._planned_mode()
+        name = location.name if location else (self._named.name if self._named else None)
+        if isinstance(error, Refused) and not isinstance(error, NotFound) and (
+                error.status in (401, 403) or error.auth_error or str(error).startswith("Authentication failed")):
+            return sign_in_fix(self._env, name, location.url if location else None, self._default, mode)
+        if isinstance(error, Unreachable) and location is not None:
+            variable = {"env": "CALIMERO_NODE_URL", "named": self._named_variable()}.get(location.source)
+            return start_fix(self._env, name, location.url, variable) or error.fix
+        return error.fix
+
+    def down_fix(self) -> str:
+        """list_nodes' fix for a node its probe found down, from the local files alone (no request)."""
+        return start_fix(self._env, self._named.name, self._named.url, self._named_variable()) or (
+            "Start the node at %s." % display_url(self._named.url))
+
+    def _named_variable(self) -> Optional[str]:
+        """The setting that names this node's URL, when one does (a node home's config.toml is found by start_fix)."""
+        return self._named.source if self._named and self._named.source == "CALIMERO_NODES" else None
+
+    def _facts(self):
+        """node_status's peers and identity, each null with the node's reason when it cannot be had (a fresh node
+        has no identity yet), never a failure of node_status; and the first failure (its fix is said)."""
+        facts, failed = {}, None
         for key, read in (("peers", self.peers), ("identity", self._identity_summary)):
             try:
                 facts[key] = read()
             except NodeError as error:
                 facts[key] = None
                 facts[key + "Note"] = str(error)
-        return facts
+                failed = failed or error
+        return facts, failed
 
     def _identity_summary(self) -> Dict[str, Any]:
         identity = self.identity()
