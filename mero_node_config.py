@@ -1096,12 +1096,15 @@ def registry_place(env: Mapping[str, str], node_name: Optional[str]) -> Registry
     if explicit:
         return RegistryPlace(explicit.strip().rstrip("/"), REGISTRY_VARIABLE, None)
     set_it = "set %s to the registry's base URL (the base_url the node fetches from)" % REGISTRY_VARIABLE
+    none_found = RegistryPlace(None, REGISTRY_VARIABLE, "No registry address is known: this server found no node "
+                               "directory with a config.toml for the node in use, so %s." % set_it)
     if not node_name:
-        return RegistryPlace(None, REGISTRY_VARIABLE, "No registry address is known: this server found no node "
-                             "directory with a config.toml for the node in use, so %s." % set_it)
+        return none_found
     path = os.path.join(node_home(env), node_name, "config.toml")
     try:
         entries = dict(toml_entries(read_local(path).decode("utf-8-sig", "replace")))
+    except FileNotFoundError:                   # a name without a home here: a remote node, or none made yet
+        return none_found
     except (OSError, Unreadable, TomlError, RecursionError) as error:
         return RegistryPlace(None, path, "%s cannot be read for its [registry] (%s): %s." % (path, error, set_it))
     mode, base = entries.get(("registry", "mode"), "http"), entries.get(("registry", "base_url"))
