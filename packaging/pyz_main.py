@@ -54,14 +54,15 @@ def unpacked(pyz):
     if root is None:
         return None, "no cache folder (neither XDG_CACHE_HOME nor HOME names one)"
     folder = os.path.join(root, "%s-%s" % (VERSION, BUILD))
-    if not_private(root) is None and hold(folder) and damage(folder) is None:
+    if not_private(root, follow=True) is None and hold(folder) and damage(folder) is None:
         tidy(root, folder, locked_already=False)
         return folder, None
+    release()
     try:
         made(root)
     except OSError as error:
         return None, "the cache folder %s cannot be made (%s)" % (root, error.strerror or error)
-    problem = not_private(root)
+    problem = not_private(root, follow=True)
     if problem:
         return None, "%s (chmod 700 it, or remove it)" % problem
     with locked(root):
@@ -82,12 +83,13 @@ def unpacked(pyz):
     return folder, None
 
 
-def not_private(path, status=None, kind=stat.S_ISDIR):
-    """None when `path` is ours alone: of its kind (never a link), our user's, no one else may write to it."""
+def not_private(path, status=None, kind=stat.S_ISDIR, follow=False):
+    """None when `path` is ours alone: of its kind (a link only where `follow`: the cache root may be one), our
+    user's, no one else may write to it."""
     if os.name == "nt":
         return None
     try:
-        status = status or os.lstat(path)
+        status = status or (os.stat(path) if follow else os.lstat(path))
     except OSError:
         return "%s is missing" % path
     if not kind(status.st_mode):
@@ -222,9 +224,14 @@ def hold(folder):
         fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
     except (ImportError, OSError):       # Windows, or a file system without locks: nothing is ever removed in use
         pass
-    del _held[:]
+    release()
     _held.append(handle)
     return True
+
+
+def release():
+    while _held:
+        _held.pop().close()
 
 
 class locked:
@@ -282,23 +289,25 @@ def clear(root, scratch, builds):
             return 0
     for name in sorted(builds, key=age, reverse=True)[1:]:    # the newest other build is kept: the previous
         path = os.path.join(root, name)
-        if not_private(path) is None and unused(path):
-            discard(root, path)
+        if not_private(path) is None:
+            unless_in_use(root, path)
 
 
-def unused(folder):
-    """Whether no process holds the build's IN_USE (builds of an older pyz have none: unused)."""
+def unless_in_use(root, folder):
+    """Discard the build unless a process holds its IN_USE (builds of an older pyz have none), holding it
+    exclusively meanwhile so that no start takes it up in between."""
     import fcntl
     try:
         handle = open(os.path.join(folder, IN_USE), "rb")
     except OSError:
-        return True
+        discard(root, folder)
+        return
     with handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return False
-        return True
+            return
+        discard(root, folder)
 
 
 def carry_system_ca(pyz):
