@@ -115,19 +115,20 @@ def damage(folder):
         return "it has no readable manifest"
     if not entries or not_private(os.path.join(folder, MANIFEST), kind=stat.S_ISREG):
         return "its manifest is empty or not ours alone"
+    uid = os.getuid() if os.name != "nt" else None
     for entry in entries:
         try:
             kind, seen, digest, name = entry.split(" ", 3)
         except ValueError:
             return "its manifest is damaged"
-        path = os.path.join(folder, name)
+        path = folder + os.sep + name
         try:
             status = os.lstat(path)
         except OSError:
             return "%s is missing" % name
-        problem = not_private(path, status, stat.S_ISDIR if kind == "d" else stat.S_ISREG)
-        if problem:
-            return problem
+        is_kind = stat.S_ISDIR if kind == "d" else stat.S_ISREG
+        if not is_kind(status.st_mode) or uid is not None and (status.st_uid != uid or status.st_mode & 0o022):
+            return not_private(path, status, is_kind) or "%s is a link or not a file" % name
         if kind == "f" and seen != stamp(status) and digest != sha256(path):
             return "%s has changed" % name
     return None

@@ -331,7 +331,7 @@ def test_a_start_killed_mid_unpack_leaves_no_build_and_the_next_start_runs(pyz, 
     assert bootstrap().damage(str(root / name)) is None
 
 
-PLANTS = ["other-writable", "group-writable", "writable-module", "symlink", "foreign-owner"]
+PLANTS = ["other-writable", "group-writable", "writable-module", "linked-module", "symlink", "foreign-owner"]
 
 
 @pytest.mark.parametrize("how", PLANTS)
@@ -369,6 +369,9 @@ def test_a_build_folder_planted_in_the_cache_is_not_run(how, pyz, tmp_path):
             target.chmod(0o770)
         elif how == "writable-module":
             (target / "mero_mcp.py").chmod(0o666)
+        elif how == "linked-module":           # the same bytes, read through a link to a file outside
+            shutil.move(str(target / "mero_mcp.py"), str(tmp_path / "outside.py"))
+            (target / "mero_mcp.py").symlink_to(tmp_path / "outside.py")
         else:
             for parent, folders, files in os.walk(str(target)):
                 for entry in [parent] + [os.path.join(parent, f) for f in files]:
