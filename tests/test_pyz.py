@@ -455,6 +455,21 @@ def test_old_builds_go_but_the_previous_and_any_in_use(pyz, tmp_path):
     assert entries(root) == ["0.0.3-cccccccccccc", build_name(pyz)]
 
 
+def test_a_cache_folder_others_may_write_to_is_not_used(pyz, tmp_path):
+    env = pyz_env(tmp_path)
+    root = cache_of(env)
+    root.mkdir(parents=True)
+    root.chmod(0o777)
+    done = run(sys.executable, pyz, ["--version"], env)
+    assert done.returncode == 0 and done.stdout == "mero-mcp %s\n" % VERSION, done
+    assert done.stderr == "[mero-mcp] runs from %s itself, not unpacked (%s: %s may be written by others (mode 777) " \
+        "(chmod 700 it, or remove it))\n" % (pyz, bootstrap().SLOW, root), done.stderr
+    assert list(root.iterdir()) == []
+    check = run(sys.executable, pyz, ["--check"], env)
+    assert check.stderr == "" and "\nPyz:       runs from the zip itself, not unpacked (%s: %s may be written by " \
+        "others (mode 777) (chmod 700 it, or remove it))\n" % (bootstrap().SLOW, root) in check.stdout, check.stdout
+
+
 def test_an_old_python_gets_one_line_naming_the_pyz(pyz, tmp_path):
     python = old_python("3.6") or old_python("3.8")
     if python is None:
