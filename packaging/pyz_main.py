@@ -69,11 +69,11 @@ def unpacked(pyz):
         problem = damage(folder)           # again: another start may have unpacked it meanwhile
         if problem:
             if os.path.lexists(folder):
-                sys.stderr.write("[mero-mcp] the unpacked build %s is unpacked anew: %s\n" % (folder, problem))
+                say("the unpacked build %s is unpacked anew: %s" % (folder, problem))
                 discard(root, folder)
             try:
                 unpack(pyz, root, folder)
-            except (OSError, ValueError) as error:     # the disk said no, or a zip this start cannot read
+            except Exception as error:     # the disk said no, or a zip this start cannot read: run from the zip
                 return None, "unpacking into %s failed (%s)" % (root, getattr(error, "strerror", None) or error)
             problem = damage(folder)
             if problem:
@@ -311,6 +311,11 @@ def unless_in_use(root, folder):
         discard(root, folder)
 
 
+def say(line):
+    if sys.stderr is not None:           # spawned with stderr closed (2>&-): the server goes on without it
+        sys.stderr.write("[mero-mcp] %s\n" % line)
+
+
 def carry_system_ca(pyz):
     """Run from the zip, requests would have certifi unpack its CA file into the temp folder at every start, and
     nothing removes it (the server leaves by os._exit). Point certifi at the system's bundle instead, else at its
@@ -329,7 +334,7 @@ def main():
     if folder is None:
         FROM_ZIP = "%s: %s" % (SLOW, FROM_ZIP)
         if "--check" not in sys.argv[1:]:          # --check says it in its report
-            sys.stderr.write("[mero-mcp] runs from %s itself, not unpacked (%s)\n" % (pyz, FROM_ZIP))
+            say("runs from %s itself, not unpacked (%s)" % (pyz, FROM_ZIP))
         carry_system_ca(pyz)
     import mero_mcp
     return mero_mcp.main()
