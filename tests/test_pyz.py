@@ -105,13 +105,18 @@ def build_name(pyz):
     return "%s-%s" % tuple(re.search(r'^%s = "([^"]+)"' % key, text, re.M).group(1) for key in ("VERSION", "BUILD"))
 
 
-def bootstrap():
-    """packaging/pyz_main.py as a module (its main() is not run): its manifest writer and checker."""
+def packaging_module(name):
+    """packaging/<name>.py as a module under a name of its own (pyz_main's main() is not run)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("mero_mcp_pyz_main", str(ROOT / "packaging" / "pyz_main.py"))
+    spec = importlib.util.spec_from_file_location("mero_mcp_" + name, str(ROOT / "packaging" / (name + ".py")))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def bootstrap():
+    """The pyz's __main__: its build checker (damage)."""
+    return packaging_module("pyz_main")
 
 
 def run(python, pyz, args, env, **kw):
@@ -353,7 +358,7 @@ def test_a_build_folder_planted_in_the_cache_is_not_run(how, pyz, tmp_path):
     for compiled in (planted / "__pycache__").glob("mero_mcp.*.pyc"):
         compiled.unlink()
     pyz_main = bootstrap()
-    pyz_main.write_manifest(str(planted))
+    packaging_module("pyz_unpack").write_manifest(pyz_main, str(planted))
     assert pyz_main.damage(str(planted)) is None, "the planted build would pass every check but ownership"
     env = pyz_env(tmp_path)
     root = cache_of(env)
