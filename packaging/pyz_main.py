@@ -183,12 +183,14 @@ def main():
     folder, FROM_ZIP = unpacked(pyz)
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != pyz]
     sys.path.insert(0, folder or pyz)
-    if folder is None:
-        FROM_ZIP = "%s: %s" % (SLOW, FROM_ZIP)
-        if "--check" not in sys.argv[1:]:          # --check says it in its report
-            say("runs from %s itself, not unpacked (%s)" % (pyz, FROM_ZIP))
-        carry_system_ca(pyz)
+    if folder is not None:
+        import mero_mcp
+        return mero_mcp.main()
+    FROM_ZIP = "%s: %s" % (SLOW, FROM_ZIP)
+    carry_system_ca(pyz)                   # before requests is imported: it reads certifi's path once
     import mero_mcp
+    if not set(mero_mcp.ACTIONS).intersection(sys.argv[1:]):    # a server's start (--check says it in its report)
+        say("runs from %s itself, not unpacked (%s)" % (pyz, FROM_ZIP))
     return mero_mcp.main()
 
 

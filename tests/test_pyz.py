@@ -465,11 +465,14 @@ def test_a_cache_folder_others_may_write_to_is_not_used(pyz, tmp_path):
     root = cache_of(env)
     root.mkdir(parents=True)
     root.chmod(0o777)
-    done = run(sys.executable, pyz, ["--version"], env)
-    assert done.returncode == 0 and done.stdout == "mero-mcp %s\n" % VERSION, done
-    assert done.stderr == "[mero-mcp] runs from %s itself, not unpacked (%s: %s may be written by others (mode 777) " \
-        "(chmod 700 it, or remove it))\n" % (pyz, bootstrap().SLOW, root), done.stderr
-    assert list(root.iterdir()) == []
+    version = run(sys.executable, pyz, ["--version"], env)      # answered at once: nothing said about the zip
+    assert (version.returncode, version.stdout, version.stderr) == (0, "mero-mcp %s\n" % VERSION, ""), version
+    served = run(sys.executable, pyz, [], env, input="")          # a server's start, ended by stdin's end
+    assert served.returncode == 0 and served.stdout == "", served
+    assert served.stderr.startswith("[mero-mcp] runs from %s itself, not unpacked (%s: %s may be written by others "
+                                    "(mode 777) (chmod 700 it, or remove it))\n" % (pyz, bootstrap().SLOW, root)), \
+        served.stderr
+    assert served.stderr.count("runs from") == 1 and list(root.iterdir()) == []
     check = run(sys.executable, pyz, ["--check"], env)
     assert check.stderr == "" and "\nPyz:       runs from the zip itself, not unpacked (%s: %s may be written by " \
         "others (mode 777) (chmod 700 it, or remove it))\n" % (bootstrap().SLOW, root) in check.stdout, check.stdout
