@@ -390,22 +390,34 @@ def test_a_build_folder_planted_in_the_cache_is_not_run(how, pyz, tmp_path):
     assert entries(root) == [name]
 
 
-@pytest.mark.parametrize("damage", ["deleted", "changed"])
+@pytest.mark.parametrize("damage", ["deleted", "changed", "bytecode"])
 def test_a_damaged_build_is_unpacked_anew(damage, pyz, double, tmp_path):
-    """node.py (every tool needs it) deleted, or changed with its bytecode gone so the change would run: the next
-    start finds it out against the manifest, says so and unpacks the build anew; the session then works."""
+    """node.py (every tool needs it) deleted, or changed with its bytecode gone so the change would run, or its
+    bytecode replaced (the source left as it was: the unpack's bytecode is never checked against it, so the
+    manifest must cover the bytecode too): the next start finds it out against the manifest, says so and unpacks
+    the build anew; the session then works."""
+    import importlib.util
+    import py_compile
     env = pyz_env(tmp_path, double)
     assert run(sys.executable, pyz, ["--version"], env).returncode == 0
     folder = cache_of(env) / build_name(pyz)
+    compiled = folder / "__pycache__" / ("node.%s.pyc" % sys.implementation.cache_tag)
     if damage == "deleted":
         (folder / "node.py").unlink()
+    elif damage == "bytecode":
+        assert compiled.is_file(), "the unpack precompiles node.py"
+        (tmp_path / "changed.py").write_text("raise SystemExit('changed')\n", encoding="utf-8")
+        py_compile.compile(str(tmp_path / "changed.py"), cfile=str(compiled), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        assert importlib.util.source_hash((folder / "node.py").read_bytes()) != compiled.read_bytes()[8:16]
     else:
         with open(str(folder / "node.py"), "a", encoding="utf-8") as module:
             module.write("\nraise SystemExit('changed')\n")
         for compiled in (folder / "__pycache__").glob("node.*.pyc"):
             compiled.unlink()
     server = session_against([sys.executable, "-I", "-S", str(pyz)], env)
-    why = "node.py is missing" if damage == "deleted" else "node.py has changed"
+    why = {"deleted": "node.py is missing", "changed": "node.py has changed",
+           "bytecode": "__pycache__/%s has changed" % compiled.name}[damage]
     said = "[mero-mcp] the unpacked build %s is unpacked anew: %s\n" % (folder, why)
     assert server.stderr.startswith(said) and server.stderr.count("unpacked anew") == 1, server.stderr
     assert bootstrap().damage(str(folder)) is None
