@@ -470,6 +470,9 @@ def test_old_builds_go_but_the_previous_and_any_in_use(pyz, tmp_path):
         assert entries(root) == ["0.0.2-bbbbbbbbbbbb", "0.0.3-cccccccccccc", build_name(pyz)]
     assert run(sys.executable, pyz, ["--version"], env).returncode == 0           # let go: it goes
     assert entries(root) == ["0.0.3-cccccccccccc", build_name(pyz)]
+    dead.mkdir()                   # a start that died since, and nothing else to tidy: a start whose build is whole
+    assert run(sys.executable, pyz, ["--version"], env).returncode == 0           # removes its scratch folder
+    assert entries(root) == ["0.0.3-cccccccccccc", build_name(pyz)]
 
 
 def test_a_cache_folder_others_may_write_to_is_not_used(pyz, tmp_path):
