@@ -1051,6 +1051,33 @@ def auth_advice(mode: Optional[str]) -> str:
                 "(or CALIMERO_AUTH_TOKEN), or use Connect AI agent in the Calimero desktop app.")
 
 
+def start_fix(env: Mapping[str, str], name: Optional[str], url: str, variable: Optional[str]) -> Optional[str]:
+    """What to do about a node that does not answer (issue 42): the command that starts it when a node home on this
+    machine holds it (the home of its name whose config gives this url, else the one home that does), with --home
+    when the node home is not merod's default; else check the node at `url` and the `variable` naming it (None:
+    nothing to say)."""
+    homes = [entry for entry in node_dirs(env) if entry.url and same_node(entry.url, url)]
+    home = next((entry for entry in homes if entry.name == name), homes[0] if len(homes) == 1 else None)
+    if home is None:
+        return variable and ("Check that the node at %s runs (start it on its machine), and that %s names the "
+                             "right URL." % (display_url(url), variable))
+    where = node_home(env)
+    flag = "" if os.path.normpath(where) == os.path.join(_home(env), ".calimero") else " --home %s" % where
+    return "Start it: merod%s --node %s run (its home: %s)." % (flag, home.name, os.path.join(where, home.name))
+
+
+def sign_in_fix(env: Mapping[str, str], name: Optional[str], url: Optional[str], default: bool, mode: str) -> str:
+    """The variables that sign in to a node that refused the login (auth_plan's rules): the default node's mode's,
+    else the username and password, which reach only nodes on this machine."""
+    if default:
+        return auth_advice(mode)
+    if is_loopback_url(url):
+        return ("Set CALIMERO_USERNAME and CALIMERO_PASSWORD (or CALIMERO_PASSWORD_FILE) to an admin account of "
+                "node %s: they sign in to the default node and to nodes on this machine." % name)
+    return ("Only the default node signs in to a remote node: make it the default (CALIMERO_NODE_NAME=%s) with "
+            "CALIMERO_AUTH_TOKEN or CALIMERO_USERNAME and CALIMERO_PASSWORD." % name)
+
+
 # ── The registry: where the node installs package@version from (§0.7) ──────────────────────────
 
 REGISTRY_VARIABLE = "CALIMERO_REGISTRY_URL"
