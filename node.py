@@ -1679,6 +1679,9 @@ def _report_packages(report) -> bool:
         except metadata.PackageNotFoundError:         # importable, but installed without metadata
             found.append(package)
     report.line("Python", "%s (%s)" % (sys.executable, ", ".join(found)))
+    from_zip = getattr(sys.modules.get("__main__"), "FROM_ZIP", None)     # the pyz's bootstrap: why not unpacked
+    if isinstance(from_zip, str):
+        report.line("Pyz", "runs from the zip itself, not unpacked (%s)" % from_zip)
     if failed:                            # one problem naming every missing package
         report.problem(missing_package(*failed, advice=False), install_advice(absent_packages(failed[0])))
     return "requests missing" not in found

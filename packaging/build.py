@@ -5,8 +5,8 @@
     python3 packaging/build.py mcpb [--out DIR] [--wheels DIR]   -> DIR/mero-mcp-<version>.mcpb (the pyz inside)
     python3 packaging/build.py server-json                       -> server.json, the MCP registry's entry
 
-The pyz holds our modules (setup.cfg's py_modules), LICENSE, THIRD_PARTY_NOTICES.txt, the build file node.py recognises it by
-and the pure-Python wheels packaging/requirements.txt pins by hash (their tests, benchmarks, type stubs and RECORD
+The pyz holds our modules (setup.cfg's py_modules), LICENSE, THIRD_PARTY_NOTICES.txt, the build file node.py recognises it by,
+its __main__.py (pyz_main.py) and pyz_unpack.py, and the pure-Python wheels packaging/requirements.txt pins by hash (their tests, benchmarks, type stubs and RECORD
 left out). The wheels are downloaded by pip at build time into --wheels (default build/wheels), and taken from there
 while their hashes match. Members are sorted and dated 1980-01-01: the same inputs give the same bytes.
 """
@@ -172,6 +172,7 @@ def pyz_members(wheel_folder):
     for name in our_files():
         members[name] = (ROOT / name).read_bytes()
     members[NOTICES] = notices(packages).encode("utf-8")
+    members["pyz_unpack.py"] = (PACKAGING / "pyz_unpack.py").read_bytes()      # __main__'s unpacking, imported as needed
     members[PYZ_MARK] = (json.dumps({"name": "mero-mcp", "version": version(), "python": PYTHON_REQUIRES,
                                      "carries": vendored}, indent=1, sort_keys=True) + "\n").encode("utf-8")
     digest = hashlib.sha256()
