@@ -340,7 +340,10 @@ def named_text(carrier):
     return carriers_text([carrier])
 
 
-@tool("list_group_members", "Members of a group, with their roles.",
+MEMBER = text_property("Identity, as members list it.")     # one name for the account in every answer
+
+
+@tool("list_group_members", "Members of a group: identity, role, and node when it is one of yours.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
     listed = call.node.group_members(args["group"])
@@ -370,7 +373,7 @@ def node_accounts(nodes):
       {"group": GROUP_ID,
        "members": {"type": "array", "minItems": 1,
                    "items": {"type": "object", "required": ["identity", "role"], "properties": {
-                       "identity": text_property("Account id."),
+                       "identity": MEMBER,
                        "role": text_property("Admin, Member or ReadOnly.")}}}},
       required=("group", "members"), toolset="governance")
 def add_group_members(args, call):
@@ -381,7 +384,7 @@ def add_group_members(args, call):
 
 
 @tool("remove_group_members", "Remove members from a group.",
-      {"group": GROUP_ID, "members": {"type": "array", "minItems": 1, "items": text_property("Account id.")}},
+      {"group": GROUP_ID, "members": {"type": "array", "minItems": 1, "items": MEMBER}},
       required=("group", "members"), annotations=DESTRUCTIVE, toolset="governance")
 def remove_group_members(args, call):
     node, group = call.node, args["group"]
@@ -416,7 +419,7 @@ MEMBER_ROLES = ("Admin", "Member", "ReadOnly")       # the node assigns its TEE 
 
 
 @tool("set_member_role", "Change a group member's role.",
-      {"group": GROUP_ID, "member": text_property("Account id."),
+      {"group": GROUP_ID, "member": MEMBER,
        "role": {"type": "string", "enum": list(MEMBER_ROLES)}},
       required=("group", "member", "role"), toolset="governance")
 def set_member_role(args, call):
@@ -753,7 +756,8 @@ def subgroups_not_moved(node, group, version):
         return {}
     return {"subgroupsNotMoved": behind[:LISTED_CONTEXTS],
             "subgroupsNote": "Without cascade these %d subgroups keep their version: upgrade_group %s again with "
-                             "cascade: true moves them all, or upgrade_group one by its groupId." % (len(behind), group)}
+                             "cascade: true moves them all, or upgrade_group one by its groupId."
+                             % (len(behind), group)}
 
 
 def group_name(node, group):
