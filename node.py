@@ -1537,6 +1537,9 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     return report.finish()
 
 
+CHECK_PROBES = 16       # nodes --check probes at once: a directory of 600 is 600 threads otherwise
+
+
 def _report_named_nodes(report, env, directory) -> None:
     """Multi-node mode: one line per named node (its health and how it signs in), all probed at once. A node
     other than the default being down is said, not fatal: the server works without it. The default's own lines
@@ -1552,7 +1555,7 @@ def _report_named_nodes(report, env, directory) -> None:
             return named, str(error), False
 
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=len(directory.nodes)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(directory.nodes), CHECK_PROBES)) as pool:
         results = list(pool.map(line, directory.nodes))
     for named, said, ok in results:
         label = "%s%s%s" % (named.name, " (default)" if named == directory.default else "",

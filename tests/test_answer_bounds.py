@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mcp_client import minimal_env, run_check
 from node_double import NodeDouble
 
 HERE = Path(__file__).resolve().parent
@@ -33,3 +34,22 @@ def test_an_inline_record_shows_its_fields_in_signatures_describe_app_and_events
     assert "record" not in shown
     tick = next(tool for tool in server.result("tools/list")["tools"] if tool["name"].endswith("_tick"))
     assert "{ tick: u32, note?: string }" in tick["description"]
+
+
+# ---- --check probes on a bounded pool ----
+
+def test_check_probes_many_nodes_a_few_at_a_time(tmp_path):
+    double = NodeDouble().start()
+    try:
+        double.slow["/admin-api/health"] = 0.2          # every probe in flight long enough to overlap
+        nodes = ",".join("n%d=%s" % (index, double.url) for index in range(60))
+        env = minimal_env(tmp_path / "home", {"CALIMERO_NODES": nodes, "CALIMERO_MCP_STATE_DIR": tmp_path / "state",
+                                              "CALIMERO_NODE_HOME": tmp_path / "nodes"})
+        done = run_check(env)
+        assert "n59" in done.stdout
+        probes = [entry for entry in double.log if entry["path"] == "/admin-api/health" and "done_at" in entry]
+        assert len(probes) >= 60
+        overlap = max(sum(1 for other in probes if other["at"] <= entry["at"] < other["done_at"]) for entry in probes)
+        assert overlap <= 16, "%d probes were in flight at once" % overlap
+    finally:
+        double.stop()
