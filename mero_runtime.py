@@ -892,8 +892,13 @@ def paged(tool, args, value, rows_key, id_key):
 
 
 def row_key(row, id_key):
-    """A row's place in id order, as JSON a cursor can carry: a string id as it is, anything else after them."""
-    value = row.get(id_key) if isinstance(row, dict) else None
+    """A row's place in id order, as JSON a cursor can carry: a string id as it is, anything else after them. A
+    tuple of keys is a compound id (a registry package per signer): its strings joined by NUL, "" for one absent."""
+    if isinstance(id_key, tuple):
+        parts = [row.get(key) if isinstance(row, dict) else None for key in id_key]
+        value = "\0".join(part if isinstance(part, str) else "" for part in parts) if isinstance(parts[0], str) else None
+    else:
+        value = row.get(id_key) if isinstance(row, dict) else None
     return [0, value] if isinstance(value, str) else [1, json.dumps(value, sort_keys=True)]
 
 
@@ -974,8 +979,9 @@ def shortened(row, id_key):
     short = cut(row)
     if row_cost(short) <= TEXT_BOUND // 2:
         return short
-    return {id_key: row.get(id_key), "cut": "This row is %d characters, more than one answer carries."
-            % row_cost(row)}
+    keys = id_key if isinstance(id_key, tuple) else (id_key,)
+    return dict({key: row.get(key) for key in keys if key == keys[0] or key in row},
+                cut="This row is %d characters, more than one answer carries." % row_cost(row))
 
 
 def query_fingerprint(tool, args):

@@ -915,27 +915,53 @@ def list_registry(args, call):
     if place.url is None:
         raise ToolError(place.problem)
     shown = node_module().display_url(place.url)        # never its userinfo, query or fragment
-    installed = {app.package: app.version for app in entry.apps.installed()}
+    apps = entry.apps.installed()
+    installed = {app.package: app.version for app in apps}
+    installed.update({(app.package, app.signer_id): app.version for app in apps})
     rows = node.registry_bundles(package)
+    several = several_signers(rows)
     if package:
         if not rows:
             raise ToolError("The registry at %s has no package %s. %s" % (shown, package,
                                                                           registry_instead(node, package)))
         meta = rows[-1].get("metadata") or {}
-        return {"registry": shown, "package": package, "name": meta.get("name"),
-                "description": meta.get("description"), "installed": installed.get(package),
-                "versions": [dict({"version": r.get("appVersion")}, **({"yanked": True} if r.get("yanked") else {}))
-                             for r in rows]}
-    listed = [registry_row(row, installed) for row in rows]
-    return paged("list_registry", args, {"registry": shown, "packages": listed}, "packages", "package")
+        answer = {"registry": shown, "package": package, "name": meta.get("name"),
+                  "description": meta.get("description"), "installed": installed.get(package),
+                  "versions": [dict({"version": r.get("appVersion")}, **signed_by(r, several),
+                                    **({"yanked": True} if r.get("yanked") else {})) for r in rows]}
+        if package in several:
+            answer["signers"] = SIGNERS_NOTE % (len(several[package]), package)
+        return answer
+    listed = [registry_row(row, installed, several) for row in rows]
+    return paged("list_registry", args, {"registry": shown, "packages": listed}, "packages", ("package", "signer"))
 
 
-def registry_row(row, installed):
+SIGNERS_NOTE = ("%d signers publish %s: each row names its signer, and each signer's bundle installs as an "
+                "application of its own (an application id hashes package and signer).")
+
+
+def several_signers(rows):
+    """{package: its signers} for the packages more than one signer publishes."""
+    signers = {}
+    for row in rows:
+        signers.setdefault(row["package"], set()).add(row.get("signerId"))
+    return {package: found for package, found in signers.items() if len(found) > 1}
+
+
+def signed_by(row, several):
+    return {"signer": row.get("signerId")} if row["package"] in several else {}
+
+
+def registry_row(row, installed, several=()):
     meta = row.get("metadata") or {}
     description = meta.get("description")
-    return {"package": row["package"], "version": row.get("appVersion"), "name": meta.get("name"),
-            "description": description[:DESCRIPTION_LIMIT] if isinstance(description, str) else description,
-            "installed": installed.get(row["package"])}
+    signed = signed_by(row, several)
+    shown = dict({"package": row["package"]}, **signed)
+    if signed:
+        shown["note"] = SIGNERS_NOTE % (len(several[row["package"]]), row["package"])
+    return dict(shown, version=row.get("appVersion"), name=meta.get("name"),
+                description=description[:DESCRIPTION_LIMIT] if isinstance(description, str) else description,
+                installed=installed.get((row["package"], row.get("signerId")) if signed else row["package"]))
 
 
 INSTALLED_NOTE = ("A host that does not reload its tool list (Claude Code does not) shows no tools for it until "
@@ -994,7 +1020,25 @@ def package_and_version(coords):
     package, _, version = coords.partition("@")
     if coords.count("@") != 1 or not package or not version or any(c.isspace() for c in coords):
         raise ToolError('Expected package@version, got "%s".' % coords)
+    for part, name, limit in ((package, "package", 128), (version, "version", 64)):
+        refuse_unsafe_segment(part, name, limit)
     return package, version
+
+
+def refuse_unsafe_segment(part, name, limit):
+    """Package and version become path segments of the registry URL the node fetches ({base_url}/artifacts/{pkg}/
+    {ver}/{pkg}-{ver}.mpk, node-api.md §0.7): a character that leaves the segment (or a name past the node's
+    limit, §0.5) is refused here, naming it, rather than sent to fetch another path."""
+    if len(part) > limit:
+        raise ToolError("The %s is %d characters; the node takes at most %d." % (name, len(part), limit))
+    found = next((c for c in ("..", "/", "\\", "?", "#", "%") if c in part), None)
+    if found is None:
+        found = next((c for c in part if not c.isprintable()), None)
+    if found is not None:
+        raise ToolError("The %s %s holds %s, which a %s may not: it is a path segment of the registry address the "
+                        "node fetches, and would make it fetch another path. Nothing was sent; list_registry lists "
+                        "what the registry publishes." % (name, json.dumps(cut_text(part, 100), ensure_ascii=False),
+                                                          json.dumps(found), name))
 
 
 @tool("uninstall_application", "Uninstall an application from this node.",

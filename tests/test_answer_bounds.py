@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mcp_client import minimal_env, run_check
-from node_double import NodeDouble
+from node_double import NodeDouble, kv_store_manifest, kv_store_spec, sample_double
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,3 +55,62 @@ def test_check_probes_many_nodes_a_few_at_a_time(tmp_path):
         assert overlap <= 16, "%d probes were in flight at once" % overlap
     finally:
         double.stop()
+
+
+# ---- the registry: one package from two signers; a package name that would leave its path segment ----
+
+def notes(version, signer, description="Notes."):
+    return {"package": "com.x.notes", "version": version, "signer_id": signer,
+            "metadata": {"name": "Notes", "description": description}, "abi": kv_store_manifest()}
+
+
+def test_two_signers_of_one_package_are_listed_each_with_its_signer(serve):
+    double = sample_double()
+    double.registry.update({"com.x.notes@1.0.0": notes("1.0.0", "did:key:alice"),
+                            "com.x.notes@2.0.0": notes("2.0.0", "did:key:bob"),
+                            "com.calimero.kv-store@1.0.0": kv_store_spec()})
+    server = serve(double, CALIMERO_REGISTRY_URL=double.start().registry_url)
+    listed = server.call_tool("list_registry", {})
+    assert not listed.get("isError"), listed
+    rows = listed["structuredContent"]["packages"]
+    assert [(row["package"], row.get("signer")) for row in rows] == [
+        ("com.calimero.kv-store", None), ("com.x.notes", "did:key:alice"), ("com.x.notes", "did:key:bob")]
+    assert [row["version"] for row in rows[1:]] == ["1.0.0", "2.0.0"]
+    assert all(row["note"].startswith("2 signers publish com.x.notes") for row in rows[1:])
+    assert "note" not in rows[0] and rows[0]["installed"] == "1.0.0"
+    versions = server.call_tool("list_registry", {"package": "com.x.notes"})["structuredContent"]
+    assert versions["versions"] == [{"version": "1.0.0", "signer": "did:key:alice"},
+                                    {"version": "2.0.0", "signer": "did:key:bob"}]
+    assert versions["signers"].startswith("2 signers publish com.x.notes")
+
+
+def test_many_signers_of_one_package_page_without_losing_a_row(serve):
+    double = sample_double()
+    for index in range(400):                 # every page boundary falls inside the one package
+        double.registry["com.x.notes@1.%d.0" % index] = notes("1.%d.0" % index, "did:key:s%03d" % index, "n" * 150)
+    server = serve(double, CALIMERO_REGISTRY_URL=double.start().registry_url)
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = server.call_tool("list_registry", {"cursor": cursor} if cursor else {})
+        assert not page.get("isError"), page
+        seen += [row["signer"] for row in page["structuredContent"]["packages"]]
+        cursor, pages = page["structuredContent"].get("nextCursor"), pages + 1
+        if cursor is None:
+            break
+    assert pages > 1
+    assert sorted(seen) == ["did:key:s%03d" % index for index in range(400)]
+
+
+@pytest.mark.parametrize("coords, said", [
+    ("com.x/../../admin@1.0.0", '".."'), ("com.x/notes@1.0.0", '"/"'), ("com.x?raw=1@1.0.0", '"?"'),
+    ("com.x#frag@1.0.0", '"#"'), ("com.x%2fnotes@1.0.0", '"%"'), ("com.x.notes@1.0/../2", '".."'),
+])
+def test_a_package_that_would_leave_its_path_segment_is_refused_naming_the_character(serve, coords, said):
+    double = sample_double()
+    server = serve(double, CALIMERO_REGISTRY_URL=double.start().registry_url)
+    before = len(double.log)
+    result = server.call_tool("install_application", {"coords": coords})
+    assert result.get("isError"), result
+    text = result["content"][0]["text"]
+    assert ("holds %s" % said) in text and "Nothing was sent" in text, text
+    assert not [entry for entry in double.log[before:] if entry["path"] == "/admin-api/install-application"]
