@@ -41,12 +41,16 @@ def what_ran(apps, context_id, method, named, returns_nothing=False):
     alias = next((value.strip() for value in named if isinstance(value, str) and value.strip()
                   and value.strip() != context_id), None)
     if alias:
-        label = ' (alias "%s")' % alias
+        label = ' (alias %s)' % quoted_text(alias)
     else:
-        name = context_name(apps, context_id)
-        label = ' (named "%s")' % cut_text(name, NAME_SHOWN) if name else ""
+        name = context_name(apps, context_id)      # a member wrote it: quoted, it can pose as no line of ours
+        label = ' (named %s)' % quoted_text(cut_text(name, NAME_SHOWN)) if name else ""
     return {"type": "text", "text": "%s ran in context %s%s%s" % (
         method, context_id, label, "; it returns nothing." if returns_nothing else ".")}
+
+
+def quoted_text(text):
+    return json.dumps(text, ensure_ascii=False)
 
 
 def context_name(apps, context_id):

@@ -829,11 +829,9 @@ def compact_text(value):
 
 
 def plain_text(value):
-    """An app's result as `call` shows it: a string raw, but "" as `""` (an empty text reads as no answer at all,
-    and a model retries); anything else as JSON."""
-    if value == "":
-        return '""'
-    return value if isinstance(value, str) else json_text(value)
+    """An app's result as `call` shows it: JSON, a string quoted as a generated tool shows it, so no app's text
+    can pose as a line of the server (a host may join the blocks of an answer)."""
+    return json_text(value)
 
 
 def refuse_oversized(method, text, bound, where=None):
