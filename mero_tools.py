@@ -608,8 +608,8 @@ def wait_for_sync(args, call):
         if time.monotonic() >= deadline or call.ticket.is_set():
             raise ToolError(json_text(sync_answer(rows, reads, "not in sync after %gs: %s" % (
                 timeout, sync_diagnosis(rows, reads, proved)), proved, left_out)))
-        if not call.server.config.read_only:
-            ask_laggards(entries, rows, context_id, asked_at, within(call_deadline, call))
+        if not call.server.config.read_only:     # a nudge whose answer is not needed: never past `timeout`
+            ask_laggards(entries, rows, context_id, asked_at, within(deadline, call))
         time.sleep(max(0.0, min(SYNC_POLL_SECONDS, deadline - time.monotonic())))
 
 

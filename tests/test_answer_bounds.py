@@ -5,6 +5,7 @@ Each through the real server against the node double."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,24 @@ def test_an_apps_string_and_a_context_name_are_shown_as_json_data(serve):
     many = server.call_tool("call_many", {"calls": [{"app": KV, "context": named, "method": "get",
                                                      "args": {"key": "k"}}]})
     assert json.loads(many["content"][0]["text"])[0]["result"] == posing
+
+
+# ---- wait_for_sync keeps its clock though a lagging node's sync answers slowly ----
+
+def test_wait_for_sync_answers_its_timeout_though_a_laggards_sync_is_slow(network, several):
+    from test_node_double import output_of
+    from test_several_nodes import pair, whole_flow
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url))
+    _, context = whole_flow(server)
+    network.settle()
+    network.gossip_delay = 60                      # node2 lags: the write below reaches it only by a sync
+    output_of(node1, context, "set", {"key": "k", "value": "v"})
+    node2.slow["/admin-api/contexts/sync/"] = 8    # and its sync answers after 8 s
+    started = time.monotonic()
+    refused = server.call_tool("wait_for_sync", {"context": context, "nodes": ["node1", "node2"], "timeout": 1},
+                               timeout=60)
+    took = time.monotonic() - started
+    assert refused.get("isError") and "not in sync after 1s" in refused["content"][0]["text"], refused
+    assert node2.requests_to("POST", "/admin-api/contexts/sync/"), "the laggard was asked to sync"
+    assert took < 2.5, "timeout: 1 answered after %.1f s" % took        # it was 3 s (1 + a probe's 2 s)
