@@ -18,6 +18,8 @@ from mero_apps import (admit_by_context, admit_handle, Admitted, agreed_context,
     context_service, execute, find_method, follow_early_for_call, foreign_handle, GENERIC_RETRY, GUIDE_SHOWN_NOTE,
     handle_for, one_line, Ran, read_handle, refusal_for, resolve_as_given, SERVICE_NOTE, sign_handle,
     some_contexts, TOOLS_NOTE, Unit, what_ran, wire_arguments)
+from mero_apps import events_block, events_reserve, fitted_blocks, merged_by_context     # an answer's blocks fitted
+from mero_runtime import node_line_size, room_left
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -1562,11 +1564,9 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
 def call_tool(args, call):
     apps = call.apps
     ran = run_call(apps, args)
-    text = plain_text(ran.value)
     where = what_ran(apps, ran.context_id, args.get("method"), [args.get(key) for key in ("_context", "context")],
                      ran.unit_null)
-    refuse_oversized(args.get("method"), text, call.server.config.result_bound, where)
-    return {"content": [{"type": "text", "text": text}, where] + ([ran.emitted] if ran.emitted else [])}
+    return {"content": fitted_blocks(call, args.get("method"), plain_text(ran.value), where, ran.emitted)}
 
 
 def run_call(apps, args, cancelled=None):
@@ -1638,12 +1638,17 @@ def call_many(args, call):
             progress(call, done[0], len(items))
     list(call_pool().map(run, range(len(items))))
     ran_on = rows_nodes(results)
-    heard = [(index, item.pop("emitted")) for index, item in enumerate(results) if item.get("emitted")]
-    answer = json_text(with_errors_fitted(collapsed_runs(results)))
+    heard = merged_by_context([(index, item.pop("emitted")) for index, item in enumerate(results)
+                               if item.get("emitted")])
+    # The items' rows, then one events block per context they wrote to, each cut to its share of the room left.
+    reserve = node_line_size(call, ran_on) + sum(events_reserve(e.context_id, e.items) for e in heard)
+    answer = [{"type": "text", "text": json_text(with_errors_fitted(collapsed_runs(results), TEXT_BOUND - reserve))}]
     if not heard:
-        return Reply(answer, ran_on)
-    return Reply({"content": [{"type": "text", "text": answer}] + [
-        {"type": "text", "text": "Item %d. %s" % (index, block["text"])} for index, block in heard]}, ran_on)
+        return Reply(answer[0]["text"], ran_on)
+    for index, emitted in enumerate(heard):
+        later = sum(events_reserve(e.context_id, e.items) for e in heard[index + 1:])
+        answer.append(events_block(emitted, room_left(call, answer, ran_on) - later))
+    return Reply({"content": answer}, ran_on)
 
 
 def collapsed_runs(results):
@@ -1676,17 +1681,18 @@ def item_names(index, item):
 ECHOED_NAME = 200
 
 
-def with_errors_fitted(results):
-    """call_many's answer within TEXT_BOUND: each error cut to its share when together they pass it, then the
-    largest results, from the last, replaced by a line saying the item ran and which single call shows it."""
-    if len(json_text(results)) <= TEXT_BOUND:
+def with_errors_fitted(results, limit=TEXT_BOUND):
+    """call_many's rows within `limit` (TEXT_BOUND less what the blocks after them take at least): each error cut
+    to its share when together they pass it, then the largest results, from the last, replaced by a line saying
+    the item ran and which single call shows it."""
+    if len(json_text(results)) <= limit:
         return results
     # Each error's share is what the items' other fields (their names included) leave.
     frame = len(json_text([dict(item, error="") if not item["ok"] else item for item in results]))
-    share = max(200, (TEXT_BOUND - min(frame, TEXT_BOUND // 2)) // len(results) - 20)
+    share = max(200, (limit - min(frame, limit // 2)) // len(results) - 20)
     results = [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
     for index in sorted(range(len(results)), key=lambda i: -len(json_text(results[i].get("result")))):
-        if len(json_text(results)) <= TEXT_BOUND:
+        if len(json_text(results)) <= limit:
             break
         item = results[index]
         if item["ok"]:

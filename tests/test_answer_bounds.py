@@ -5,13 +5,14 @@ Each through the real server against the node double."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from mcp_client import minimal_env, run_check
-from node_double import NodeDouble, kv_store_manifest, kv_store_spec, sample_double
+from node_double import NodeDouble, hex_id, kv_store_manifest, kv_store_spec, sample_double
 
 HERE = Path(__file__).resolve().parent
 KV = "com.calimero.kv-store"
@@ -116,6 +117,107 @@ def test_a_package_that_would_leave_its_path_segment_is_refused_naming_the_chara
     text = result["content"][0]["text"]
     assert ("holds %s" % said) in text and "Nothing was sent" in text, text
     assert not [entry for entry in double.log[before:] if entry["path"] == "/admin-api/install-application"]
+
+
+# ---- a busy context: every block of an app call's answer fitted, the app's value never the part that goes ----
+
+BOUND = 60000
+MORE = re.compile(r"; (\d+) more: events after (\d+) \(the events tool with after \2 lists them\)\.$")
+
+
+def until(produce, what, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = produce()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.05)
+
+
+def entries(server, **arguments):
+    return server.tool_json("events", dict({"context": "demo"}, **arguments), timeout=90)["entries"]
+
+
+def busy(server, double, name, arguments, peers=60):
+    """Run one tool call while peers write `peers` events of ~2,000 characters each into its context: the execute
+    is held until the server has heard them all."""
+    context = double._aliases["context"]["demo"]
+    until(lambda: server.tool_json("events", {"context": "demo"})["stream"] == "live", "the stream to go live")
+    double.exec_delay = 60                         # the execute held until release()
+    server.send({"jsonrpc": "2.0", "id": 4301, "method": "tools/call", "params": {"name": name,
+                                                                                 "arguments": arguments}})
+    until(lambda: double.unanswered(path_prefix="/jsonrpc"), "the execute to arrive")
+    for index in range(peers):
+        double.sse_mutation(context, [("Inserted", {"key": "peer-%d" % index, "value": "p" * 1900})],
+                            new_root=hex_id("peer-root-%d" % index))
+    double._sse_flush(timeout=30)                  # written to the stream (the server answers one call at a time)
+    time.sleep(1.0)                                # and read by its reader before the execute answers
+    double.exec_delay = 0
+    double.release()
+    return server.wait_for(4301, timeout=90)["result"]
+
+
+def text_size(result):
+    return sum(len(block["text"]) for block in result["content"])
+
+
+def cut_events(block):
+    """The entries a cut events block lists, and its "N more: events after X" (N, X)."""
+    found = MORE.search(block)
+    assert found, block[-300:]
+    listed = block[:found.start()].split("data): ", 1)[1]
+    return json.loads(listed), (int(found.group(1)), int(found.group(2)))
+
+
+@pytest.fixture
+def busy_double():
+    double = sample_double()
+    yield double
+    double.exec_delay = 0
+    double.release()
+
+
+def test_a_busy_contexts_events_are_cut_to_the_room_left_and_the_value_stays_whole(serve, busy_double):
+    double = busy_double
+    server = serve(double, CALIMERO_MCP_TIMEOUT="60")
+    value = "v" * 30000
+    assert not server.call_tool("call", {"app": KV, "context": "demo", "method": "set",
+                                         "args": {"key": "big", "value": value}}).get("isError")
+    result = busy(server, double, "kv_store_get_or_insert", {"_context": "demo", "key": "big", "value": "x"})
+    assert not result.get("isError"), result
+    assert result["structuredContent"] == {"result": value}                  # the app's value kept whole
+    assert result["content"][0]["text"] == json.dumps(value)
+    assert result["content"][1]["text"].startswith("get_or_insert ran in context")
+    assert text_size(result) <= BOUND, text_size(result)
+    shown, (more, after) = cut_events(result["content"][2]["text"])
+    assert shown and more > 0 and shown[-1]["n"] == after
+    rest = entries(server, after=after)
+    assert rest[0]["n"] == after + 1                                       # the events tool goes on from there
+
+    result = busy(server, double, "call", {"app": KV, "context": "demo", "method": "get_or_insert",
+                                           "args": {"key": "big", "value": "x"}})
+    assert result["content"][0]["text"] == json.dumps(value) and text_size(result) <= BOUND
+    cut_events(result["content"][-1]["text"])
+
+
+def test_call_manys_events_are_one_block_per_context_fitted_with_its_rows(serve, busy_double):
+    double = busy_double
+    server = serve(double, CALIMERO_MCP_TIMEOUT="60")
+    for key in ("a", "b"):
+        server.call_tool("call", {"app": KV, "context": "demo", "method": "set",
+                                  "args": {"key": key, "value": key * 20000}})
+    calls = [{"app": KV, "context": "demo", "method": "get_or_insert", "args": {"key": key, "value": "x"}}
+             for key in ("a", "b")]
+    result = busy(server, double, "call_many", {"calls": calls})
+    assert not result.get("isError"), result
+    assert text_size(result) <= BOUND, text_size(result)
+    rows = json.loads(result["content"][0]["text"])                        # whole JSON, both values in it
+    assert [row["result"] for row in rows] == ["a" * 20000, "b" * 20000]
+    assert len(result["content"]) == 2                                     # both items heard one context: one block
+    block = result["content"][1]["text"]
+    assert block.startswith("Items 0, 1. Events in context ")
+    cut_events(block)
 
 
 # ---- app data never reads as the server ----
