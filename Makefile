@@ -70,13 +70,13 @@ endif
 # Only the tests those two packages decide run here, about 1 min 15 s after the suite's 5 on 2 cores: test_abi (every
 # schema and its problem texts), test_fixed_tools and test_app_tools (the tools through the real server), test_node
 # (all node I/O through requests), test_adversarial (bad input), test_names_and_rows and test_lifecycle (the
-# tools added since, through the same checks) and test_faults (the total deadline watches urllib3's connections,
-# and 2.25.1 brings urllib3 1.26). No Python 3.9 here: one line, and no failure.
+# tools added since, through the same checks), test_faults and test_stream_bounds (deadlines and the stream watch
+# and read urllib3's connections, and 2.25.1 brings urllib3 1.26). No Python 3.9 here: one line, and no failure.
 OLDEST_VENV  := .venv-oldest
 OLDEST_PINS  := requests==2.25.1 jsonschema==3.2.0 pytest pytest-xdist==3.8.0
 OLDEST_TESTS := tests/test_abi.py tests/test_fixed_tools.py tests/test_app_tools.py tests/test_node.py \
                 tests/test_adversarial.py tests/test_names_and_rows.py tests/test_lifecycle.py \
-                tests/test_faults.py tests/test_events.py
+                tests/test_faults.py tests/test_events.py tests/test_stream_bounds.py
 # 3.2 has no 2020-12 validator: test_abi compares its Draft 7 verdicts with those of the suite's venv, when it has one
 OLDEST_MODERN = $(if $(wildcard $(PY)),MERO_MCP_TEST_MODERN_PYTHON=$(abspath $(PY)))
 PYTHON39 = $(firstword $(foreach p,$(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.9.*/bin/python3.9) \

@@ -151,6 +151,15 @@ def app_record(raw):
                      tuple(sorted(services)), blob.get("bytecode"), raw)
 
 
+def alias_elsewhere(entry, value):
+    """The context id `value` is an alias for on another node; None when it is none there, or that node will not
+    say (a refusal is being written: a down node only leaves its part out)."""
+    try:
+        return entry.apps.lookup_alias(value)
+    except node_module().NodeError:
+        return None
+
+
 def last_segment(package):
     return package.rsplit(".", 1)[-1] if package else ""
 
@@ -570,8 +579,17 @@ class Apps:
         return 'runs %s, not "%s"' % (named, label or app.key)
 
     def named_so(self, value, app=None):
-        """The contexts whose name (list_contexts' label, not an alias) is `value`, said after a context argument
-        that resolved to nothing: a model takes a listed name for a reference. Empty when none is."""
+        """What a context argument that resolved to nothing names after all, said after it: the contexts whose
+        name (list_contexts' label, not an alias) it is (a model takes a listed name for a reference), and with
+        several nodes, the context it is another node's alias for (aliases are per node). Those nodes are asked
+        on this miss only, together with this node's list. Empty when it names nothing."""
+        others = [entry for entry in self.server.nodes.entries.values() if entry is not self.entry]
+        said = together(partial(self.names_here, value, app),
+                        *[partial(alias_elsewhere, entry, value) for entry in others])
+        return said[0] + "".join(self.joined_or_not(value, entry, found) for entry, found in zip(others, said[1:])
+                                 if found)
+
+    def names_here(self, value, app):
         try:
             rows = self.contexts_of(app) if app is not None else self.node.contexts()
         except node_module().NodeError:
@@ -581,6 +599,18 @@ class Apps:
             return ""
         return ' Context %s is named "%s": a name is a label, not an alias; pass the id (or create_alias).' % (
             " and ".join(ids[:3]), value)
+
+    def joined_or_not(self, value, other, context_id):
+        """`"doomed" is node1's alias for <id>; node "node2" has not joined it (...)`, or has it: pass the id."""
+        said = ' "%s" is %s\'s alias for context %s; node "%s" ' % (value, other.name, context_id, self.entry.name)
+        try:
+            here = self.context_by_id(context_id)
+        except node_module().NodeError:
+            return said + "may not have it (it did not answer)."
+        if here is None:
+            return said + ('has not joined it (join_context with node "%s" and from "%s" joins it).'
+                           % (self.entry.name, other.name))
+        return said + "has it too: pass the id here."
 
     def candidates(self, app, label, rejected):
         ids = [c["id"] for c in self.contexts_of(app) if c.get("id") and c.get("id") != rejected]

@@ -4,12 +4,13 @@ and their upgrades. Registered among the fixed tools by toolset (mero_runtime.to
 Imports mero_tools (its helpers) and below; only mero_mcp imports it.
 """
 import time
+from functools import partial
 
 from mero_runtime import (compact_text, CURSOR, DESTRUCTIVE, log, node_error_text, node_module, paged, READ_ONLY,
-    tool, ToolError)
+    together, tool, ToolError)
 from mero_apps import carriers_text, LISTED_CONTEXTS
-from mero_tools import (GROUP_ID, NAMESPACE_ID, NOT_CONNECTED, STRING, group_app_version, is_epoch, namespace_row,
-    progress, text_property, utc_text, version_key)
+from mero_tools import (GROUP_ID, GroupVersions, NAMESPACE_ID, NOT_CONNECTED, STRING, group_app_version, is_epoch,
+    namespace_row, progress, text_property, utc_text, version_key)
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -18,7 +19,7 @@ __version__ = "0.1.0"
 VISIBILITIES = ("open", "restricted")
 
 
-@tool("create_namespace", "Create a namespace for an application's contexts, which other nodes can join.",
+@tool("create_namespace", "Create a namespace for an app's contexts; other nodes can join it.",
       {"application": STRING,
        "name": STRING},
       required=("application",), toolset="governance")
@@ -66,7 +67,7 @@ def delete_namespace(args, call):
     return dict(answer, namespaceId=args["namespace"], name=acted_on.name)
 
 
-@tool("invite_to_namespace", "Create an invitation to a namespace, for join_namespace on another node.",
+@tool("invite_to_namespace", "Invite another node to a namespace (for its join_namespace).",
       {"namespace": NAMESPACE_ID}, required=("namespace",), toolset="governance")
 def invite_to_namespace(args, call):
     entry, namespace = call.entry, args["namespace"]
@@ -109,8 +110,7 @@ def invitation_terms(invitation):
     return (" and ".join(terms) + ".") if terms else ""
 
 
-@tool("join_namespace", "Join a namespace with an invitation from invite_to_namespace (signed: reshaping "
-      "invalidates it).",
+@tool("join_namespace", "Join a namespace with invite_to_namespace's invitation (signed: pass it unchanged).",
       {"namespace": STRING,
        # Opaque on purpose: declared properties would let validation reshape a signed object (tools.md caution).
        "invitation": {"type": "object", "description": "From invite_to_namespace, unchanged."},
@@ -125,14 +125,17 @@ def join_namespace(args, call):
         raise ToolError("join_namespace needs the invitation from invite_to_namespace, or from: a node that is a "
                         "member of the namespace (list_nodes names them), which the server asks for one.")
     # The parsed dict keeps the sender's key order: the invitation goes out as it was signed.
-    return call.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName"))
+    return member_named(call.node.join_namespace(args["namespace"], args["invitation"], args.get("groupName")))
+
+
 HANDOVER_SECONDS = 600        # the invitation minted for a hand-over lives ten minutes: it is spent at once
 
 
 def handed_over_join(call, giver, namespace, group_name):
-    """join_namespace with from (issue 33 item 9): the app checked on the joiner first, then an invitation minted
-    on `giver` and spent on this node at once. The bearer invitation never leaves this function: no result, error
-    or log line carries it."""
+    """join_namespace with from (issue 33 item 9): the namespace's app brought to the joiner first (brought_app),
+    then an invitation minted on `giver` and spent on this node at once. The bearer invitation never leaves this
+    function, and its signature and salt are secrets from the moment they are read (`secret`): no result, error or
+    log line carries them, even a joiner's refusal that quotes the invitation."""
     here = call.entry
     if giver is here:
         raise ToolError('from names node "%s", the node the join runs on: name the member node to invite from.'
@@ -146,62 +149,176 @@ def handed_over_join(call, giver, namespace, group_name):
             raise ToolError('On node "%s" (from): %s' % (giver.name, error.text)) from None
     if any(row["namespaceId"] == namespace for row in here.node.namespaces()):
         return {"namespaceId": namespace, "alreadyMember": True,
-                "note": 'Node "%s" is already a member of namespace %s: nothing was minted. Next: join_context with '
-                        'node "%s" for its contexts (list_contexts there shows them).' % (here.name, namespace,
-                                                                                         here.name)}
-    target = giver.node.group(namespace)["targetApplicationId"]
-    if not any(app.id == target for app in here.apps.installed()):
-        app = next((a for a in giver.apps.installed() if a.id == target), None)
-        install = ('install_application with coords "%s@%s" and node "%s"' % (app.package, app.version, here.name)
-                   if app is not None and app.package and app.version else
-                   'install_application with node "%s" (application %s)' % (here.name, target))
-        raise ToolError('Node "%s" does not have the namespace\'s application installed, and a node never receives '
-                        'it from its peers: call %s first. Nothing was minted.' % (here.name, install))
-    invitation = giver.node.invite_to_namespace(namespace, expires_in=HANDOVER_SECONDS)
+                "note": 'Node "%s" is already a member of namespace %s: nothing was minted. Next: %s'
+                        % (here.name, namespace, contexts_to_join(giver, here, namespace))}
+    info = giver.node.group(namespace)
+    brought = None
+    if not any(app.id == info["targetApplicationId"] for app in here.apps.installed()):
+        brought = brought_app(giver, here, namespace, info)
+    invitation = giver.node.invite_to_namespace(namespace, expires_in=HANDOVER_SECONDS, secret=True)
     try:
         joined = here.node.join_namespace(namespace, invitation, group_name)
     except node_module().NodeError as error:
-        raise ToolError(join_failure(error, giver, here)) from None
-    return {"namespaceId": namespace, "joined": joined, "invitedBy": giver.name,
-            "next": 'join_context with node "%s" for each of the namespace\'s contexts%s.'
-                    % (here.name, contexts_to_join(giver, namespace))}
+        raise ToolError(join_failure(error, giver, here, brought)) from None
+    answer = {"namespaceId": namespace, "joined": member_named(joined), "invitedBy": giver.name}
+    if brought is not None:
+        answer["installed"] = brought
+    answer["next"] = contexts_to_join(giver, here, namespace)
+    return answer
 
 
-def contexts_to_join(giver, namespace):
-    """The namespace's context ids as the member node lists them: aliases are per node, so the joiner has none
-    of them yet and only an id works there."""
+def member_named(joined):
+    """A join's answer with the member's account under the name a members listing gives it (`identity`), and its
+    namespace key as `publicKey`: one value, one name, in every answer."""
+    renamed = {"memberAccount": "identity", "memberIdentity": "publicKey"}
+    return {renamed.get(key, key): value for key, value in joined.items()} if isinstance(joined, dict) else joined
+
+
+def brought_app(giver, here, namespace, info):
+    """The namespace's exact build (package, version and signer: the same application id, node-api §0.8) installed
+    on the joiner from its own registry, when that registry publishes it; else a refusal naming what it publishes
+    and the other way in, with nothing sent to either node. Never another version."""
+    target = info["targetApplicationId"]
+    app = next((a for a in giver.apps.installed() if a.id == target), None)
+    rows = [row for row in giver.node.namespaces() if row["namespaceId"] == namespace]
+    version = group_app_version(giver.node, info, rows[0] if rows else None) or (app.version if app else None)
+    lacks = 'Node "%s" lacks the namespace\'s application' % here.name
+    if app is None or not app.package or not version:
+        raise ToolError('%s (%s), and node "%s" cannot say its package and version. Nothing was sent: install the '
+                        'bundle the namespace runs with install_application and node "%s", then join again.'
+                        % (lacks, target, giver.name, here.name))
+    build = "%s@%s" % (app.package, version)
+    lacks += " %s (signer %s)" % (build, app.signer_id or "unknown")
+    by_path = ('the same bundle (%s-%s.mpk) on node "%s"\'s machine: install_application with its path and node '
+               '"%s", then join again' % (app.package, version, here.name, here.name))
+    place = here.node.registry()
+    if place.url is None:
+        raise ToolError("%s, and its registry is unknown to this server: %s Nothing was sent. Ways in: "
+                        'install_application with coords "%s" and node "%s" (its node fetches from its own '
+                        "registry), or %s." % (lacks, place.problem, build, here.name, by_path))
+    shown = node_module().display_url(place.url)
     try:
-        ids = [c["id"] for c in giver.node.contexts() if c.get("groupId") == namespace and c.get("id")]
+        published = [row.get("appVersion") for row in here.node.registry_bundles(app.package)]
+    except node_module().NodeError as error:
+        raise ToolError("%s, and its registry at %s could not say what it publishes (%s). Nothing was sent; the "
+                        "other way in: %s." % (lacks, shown, str(error).rstrip("."), by_path)) from None
+    if version not in published:
+        has = ("publishes %s only in versions %s" % (app.package, ", ".join(map(str, published))) if published
+               else "does not publish %s at all" % app.package)
+        raise ToolError("%s, and its registry at %s %s. Nothing was sent: a node joins with the exact build the "
+                        "namespace runs, never another version. The other way in: %s." % (lacks, shown, has, by_path))
+    try:
+        installed = here.node.install_application(app.package, version)["applicationId"]
+    except node_module().NotPublished as error:
+        raise ToolError("%s: %s Nothing was minted; the other way in: %s." % (lacks, str(error), by_path)) from None
+    if installed != target:
+        raise ToolError('%s. Its registry\'s %s installed as application %s, another signer\'s build, not the '
+                        "namespace's %s. Nothing was minted; uninstall_application %s there, then %s."
+                        % (lacks, build, installed, target, installed, by_path))
+    if here.default:
+        here.apps.catalog.refresh()          # the tool list is the default node's: its new app's tools join it
+    return {"applicationId": target, "package": app.package, "version": version, "signerId": app.signer_id,
+            "from": "node %s's registry at %s" % (here.name, shown)}
+
+
+def contexts_to_join(giver, here, namespace):
+    """The next step: join_context for each of the namespace's contexts, each by id with its name and the aliases
+    it has on the member node (aliases are per node: from resolves them there)."""
+    try:
+        rows, aliases, joined = together(giver.node.contexts, giver.node.context_aliases, here.node.contexts)
     except node_module().NodeError:
-        ids = []
-    if not ids:
-        return ' (list_contexts with node "%s" shows them)' % giver.name
-    shown = ", ".join(ids[:8]) + (" and %d more" % (len(ids) - 8) if len(ids) > 8 else "")
-    return ' by id (aliases are per node): %s' % shown
+        return 'join_context with node "%s" for each of its contexts (list_contexts with node "%s" shows them).' % (
+            here.name, giver.name)
+    named, joined = {}, {row.get("id") for row in joined}
+    for alias, context_id in sorted(aliases.items()):
+        named.setdefault(context_id, []).append(alias)
+    rows = [row for row in rows if row.get("groupId") == namespace and row.get("id")]
+    shown = [context_said(row, named.get(row["id"], []), giver.name) for row in rows if row["id"] not in joined]
+    step = 'join_context with node "%s" and from "%s"' % (here.name, giver.name)
+    if rows and not shown:
+        return 'Node "%s" has joined %s.' % (here.name, "its one context" if len(rows) == 1
+                                             else "all %d of its contexts" % len(rows))
+    if not shown:
+        return "The namespace has no contexts yet: %s joins one once it is created." % step
+    more = " and %d more (list_contexts with node \"%s\")" % (len(shown) - LISTED_JOINS, giver.name) \
+        if len(shown) > LISTED_JOINS else ""
+    return ("%s for each context, by id, name or its alias on %s (aliases are per node): %s%s."
+            % (step, giver.name, "; ".join(shown[:LISTED_JOINS]), more))
 
 
-def join_failure(error, giver, here):
-    """A join's 504 or 503 in words; never the request (it carried the invitation)."""
+LISTED_JOINS = 8
+
+
+def context_said(row, aliases, node_name):
+    """`<id> ("kv-main"; kv, doomed on node1)`: a context by id with its name and its aliases on that node."""
+    parts = ['"%s"' % row["name"]] if isinstance(row.get("name"), str) and row["name"] else []
+    if aliases:
+        parts.append("%s on %s" % (", ".join(aliases[:3]), node_name))
+    return "%s (%s)" % (row["id"], "; ".join(parts)) if parts else row["id"]
+
+
+def join_failure(error, giver, here, brought=None):
+    """A join's 504 or 503 in words; never the request (it carried the invitation). An app installed on the way
+    is said: it stays installed."""
+    return join_failure_text(error, giver, here) + (
+        " (%s@%s was installed on node \"%s\" first, and stays.)" % (brought["package"], brought["version"],
+                                                                      here.name) if brought else "")
+
+
+def join_failure_text(error, giver, here):
     if error.status == 504:
         return ('Node "%s" could not reach any member of the namespace (504): it is not connected to "%s". %s'
                 % (here.name, giver.name, NOT_CONNECTED))
     if error.status == 503:
         return ('Node "%s" joined but the namespace key is still on its way (503): the membership is recorded and '
                 'catches up; join_context there will wait for it.' % here.name)
+    if error.status in (400, 409):          # the advice to pass the invitation as returned fits no hand-over
+        return ('Node "%s" refused the invitation the server minted on "%s" for this join (never shown): %s. '
+                "join_namespace with from mints a fresh one each time." % (here.name, giver.name,
+                                                                            str(error).rstrip(".")))
     return 'Node "%s" could not join: %s' % (here.name, node_error_text(error))
 
 
-@tool("leave_namespace", "Leave a namespace (this node stops being a member).",
+@tool("leave_namespace", "Leave a namespace; its only admin can only as its last member, leaving it ungoverned.",
       {"namespace": NAMESPACE_ID}, required=("namespace",), annotations=DESTRUCTIVE, toolset="governance")
 def leave_namespace(args, call):
     acted_on = call.apps.carrier_of(args["namespace"], call, "namespace")
     node = call.node
     alone = sole_admin(node, args["namespace"])          # read before: after leaving, its members are not ours to read
+    joined = contexts_in(node, args["namespace"])
     node.leave_namespace(args["namespace"])
-    if alone is None:
-        return "Left %s." % named_text(acted_on)
-    return "Left %s. This node was its only admin%s: no one is left who can invite to it, add members or upgrade " \
-           "it." % (named_text(acted_on), " and only member" if alone else "")
+    said = "Left %s." % named_text(acted_on)
+    if alone is not None:
+        said += " This node was its only admin%s: no one is left who can invite to it, add members or upgrade it." % (
+            " and only member" if alone else "")
+    return said + " " + contexts_left(node, joined)
+
+
+def contexts_in(node, namespace):
+    """The contexts this node holds in a namespace and its subgroups, {id: alias or name or None}; {} unreadable."""
+    try:
+        groups = {namespace} | set(groups_below(node, namespace))
+        aliases = {context_id: alias for alias, context_id in sorted(node.context_aliases().items())}
+        return {c["id"]: aliases.get(c["id"]) or c.get("name") for c in node.contexts() if c.get("groupId") in groups}
+    except node_module().NodeError:
+        return {}
+
+
+def contexts_left(node, joined):
+    """What became of the contexts this node had joined there, read after the leave (issue 42)."""
+    if not joined:
+        return "This node had joined none of its contexts."
+    try:
+        kept = [cid for cid in (c["id"] for c in node.contexts()) if cid in joined]
+    except node_module().NodeError:
+        return ("Whether this node still lists its %d contexts could not be read: list_contexts shows them."
+                % len(joined))
+    if not kept:
+        return "Its %d contexts are gone from this node." % len(joined)
+    shown = ", ".join("%s%s" % (cid, " (%s)" % joined[cid] if joined[cid] else "") for cid in kept[:10])
+    return ("This node still holds %d of its contexts (%s%s): leaving does not delete them, but as a non-member it "
+            "takes no part in them; delete_context removes each."
+            % (len(kept), shown, ", ..." if len(kept) > 10 else ""))
 
 
 def sole_admin(node, namespace):
@@ -226,7 +343,27 @@ def named_text(carrier):
 @tool("list_group_members", "Members of a group, with their roles.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def list_group_members(args, call):
-    return paged("list_group_members", args, call.node.group_members(args["group"]), "members", "identity")
+    listed = call.node.group_members(args["group"])
+    nodes = node_accounts(call.server.nodes)
+    if nodes:                 # several nodes: a member that is one of them is marked with its name
+        listed = dict(listed, members=[dict(m, node=nodes[m["identity"].lower()]) if m["identity"].lower() in nodes
+                                       else m for m in listed["members"]])
+    return paged("list_group_members", args, listed, "members", "identity")
+
+
+IDENTITY_SECONDS = 2.0        # each node's account read for the members' names: all at once, a down node left out
+
+
+def node_accounts(nodes):
+    """{account id: node name} of every configured node that will say its account (several nodes only)."""
+    def account(entry):
+        try:
+            return (entry.node.identity(timeout=IDENTITY_SECONDS).get("accountId") or "").lower() or None
+        except node_module().NodeError:
+            return None                     # a fresh node has none yet; a down one cannot say
+    entries = list(nodes.entries.values())
+    found = together(*[partial(account, entry) for entry in entries])
+    return {found: entry.name for entry, found in zip(entries, found) if found}
 
 
 @tool("add_group_members", "Add members to a group, each with a role.",
@@ -287,7 +424,7 @@ def set_member_role(args, call):
     return "Member %s of group %s now has role %s." % (args["member"], args["group"], args["role"])
 
 
-@tool("create_group", "Create a group (subgroup) in a namespace, or nested under a parent group.",
+@tool("create_group", "Create a subgroup in a namespace, or under a parent group.",
       {"namespace": NAMESPACE_ID,
        "name": STRING,
        "visibility": {"type": "string", "enum": list(VISIBILITIES),
@@ -328,7 +465,7 @@ def create_nested_group(node, args):
     return created_group(group_id, parent, args["namespace"], visibility or "restricted")
 
 
-@tool("describe_group", "Show a namespace or group: name, parent, app, visibility, counts, subgroups, metadata, "
+@tool("describe_group", "A namespace or group: name, parent, app, visibility, counts, subgroups, metadata, "
       "upgrade.",
       {"group": GROUP_ID, "cursor": CURSOR}, required=("group",), annotations=READ_ONLY, toolset="governance")
 def describe_group(args, call):
@@ -347,19 +484,26 @@ def describe_group(args, call):
                  "application": {"id": target, "package": app.package if app else None,
                                  "version": group_app_version(node, info, namespaces.get(namespace))},
                  "visibility": info.get("subgroupVisibility"), "memberCount": info.get("memberCount"),
-                 "contextCount": info.get("contextCount")}
+                 "contextCount": info.get("contextCount"), "countsNote": OWN_COUNTS}
     if group in namespaces:                  # when and by whom it was founded: only a namespace's row says
         shown = namespace_row(namespaces[group])
         described.update({key: shown[key] for key in ("createdAt", "founder") if key in shown})
     described.update(known_subgroups(node, group, namespaces.get(group)))
-    if described["subgroups"]:
-        described["countsNote"] = OWN_COUNTS
     described["metadata"] = metadata.get("data")
     described["upgrade"] = counts_said(node.upgrade_status(group) or info.get("activeUpgrade"))
     moved = described["upgrade"] if isinstance(described["upgrade"], dict) else {}
     if described["application"]["version"] is None and moved.get("status") == "completed":
         described["application"]["version"] = moved.get("toVersion")     # the version it moved to
+    with_newer_build(described["application"], GroupVersions(node, {app.id: app.version} if app else {}), group)
     return paged("describe_group", args, described, "subgroups", "groupId")      # subgroups page like a list
+
+
+def with_newer_build(application, versions, group):
+    """The newest installed build of the group's app when the group runs an older one, and what moves it."""
+    running, newest = application["version"], versions.newest(application["id"])
+    if running and newest and version_key(newest) > version_key(running):
+        application["newestInstalled"] = newest
+        application["upgrade"] = "upgrade_group %s moves it to %s" % (group, newest)
 
 
 def listed_name(node, group):
@@ -401,8 +545,9 @@ def with_counts(node, rows):
     return [counted(row) for row in rows]
 
 
-# What the double serves (node-api.md gives the counts, not their reach): a group counts its own contexts.
-OWN_COUNTS = "contextCount counts the contexts directly in a group; each subgroup's count is its own."
+# What the double serves (node-api.md gives the counts, not their reach): a group counts its own members and contexts.
+OWN_COUNTS = ("memberCount and contextCount count this group's own: a namespace's members, a subgroup's only those "
+              "added to it or that joined it; the contexts directly in it. Each subgroup's counts are its own.")
 
 NOT_REPORTED = ("The node did not report how many contexts moved (null counts): it marks an upgrade completed "
                 "before any context migrates, and each context moves when next called; list_contexts shows which "
@@ -526,8 +671,7 @@ def set_group_metadata(args, call):
     return with_namesakes(answer, name, namesakes)
 
 
-@tool("join_open_group", "Join an open group via its parent namespace or group; then join_context for its "
-      "contexts.",
+@tool("join_open_group", "Join an open group (via its parent); then join_context for its contexts.",
       {"group": GROUP_ID}, required=("group",), toolset="governance")
 def join_open_group(args, call):
     return call.node.join_open_group(args["group"])
@@ -589,7 +733,34 @@ def upgraded(node, group, record, cascade):
             len(contexts) - LISTED_CONTEXTS)
     if any(c["movesWhenNextCalled"] for c in contexts):
         answer["note"] = MOVES_NEXT_CALL
+    if not cascade:
+        answer.update(subgroups_not_moved(node, group, version))
     return answer
+
+
+def subgroups_not_moved(node, group, version):
+    """Without cascade: the subgroups below that still run another version, and what moves them (issue 42)."""
+    try:
+        below = groups_below(node, group)
+    except node_module().NodeError:
+        return {}
+    behind = []
+    for subgroup in below:
+        running = group_version_now(node, subgroup)
+        if running != version:
+            behind.append({"groupId": subgroup, "name": group_name(node, subgroup), "version": running})
+    if not behind:
+        return {}
+    return {"subgroupsNotMoved": behind[:LISTED_CONTEXTS],
+            "subgroupsNote": "Without cascade these %d subgroups keep their version: upgrade_group %s again with "
+                             "cascade: true moves them all, or upgrade_group one by its groupId." % (len(behind), group)}
+
+
+def group_name(node, group):
+    try:
+        return (node.group(group).get("metadata") or {}).get("name") or listed_name(node, group)
+    except node_module().NodeError:
+        return None
 
 
 def group_version_now(node, group):

@@ -25,6 +25,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections import namedtuple
 
 # The rest of the server: without it (a copy of this file alone, or modules of two releases) one line, exit 1.
@@ -778,6 +779,25 @@ class Server:
         if not is_valid_id(request_id):
             return error_response(None, RpcError(INVALID_REQUEST, "A request id must be a string or an integer"))
         ticket = threading.Event() if ticket is None else ticket
+        if log.threshold == 10:
+            return self.timed(message, in_batch, ticket)
+        return self.answer(message, in_batch, ticket)
+
+    def timed(self, message, in_batch, ticket):
+        """--log-level debug: each request's method (a tool call's tool), id, outcome and time, on stderr."""
+        started = time.monotonic()
+        answer = self.answer(message, in_batch, ticket)
+        params = message.get("params")
+        tool = params.get("name") if message["method"] == "tools/call" and isinstance(params, dict) else None
+        outcome = "no answer" if answer is None else "error %s" % answer["error"]["code"] if "error" in answer \
+            else "tool error" if isinstance(answer["result"], dict) and answer["result"].get("isError") else "ok"
+        log.debug("%s%s (id %s): %s in %.0f ms", str(message["method"])[:100],     # a client's names, cut short
+                  " %s" % tool[:100] if isinstance(tool, str) else "", json.dumps(message["id"])[:100], outcome,
+                  (time.monotonic() - started) * 1000)
+        return answer
+
+    def answer(self, message, in_batch, ticket):
+        request_id = message["id"]
         try:
             if ticket.is_set():
                 return None              # cancelled while it waited its turn: it never runs
@@ -1135,18 +1155,143 @@ def count_tools(env, node):
                      [app.id for app in installed if not apps.catalog.budget.admits(app)], unmatched)
 
 
-USAGE = """usage: mero-mcp [--check | --version | --help]
+# The flags (issue 44): each is its variable, set before anything reads the environment, so the two are one setting
+# and a flag given wins. (flag, variable, value's name or None for a switch, what it sets)
+Flag = namedtuple("Flag", "name variable value meaning")
+FLAGS = (
+    Flag("--node-url", "CALIMERO_NODE_URL", "URL", "the node's address; skips discovery"),
+    Flag("--nodes", "CALIMERO_NODES", "LIST", "named nodes: name=url,name=url (ro),... (several nodes)"),
+    Flag("--node-name", "CALIMERO_NODE_NAME", "NAME", "the node (or default node) by name"),
+    Flag("--toolsets", "CALIMERO_MCP_TOOLSETS", "LIST", "core,blobs,governance (core always on; default all)"),
+    Flag("--read-only", "CALIMERO_MCP_READ_ONLY", None, "only tools that cannot change the node"),
+    Flag("--log-level", "CALIMERO_MCP_LOG_LEVEL", "LEVEL", "debug, info, warning or error (default info)"),
+)
+FLAG_NAMED = {flag.name: flag for flag in FLAGS}
+ACTIONS = {"--check": "check", "-V": "version", "--version": "version", "-h": "help", "--help": "help"}
+# The variables no flag sets, each with what it sets (README, Configuration, says more).
+VARIABLES = (
+    ("CALIMERO_NODE_HOME", "folder of node homes to scan (default ~/.calimero)"),
+    ("CALIMERO_MCP_MULTI_NODE", "off: one node even when several are named"),
+    ("CALIMERO_AUTH_TOKEN", "bearer token (with CALIMERO_REFRESH_TOKEN)"),
+    ("CALIMERO_USERNAME", "login, with CALIMERO_PASSWORD or CALIMERO_PASSWORD_FILE"),
+    ("CALIMERO_CA_BUNDLE", "PEM file of the CAs an https node is verified with"),
+    ("CALIMERO_REGISTRY_URL", "the app registry (default: the node's config.toml)"),
+    ("CALIMERO_MCP_APPS", "the apps that get tools (default every app)"),
+    ("CALIMERO_MCP_STATE_DIR", "handoff file, token cache (default ~/.config/calimero/mcp)"),
+    ("CALIMERO_MCP_TIMEOUT", "seconds a node request may take (default 10)"),
+    ("CALIMERO_MCP_MAX_RESPONSE_BYTES", "bytes a node answer may hold (default 64 MiB)"),
+    ("CALIMERO_MCP_MAX_RESULT_CHARS", "characters an app result may take (default 60000)"),
+    ("CALIMERO_MCP_EVENTS", "off: no event stream from the node"),
+)
+PROJECT_URL = "https://github.com/calimero-network/mero-mcp"
 
-An MCP server (stdio) for a Calimero node and the applications installed on it.
-Register it with your agent as the command `python3 /path/to/mero_mcp.py` (or `mero-mcp`).
 
-  --check     diagnose the setup: which node is found, authentication, health, installed apps, tool count
-  --version   print the version
-  --help      this text
+class UsageError(Exception):
+    """A command line we do not take: its one line goes to stderr, and the exit status is 2."""
 
-Configuration is by environment variable; see README.md.
-Project (README.md, bug reports): https://github.com/calimero-network/mero-mcp
-"""
+
+def parse_arguments(argv):
+    """(the action: "serve", "check", "version" or "help"; {variable: value} of the flags given). A flag's value
+    follows it or its `=`; a switch takes none. Hand-rolled: argparse would add to every start."""
+    action, settings, words = "serve", {}, list(argv)
+    while words:
+        word = words.pop(0)
+        if word in ACTIONS:
+            action = "help" if "help" in (action, ACTIONS[word]) else ACTIONS[word]
+            continue
+        name, equals, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        flag = FLAG_NAMED.get(name)
+        if flag is None:
+            shown = word if word and word.strip() == word and word.isprintable() else json.dumps(word)
+            raise UsageError("unknown argument %s (mero-mcp --help lists the flags)" % shown[:200])
+        if flag.value is None:
+            if equals:
+                raise UsageError("%s takes no value" % name)
+            value = "1"
+        elif not equals:
+            if not words or words[0] in ACTIONS or words[0].split("=")[0] in FLAG_NAMED:
+                raise UsageError("%s needs a value: %s %s" % (name, name, flag.value))
+            value = words.pop(0)
+        if not value.strip():
+            raise UsageError("%s needs a value: %s %s" % (name, name, flag.value))
+        settings[flag.variable] = value
+    return action, settings
+
+
+def flag_problem(settings):
+    """What is wrong with a flag's value, in one line, or None: a flag the server could only half honour is refused
+    at once (its variable is said on stderr at start, or by --check, and the server goes on)."""
+    config = own_module("mero_node_config")
+    levels = own_module("mero_node_errors").LOG_LEVELS
+    checks = {
+        "CALIMERO_MCP_LOG_LEVEL": lambda env: None if env["CALIMERO_MCP_LOG_LEVEL"].strip().lower() in levels else
+        "%s is no level: %s" % (json.dumps(env["CALIMERO_MCP_LOG_LEVEL"]), ", ".join(levels)),
+        "CALIMERO_MCP_TOOLSETS": lambda env: "%s. %s" % toolsets_problem(env) if toolsets_problem(env) else None,
+        "CALIMERO_NODES": config.nodes_setting_problem,
+        "CALIMERO_NODE_URL": lambda env: config._checked_node_url(env["CALIMERO_NODE_URL"]) and None,
+    }
+    for flag in FLAGS:
+        if flag.variable in settings and flag.variable in checks:
+            try:
+                problem = checks[flag.variable]({flag.variable: settings[flag.variable]})
+            except config.NodeError as error:
+                problem = str(error)
+            if problem:     # the variable's text, said of the flag given
+                return problem.replace(flag.variable, flag.name) if flag.variable in problem else \
+                    "%s %s" % (flag.name, problem)
+    return None
+
+
+def apply_flags(settings):
+    """The flags' values become their variables, before anything reads one; --check is told which were flags."""
+    if not settings:
+        return
+    os.environ.update(settings)
+    try:
+        own_module("mero_node_config").SET_BY_FLAG.update(
+            {flag.variable: flag.name for flag in FLAGS if flag.variable in settings})
+    except (ImportError, MissingLibrary):
+        pass
+
+
+def from_pyz():
+    """Whether this runs from mero-mcp.pyz (unpacked or from the zip): its mark lies beside this file."""
+    mark = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mero_mcp_pyz.json")
+    if os.path.isfile(mark):
+        return True
+    try:
+        __loader__.get_data(mark)
+    except (OSError, AttributeError, NameError):
+        return False
+    return True
+
+
+def started_as():
+    """The command a host registers to start this very server: python3 with the pyz or mero_mcp.py, else the
+    installed `mero-mcp` command."""
+    started = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    if from_pyz() or started.endswith(".py"):
+        return "python3 " + started
+    return started if os.path.basename(started) == "mero-mcp" else "mero-mcp"
+
+
+def usage():
+    width = max(len("%s %s" % (flag.name, flag.value or "")) for flag in FLAGS) + 2
+    flags = ["  %s%s  %s" % (("%s %s" % (f.name, f.value or "")).ljust(width), f.variable.ljust(23), f.meaning)
+             for f in FLAGS]
+    variables = ["  %s  %s" % (name.ljust(31), meaning) for name, meaning in VARIABLES]
+    return "\n".join([
+        "usage: mero-mcp [FLAG ...] [--check | -V | -h]", "",
+        "An MCP server (stdio) for a Calimero node and the applications installed on it.",
+        "Register it with your agent as the command: %s [FLAG ...]" % started_as(), "",
+        "Flags (each sets its variable, and wins over it):",
+    ] + flags + [
+        "  %s%s" % ("--check".ljust(width + 25), "diagnose the setup: node, sign-in, health, apps, tool count"),
+        "  %s%s" % ("-V, --version".ljust(width + 25), "print the version"),
+        "  %s%s" % ("-h, --help".ljust(width + 25), "this text"), "",
+        "Variables (no flag; a blank one is unset):",
+    ] + variables + [
+        "", "Logs go to stderr, never stdout. Documentation and bug reports: %s" % PROJECT_URL, ""])
 
 
 def run_check():
@@ -1181,13 +1326,25 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if sys.stderr is None:               # spawned with stderr closed (2>&-): log lines go nowhere, answers go on
         sys.stderr = open(os.devnull, "w")
-    if "--help" in argv or "-h" in argv:
-        sys.stdout.write(USAGE)
+    try:
+        action, settings = parse_arguments(argv)
+        try:
+            problem = flag_problem(settings) if settings else None
+        except (ImportError, MissingLibrary):    # a module of ours missing: start-up or --check says which
+            problem = None
+        if problem:
+            raise UsageError(problem)
+    except UsageError as error:
+        sys.stderr.write("mero-mcp: %s\n" % error)
+        return 2
+    apply_flags(settings)
+    if action == "help":
+        sys.stdout.write(usage())
         return 0
-    if "--version" in argv:
+    if action == "version":
         sys.stdout.write("mero-mcp %s\n" % __version__)
         return 0
-    if "--check" in argv:
+    if action == "check":
         _settings_said_by_check.append(True)
         try:
             code = run_check()
@@ -1195,9 +1352,6 @@ def main(argv=None):
             return code
         except BrokenPipeError:          # `--check | head`: the reader has what it wanted
             quiet_exit(1)
-    if argv:
-        sys.stderr.write("mero-mcp: unknown argument %s\n%s" % (argv[0], USAGE))
-        return 2
     problem = nodes_problem(os.environ)
     if problem:
         sys.stderr.write("mero-mcp: %s\n" % problem)
@@ -1207,10 +1361,20 @@ def main(argv=None):
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr              # a stray print can never corrupt the protocol stream
     log.info("ready on stdio; the node connects when a client opens the connection")
+    level_problem = log_level_problem()
+    if level_problem:
+        log.warning("%s", level_problem)
     for problem, fix in module_problems():
         log.warning("%s. %s", problem, fix)
     serve(stdin, stdout)
     quiet_exit(0)
+
+
+def log_level_problem():
+    try:
+        return own_module("mero_node_errors").log_threshold(os.environ)[1]
+    except (ImportError, MissingLibrary):
+        return None
 
 
 if __name__ == "__main__":

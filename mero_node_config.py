@@ -38,6 +38,17 @@ LOCAL_LISTEN = {"127.0.0.1": "localhost", "0.0.0.0": "localhost", "localhost": "
 
 # ── Environment and the state directory (§1.1, §1.2) ─────────────────────────────────────────────
 
+# {variable: the flag that set it} (mero_mcp.apply_flags): a flag is its variable, so this serves only what a message
+# calls the setting (--check's "found by the --nodes flag").
+SET_BY_FLAG: Dict[str, str] = {}
+
+
+def said_as(variable: str) -> str:
+    """The setting as the user gave it: `CALIMERO_NODES`, or "the --nodes flag" when that flag set it."""
+    flag = SET_BY_FLAG.get(variable)
+    return "the %s flag" % flag if flag else variable
+
+
 def setting(env: Mapping[str, str], name: str) -> Optional[str]:
     """An environment value, trimmed; blank counts as unset (§1.1)."""
     value = env.get(name)
@@ -1040,6 +1051,33 @@ def auth_advice(mode: Optional[str]) -> str:
                 "(or CALIMERO_AUTH_TOKEN), or use Connect AI agent in the Calimero desktop app.")
 
 
+def start_fix(env: Mapping[str, str], name: Optional[str], url: str, variable: Optional[str]) -> Optional[str]:
+    """What to do about a node that does not answer (issue 42): the command that starts it when a node home on this
+    machine holds it (the home of its name whose config gives this url, else the one home that does), with --home
+    when the node home is not merod's default; else check the node at `url` and the `variable` naming it (None:
+    nothing to say)."""
+    homes = [entry for entry in node_dirs(env) if entry.url and same_node(entry.url, url)]
+    home = next((entry for entry in homes if entry.name == name), homes[0] if len(homes) == 1 else None)
+    if home is None:
+        return variable and ("Check that the node at %s runs (start it on its machine), and that %s names the "
+                             "right URL." % (display_url(url), variable))
+    where = node_home(env)
+    flag = "" if os.path.normpath(where) == os.path.join(_home(env), ".calimero") else " --home %s" % where
+    return "Start it: merod%s --node %s run (its home: %s)." % (flag, home.name, os.path.join(where, home.name))
+
+
+def sign_in_fix(env: Mapping[str, str], name: Optional[str], url: Optional[str], default: bool, mode: str) -> str:
+    """The variables that sign in to a node that refused the login (auth_plan's rules): the default node's mode's,
+    else the username and password, which reach only nodes on this machine."""
+    if default:
+        return auth_advice(mode)
+    if is_loopback_url(url):
+        return ("Set CALIMERO_USERNAME and CALIMERO_PASSWORD (or CALIMERO_PASSWORD_FILE) to an admin account of "
+                "node %s: they sign in to the default node and to nodes on this machine." % name)
+    return ("Only the default node signs in to a remote node: make it the default (CALIMERO_NODE_NAME=%s) with "
+            "CALIMERO_AUTH_TOKEN or CALIMERO_USERNAME and CALIMERO_PASSWORD." % name)
+
+
 # ── The registry: where the node installs package@version from (§0.7) ──────────────────────────
 
 REGISTRY_VARIABLE = "CALIMERO_REGISTRY_URL"
@@ -1058,12 +1096,15 @@ def registry_place(env: Mapping[str, str], node_name: Optional[str]) -> Registry
     if explicit:
         return RegistryPlace(explicit.strip().rstrip("/"), REGISTRY_VARIABLE, None)
     set_it = "set %s to the registry's base URL (the base_url the node fetches from)" % REGISTRY_VARIABLE
+    none_found = RegistryPlace(None, REGISTRY_VARIABLE, "No registry address is known: this server found no node "
+                               "directory with a config.toml for the node in use, so %s." % set_it)
     if not node_name:
-        return RegistryPlace(None, REGISTRY_VARIABLE, "No registry address is known: this server found no node "
-                             "directory with a config.toml for the node in use, so %s." % set_it)
+        return none_found
     path = os.path.join(node_home(env), node_name, "config.toml")
     try:
         entries = dict(toml_entries(read_local(path).decode("utf-8-sig", "replace")))
+    except FileNotFoundError:                   # a name without a home here: a remote node, or none made yet
+        return none_found
     except (OSError, Unreadable, TomlError, RecursionError) as error:
         return RegistryPlace(None, path, "%s cannot be read for its [registry] (%s): %s." % (path, error, set_it))
     mode, base = entries.get(("registry", "mode"), "http"), entries.get(("registry", "base_url"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 import re
 import threading
 from typing import Optional
@@ -16,6 +17,20 @@ __version__ = "0.1.0"
 
 # hashlib, socket and concurrent.futures are imported where used: the server reads the node directory before it
 # answers initialize, and what that needs should load alone (requests brings the rest with the first request).
+
+LOG_LEVEL_VARIABLE = "CALIMERO_MCP_LOG_LEVEL"
+LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}      # logging's numbers, without importing it
+
+
+def log_threshold(env) -> tuple:
+    """(the level CALIMERO_MCP_LOG_LEVEL (or --log-level) sets, what is wrong with its value or None): info unless
+    set; a value that is no level is said once on stderr, and info is used."""
+    raw = (env.get(LOG_LEVEL_VARIABLE) or "").strip()
+    if not raw or raw.lower() in LOG_LEVELS:
+        return LOG_LEVELS[raw.lower() or "info"], None
+    return LOG_LEVELS["info"], "%s=%s is none of %s, so info is used" % (
+        LOG_LEVEL_VARIABLE, json.dumps(raw[:40]), ", ".join(LOG_LEVELS))
+
 
 class _Log:
     """The "mero-mcp" logger, set up on first use: `logging` costs more to import than the rest of what the node
@@ -40,7 +55,7 @@ def _logger():
                     stderr = logging.StreamHandler()
                     stderr.setFormatter(logging.Formatter("[mero-mcp] %(message)s"))
                     logger.addHandler(stderr)
-                    logger.setLevel(logging.INFO)
+                    logger.setLevel(log_threshold(os.environ)[0])
                 logger.addFilter(_redacting)   # every line passes `redacted`: the secrets this process has sent
                 _logger_ready.append(True)
     return logger
@@ -91,6 +106,7 @@ class NodeError(Exception):
 #       ├── Forbidden           403: not for this node or token (the auth guard's when `auth_error` is set)
 #       ├── NotFound            404: no such thing here
 #       └── ServerError         5xx: a failure inside the node (503 and 504 `retryable`)
+#           └── NotPublished    an install's 502: the node's registry has no such release
 
 class NotSent(NodeError):
     """A request that never left: nothing of it reached the node (`BodyTooDeep`, `CancelledBeforeSent`)."""
@@ -157,6 +173,11 @@ class ServerError(Refused):
     """5xx: a failure inside the node; 503 ("not yet") and 504 (no peer answered) are `retryable`."""
 
 
+class NotPublished(ServerError):
+    """An install's 502 "the configured Http source has no application published at <package>@<version>"
+    (node-api §0.5.3): the node's registry has no such release. An answer, not a fault: a retry gets the same."""
+
+
 _REFUSED = {400: BadRequest, 422: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound}
 
 
@@ -196,6 +217,24 @@ def redacted(text: str) -> str:
     for _, pattern in patterns:
         text = pattern.sub("[redacted]", text)
     return text
+
+
+def kept_secret(value) -> None:
+    """Record a secret that is read, not sent (a minted invitation's `inviter_signature` and `secret_salt`, which
+    are the bearer capability): a string as `sent_secret` does; a byte array (a list of ints) in every form a text
+    may quote it, the list with any spacing, its hex in either case and its base64."""
+    if isinstance(value, str):
+        sent_secret(value)
+        return
+    if not (isinstance(value, list) and len(value) >= MIN_SECRET
+            and all(type(b) is int and 0 <= b <= 255 for b in value)):
+        return
+    raw = bytes(value)
+    forms = [r"\[?\s*" + r"\s*,\s*".join(str(b) for b in value) + r"\s*\]?", "(?i:%s)" % raw.hex()]
+    forms += sorted({re.escape(form.decode("ascii").rstrip("=")) for form in (base64.b64encode(raw),
+                                                                             base64.urlsafe_b64encode(raw))})
+    with _sent_lock:
+        _sent_secrets.setdefault("bytes:" + raw.hex(), re.compile("|".join(forms)))
 
 
 def _sent_userinfo(url: str) -> None:

@@ -5,14 +5,16 @@ Imports the node modules below node.py; node.py imports it (`Node.events()`)."""
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from mero_node_errors import log, NodeError
-from mero_node_config import setting
-from mero_node_http import _headers, _new_session, _requests, current_scope, network_error
+from mero_node_errors import log, NodeError, redacted, UnexpectedAnswer
+from mero_node_config import display_url, setting
+from mero_node_http import (_base_of, _headers, _new_session, _prepared, _requests, arriving, current_scope,
+                            decode_json, fetch, Late, late, network_error, opened, too_large, TooLarge)
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -20,7 +22,9 @@ __version__ = "0.1.0"
 # ── Events: the node's SSE stream, one per Node (node-api §0.9) ───────────────────────────────────────────────
 # One reader thread per node parses, filters and appends; subscriptions go out on a second short-lived thread;
 # both use the stream's own requests.Session, so the stream never holds a connection the calls need. The node
-# keeps no history: what is known starts when a context was first watched, and every break is a Gap entry.
+# keeps no history: what is known starts when a context was first watched, and every outage is one Gap entry.
+# Whatever the node or a peer sends, memory stays bounded (frames to EVENT_FRAME_LIMIT, echoes as digests, answers
+# through the capped `fetch`) and neither thread ends: a failure is logged once and the thread goes on.
 
 EVENTS_VARIABLE = "CALIMERO_MCP_EVENTS"
 EVENT_CONTEXTS = 32                      # contexts subscribed at once; the least recently used goes out
@@ -28,8 +32,11 @@ EVENT_ENTRIES = 100                      # entries kept per context
 EVENT_PAYLOAD = 2048                     # characters of a payload's JSON kept; the rest is cut, its size said
 EVENT_FRAME_LIMIT = 8 << 20              # a frame larger than this is skipped as a gap, never held whole
 EVENT_KIND_LIMIT = 100                   # core's own bound on an event's kind
-EVENT_ECHOES = 16                        # recent StateMutations remembered per context, to keep an echo once
+EVENT_ECHOES = 16                        # recent StateMutations remembered per context (digests), to keep an echo once
 SSE_READ_TIMEOUT = 45.0                  # the node sends a keep-alive every 15 s: three missed is a stall
+SSE_STEADY_SECONDS = 5.0                 # a stream up this long, or carrying an event, has proved itself
+SSE_ID_LIMIT = 200                       # an id or session id longer is not core's ("<u64>-<u64>"): not sent back
+SUBSCRIPTION_ANSWER_LIMIT = 1 << 20      # bytes of a subscription's answer read at most (32 ids take ~3 KB)
 EVENT_PROGRESS_SECONDS = 10.0            # how often a wait says it still waits, when the caller asked
 SSE_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 EVENTS_OFF = ("off", "0", "false", "no")
@@ -37,6 +44,13 @@ EVENTS_OFF = ("off", "0", "false", "no")
 
 def events_off(env: Mapping[str, str]) -> bool:
     return (setting(env, EVENTS_VARIABLE) or "").lower() in EVENTS_OFF
+
+
+def resumable(event_id: str) -> bool:
+    """Whether an id (or session id) can go back to the node in a header (Last-Event-ID) or name a session: core's
+    are "<u64>-<u64>"; one with a character no header carries (not Latin-1, a control) or of any length is not."""
+    return 0 < len(event_id) <= SSE_ID_LIMIT and event_id == event_id.strip() \
+        and all(" " <= ch <= "~" for ch in event_id)
 
 
 def _now_text() -> str:
@@ -139,6 +153,18 @@ def event_payload(data) -> Tuple[Any, Optional[int]]:
     return text[:EVENT_PAYLOAD], len(text)
 
 
+def _digest(items) -> Optional[bytes]:
+    """A 16-byte digest of JSON values, one at a time (a frame's text is never made twice); None if one is not
+    JSON."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        for item in items:
+            digest.update(json.dumps(item, sort_keys=True).encode("utf-8") + b"\n")
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return digest.digest()
+
+
 class _Watched:
     """One context's known events: a ring of entries, numbered from 1 in arrival order."""
 
@@ -148,7 +174,7 @@ class _Watched:
         self.since = _now_text()
         self.subscribed = False
         self.refused = False                       # the node dropped it from a subscription: not ours to observe
-        self.echoes = collections.deque(maxlen=EVENT_ECHOES)
+        self.echoes = collections.deque(maxlen=EVENT_ECHOES)     # 16-byte digests: a frame's size never stays
         self.mutations = 0                         # StateMutation frames seen (an echo included)
         self.hash = None                           # the state hash the last poll read
         self.framed = False                        # a StateMutation came since that poll
@@ -175,7 +201,10 @@ class EventStream:
         self._subscriber = None
         self._response = None
         self._http = None
-        self._down_since = None
+        self._down_since = None                      # when the current outage began (None: the stream proved up)
+        self._gapped = False                         # its Gap is written: an outage is one Gap, however many tries
+        self._subscribe_failures = 0                 # subscriptions failed in a row: the retry backs off
+        self._said = set()                           # failures logged once
         if events_off(node._env):
             self.state, self.why = "polling", "%s=off turns the stream off" % EVENTS_VARIABLE
 
@@ -187,6 +216,8 @@ class EventStream:
             watched = self._watched.get(context_id)
             if watched is not None:
                 self._watched.move_to_end(context_id)
+                if self._thread is not None and not self._thread.is_alive() and self.state != "polling":
+                    self._start()                    # it never ends but to poll; if it did, a touch starts it again
                 return False
             if not opens and self._thread is None and self.state != "polling":
                 return False
@@ -199,13 +230,17 @@ class EventStream:
             if self.state == "polling":
                 return True
             self._pending.add(context_id)
-            if self._thread is None:
-                self.state = "connecting"
-                self._thread = threading.Thread(target=self._run, name="events", daemon=True)
-                self._thread.start()
+            if self._thread is None or not self._thread.is_alive():
+                self._start()
             elif self._session_id is not None:
                 self._kick()
             return True
+
+    def _start(self):
+        """Start the reader thread (called under the lock)."""
+        self.state = "connecting"
+        self._thread = threading.Thread(target=self._run, name="events", daemon=True)
+        self._thread.start()
 
     def subscribed(self, context_id: str) -> bool:
         with self._cond:
@@ -320,20 +355,37 @@ class EventStream:
     def _run(self):
         attempt = 0
         while True:
+            proved = False
             try:
                 response = self._connect()
+                if response is not None:
+                    proved = self._read(response)
             except NodeError as error:
-                response, self.why = None, str(error)
-            if response is not None:
-                attempt = 0 if self._read(response) else attempt
+                self.why = str(error)
+            except Exception as error:       # whatever the node sent: said once; the next try starts afresh
+                self._failed("events", error)
+                self._last_id = None
             with self._cond:
                 if self.state == "polling":
                     return
+                if proved:
+                    self._down_since = None         # the outage it ended is over: this break is a new one
                 if self._down_since is None and self._session_id is not None:
-                    self._down_since = _now_text()
+                    self._down_since, self._gapped = _now_text(), False
                 self.state = "reconnecting"
+            attempt = 0 if proved else attempt    # grows until a stream proves itself (SSE_STEADY_SECONDS, an event)
             time.sleep(SSE_BACKOFF[min(attempt, len(SSE_BACKOFF) - 1)])
             attempt += 1
+
+    def _failed(self, thread, error):
+        """A failure no rule foresaw (an answer or frame of a shape never seen), or a subscription's: one log line
+        per kind; the thread goes on."""
+        said = (thread, type(error).__name__)
+        with self._cond:
+            if said in self._said:
+                return
+            self._said.add(said)
+        log.warning("Events: thread %s met %s (%s); it goes on.", thread, said[1], ascii(redacted(str(error)[:200])))
 
     def _session(self):
         if self._http is None:
@@ -341,28 +393,39 @@ class EventStream:
         return self._http
 
     def _send(self, method, path, body=None, stream=False, extra=None):
-        """One request of the stream, bearer token in its header (never in the URL), renewing an expired token."""
+        """One request of the stream, bearer token in its header (never in the URL), renewing an expired token,
+        within the calls' deadline: a POST's answer read whole through the capped `fetch`, the GET's head only
+        (`opened`; its body is read as it arrives)."""
         node = self._node
         node.connect()
         url = node._base + path
-        session, sent = self._session(), []
+        session, sent, requests = self._session(), [], _requests()
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        cap = min(node.max_response_bytes, SUBSCRIPTION_ANSWER_LIMIT)
 
         def send(token):
             if sent:
-                sent.pop().close()                  # a refused attempt: its connection goes back, unread
+                sent.pop().close()                  # a refused attempt: its connection goes back
             headers = _headers(token, "application/json" if body is not None else None)
             headers.update(extra or {})
             try:
-                sent.append(session.request(method, url, headers=headers, json=body, stream=stream,
-                                            allow_redirects=False,
-                                            timeout=(node._timeout, SSE_READ_TIMEOUT if stream else node._timeout)))
-            except _requests().RequestException as error:
-                raise network_error(error, url, node._timeout, "GET") from None
+                prepared = _prepared(requests, session, method, url, None, data, headers)
+                sent.append(opened(session, prepared, node._timeout, SSE_READ_TIMEOUT) if stream
+                            else fetch(session, prepared, node._timeout, cap))
+            except requests.RequestException as error:
+                raise network_error(error, url, node._timeout, method) from None
+            except Late as error:
+                raise late(display_url(url), display_url(node._base), node._timeout, error.sent, method) from None
+            except TooLarge as error:
+                if error.cap < node.max_response_bytes:     # our own bound, not the one a user can raise
+                    raise UnexpectedAnswer("%s %s answered more than %d bytes (a subscription's answer takes a few "
+                                           "KB): refused, the rest unread" % (method, path, error.cap)) from None
+                raise too_large(display_url(url), display_url(node._base), error, method) from None
             return sent[-1]
         return node._send_authenticated(send)
 
     def _connect(self):
-        extra = {"Accept": "text/event-stream"}
+        extra = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if self._session_id is not None and self._last_id:
             extra["Last-Event-ID"] = self._last_id
         response = self._send("GET", "/sse", stream=True, extra=extra)
@@ -387,46 +450,68 @@ class EventStream:
         log.warning("Events: %s; the events tool reads the state hash instead.", why)
 
     def _read(self, response) -> bool:
-        """Read frames until the stream ends or stalls; True when it had connected (the node sent its frame)."""
-        parser, connected = SseParser(), False
+        """Read frames as they arrive until the stream ends or stalls; True when it proved itself: up
+        SSE_STEADY_SECONDS after its connect frame, or carrying an event."""
+        parser, connected_at, proved = SseParser(), None, False
         self._response = response
         try:
-            for chunk in response.iter_content(None):
+            for chunk in arriving(response):
                 for frame in parser.feed(chunk):
                     if frame is SseParser.SKIPPED:
                         self._gap_all("a frame over %d bytes was skipped" % EVENT_FRAME_LIMIT)
                         continue
-                    connected = self._take(frame, response) or connected
-                if parser.last_id:
+                    try:
+                        took = self._take(frame, response)
+                    except Exception as error:      # one frame of a shape never seen: said once, skipped
+                        self._failed("events", error)
+                        continue
+                    connected_at = time.monotonic() if took == "connect" else connected_at
+                    proved = proved or (took == "event" and connected_at is not None)
+                if parser.last_id and resumable(parser.last_id):
                     self._last_id = parser.last_id
+                if not proved and connected_at is not None:
+                    proved = time.monotonic() - connected_at >= SSE_STEADY_SECONDS
+                if proved and self._down_since is not None:
+                    with self._cond:
+                        self._down_since = None     # the outage is over: the next break is a new one
         except Exception as error:          # a reset, a stall past SSE_READ_TIMEOUT, a closed response
             self.why = "the stream broke (%s)" % type(error).__name__
         finally:
             self._response = None
             response.close()
-        return connected
+        return proved or (connected_at is not None and time.monotonic() - connected_at >= SSE_STEADY_SECONDS)
 
-    def _take(self, frame, response) -> bool:
+    def _take(self, frame, response) -> Optional[str]:
+        """Act on one frame: "connect", "event" (a context's), or None (anything else, ignored)."""
         try:
             message = json.loads(frame[2])
         except (ValueError, RecursionError):
-            return False
+            return None
         if not isinstance(message, dict):
-            return False
+            return None
         if message.get("type") == "connect":
-            self._connected(str(message.get("session_id")), message.get("reconnect") is True
+            session_id = message.get("session_id")
+            if isinstance(session_id, int) and not isinstance(session_id, bool):
+                session_id = str(session_id)
+            if not isinstance(session_id, str) or not resumable(session_id):
+                return None                         # not a session we could name back to the node
+            self._connected(session_id, message.get("reconnect") is True
                             or response.headers.get("X-SSE-Reconnect") == "true")
-            return True
+            return "connect"
         event = message.get("result")
         if isinstance(event, dict) and isinstance(event.get("contextId"), str):
             self._event(event)
-        return False
+            return "event"
+        return None
 
     def _connected(self, session_id, resumed):
         with self._cond:
             new = session_id != self._session_id or not resumed
             self._session_id, self.state, self.why = session_id, "live", None
-            down, self._down_since = self._down_since, None
+            if new:
+                self._last_id = None                # an older session's id names no session of this stream
+            down = self._down_since if not self._gapped else None
+            self._gapped = self._gapped or down is not None
             for context_id, watched in self._watched.items():
                 if down is not None:
                     watched.add({"kind": "Gap", "note": "the stream was down from %s: events then are lost" % down})
@@ -457,10 +542,7 @@ class EventStream:
         watched.mutations += 1
         watched.framed = True
         events = data.get("events") if isinstance(data.get("events"), list) else []
-        try:
-            key = json.dumps([data.get("newRoot"), events], sort_keys=True)
-        except (TypeError, ValueError, RecursionError):
-            key = None
+        key = _digest([data.get("newRoot")] + events)
         if key is not None and key in watched.echoes:
             return                                  # the author's own delta, echoed back over gossip
         watched.echoes.append(key)
@@ -500,9 +582,9 @@ class EventStream:
                 if leaving:
                     self._subscription(session_id, "unsubscribe", leaving)
                 if asked:
-                    answer = self._subscription(session_id, "subscribe", asked)
-                    self._subscribed(asked, answer)
-            except NodeError as error:
+                    self._subscribed(asked, self._subscription(session_id, "subscribe", asked))
+            except Exception as error:          # a NodeError, or an answer of a shape never seen: retried later
+                self._failed("events-subscribe", error)
                 self._retry_later(asked, error)
                 return
 
@@ -514,7 +596,8 @@ class EventStream:
             return None
         if response.status_code in (400, 404):       # the node forgot the session: reconnect for a new one
             with self._cond:
-                self._down_since = self._down_since or _now_text()     # what it sent meanwhile is lost: a Gap
+                if self._down_since is None:            # what it sent meanwhile is lost: a Gap
+                    self._down_since, self._gapped = _now_text(), False
                 self._session_id, self._last_id = None, None
             reading = self._response
             if reading is not None:
@@ -522,16 +605,20 @@ class EventStream:
             return None
         if response.status_code != 200:
             raise NodeError("POST /sse/subscription answered HTTP %d" % response.status_code)
-        try:
-            return response.json().get("result") or {}
-        except (ValueError, AttributeError):
-            raise NodeError("POST /sse/subscription answered no JSON object") from None
+        answer = decode_json(response, response.url)      # unreadable, or nested too deep: an UnexpectedAnswer
+        result = answer.get("result") if isinstance(answer, dict) else None
+        kept = result.get("contexts") if isinstance(result, dict) else None
+        if method == "subscribe" and not (isinstance(kept, list) and all(isinstance(c, str) for c in kept)):
+            raise UnexpectedAnswer("POST /sse/subscription answered no list of contexts (%s)"
+                                   % display_url(_base_of(response.url)))
+        return kept
 
-    def _subscribed(self, asked, answer):
-        if answer is None:
+    def _subscribed(self, asked, kept):
+        if kept is None:
             return
-        kept = {c.lower() for c in answer.get("contexts") or [] if isinstance(c, str)}
+        kept = {c.lower() for c in kept}
         with self._cond:
+            self._subscribe_failures = 0
             for context_id in asked:
                 watched = self._watched.get(context_id)
                 if watched is not None:
@@ -542,8 +629,11 @@ class EventStream:
     def _retry_later(self, asked, error):
         with self._cond:
             self._pending.update(c for c in asked if c in self._watched)
-            self.why = str(error)
-        timer = threading.Timer(2.0, self._kick_locked)
+            self.why = str(error) if isinstance(error, NodeError) else "a subscription failed (%s)" \
+                % type(error).__name__
+            self._subscribe_failures += 1
+            delay = SSE_BACKOFF[min(self._subscribe_failures + 1, len(SSE_BACKOFF) - 1)]    # 2 s, 4 s, … 30 s
+        timer = threading.Timer(delay, self._kick_locked)
         timer.daemon = True
         timer.start()
 

@@ -353,6 +353,43 @@ def fetch(session, prepared, timeout, cap):
     return response
 
 
+def opened(session, prepared, timeout, read_timeout):
+    """Send `prepared` and return its response once its head came, within `timeout` seconds as `fetch` bounds a
+    whole answer, its body unread (a stream, read by `arriving`; each read then waits at most `read_timeout`).
+    Raises requests' exceptions or Late."""
+    watch = _deadlines.start(timeout)
+    _watched.value = watch
+    response = None
+    try:
+        response = session.send(prepared, timeout=(timeout, read_timeout), allow_redirects=False, stream=True)
+    except BaseException:
+        if watch.fired:
+            raise Late(watch.sent) from None
+        raise
+    finally:
+        _watched.value = None
+        _deadlines.stop(watch)
+    if watch.fired:
+        response.close()
+        raise Late(True)
+    return response
+
+
+def arriving(response, size=READ_CHUNK):
+    """An opened body's bytes as they arrive, whatever its framing (chunked, a Content-Length, or running until
+    the connection closes): one socket read at most each, where requests' iter_content waits to fill its chunk, or
+    for the end of an unchunked body. An encoded body (gzip) goes through requests' decoding."""
+    read1 = getattr(getattr(response.raw, "_fp", None), "read1", None)
+    if read1 is None or response.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+        yield from response.iter_content(None)
+        return
+    while True:
+        chunk = read1(size)
+        if not chunk:
+            return
+        yield chunk
+
+
 def is_traceparent(value) -> bool:
     return isinstance(value, str) and TRACEPARENT.fullmatch(value) is not None
 

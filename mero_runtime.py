@@ -29,22 +29,22 @@ SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 # What a host shows before any tool: Claude Code loads only tool names and these at start, and cuts them at 2,048
 # characters, so the critical part comes first. One line per topic; a mode adds its own line at the end (Server).
 INSTRUCTION_LINES = (
+    # reference-behaviour.md's flow, with the one thing that stands in for a handle (issue 42: read literally,
+    # "pass the app_handle on every app tool call" contradicted a later line)
     "Calimero apps describe themselves. Do not read app source. To use an app: list_applications, then "
-    "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call.",
+    "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call, or "
+    "_context (the context to act in) instead of one.",
     "call runs any method of any installed app by name (args keyed by parameter name), and call_many runs up to "
     "32 calls at once: they reach every method even when no tool for it is listed, as for an app installed during "
     "this session or a host that caps or defers tools. describe_app lists an app's methods.",
-    # The first line is reference-behaviour.md's, exact; this one says what stands in when no handle is at hand,
-    # so the two agree.
-    "A handle's tool runs in the context the handle names. Without a handle, an app tool takes _context (a context "
-    "id or alias) instead, and call takes app and context.",
+    "A handle's tool runs in the context the handle names; call takes app and context.",
     "Name an app by its id, package, last package segment or display name, a context by its id or an alias, and a "
     "namespace or group by its id or name.",
     "App tools are named <app>_<method> (<app>_<service>_<method> for a multi-service app); each description "
     "ends in the method's signature: [view] reads, [mut] writes, ? marks an optional parameter.",
     "Contexts live in namespaces (create_namespace, then create_context); other nodes join with "
     "invite_to_namespace and join_namespace, then join_context. When a tool cannot reach the node, node_status "
-    "says why.",
+    "says why and what to do.",
 )
 INSTRUCTIONS = "\n".join(INSTRUCTION_LINES)
 # Both eras: the handshake era hears list changes on the session, 2026-07-28 on subscriptions/listen.
@@ -68,16 +68,37 @@ RESOURCE_NOT_FOUND = -32002            # handshake era; the modern era uses INVA
 UNSUPPORTED_VERSION = -32022
 
 class StderrLog:
-    """`[mero-mcp]` lines on stderr. node.py logs through `logging` with the same prefix, set up on its first line."""
+    """`[mero-mcp]` lines on stderr, those below CALIMERO_MCP_LOG_LEVEL (mero_node_errors.log_threshold, read at the
+    first line: main has applied the flags by then) left out. node.py logs through `logging` with the same prefix
+    and threshold, set up on its first line."""
 
-    def info(self, message, *args):
+    threshold = None
+
+    def write(self, level, message, args):
+        if self.threshold is None:
+            try:
+                self.threshold = own_module("mero_node_errors").log_threshold(os.environ)[0]
+            except (ImportError, MissingLibrary):
+                self.threshold = 20
+        if level < self.threshold:
+            return
         try:
             sys.stderr.write("[mero-mcp] %s\n" % without_secrets(message % args if args else message))
             sys.stderr.flush()
         except (OSError, AttributeError, ValueError):   # the host closed our stderr: logs are a courtesy
             pass
 
-    warning = error = info
+    def debug(self, message, *args):
+        self.write(10, message, args)
+
+    def info(self, message, *args):
+        self.write(20, message, args)
+
+    def warning(self, message, *args):
+        self.write(30, message, args)
+
+    def error(self, message, *args):
+        self.write(40, message, args)
 
 
 log = StderrLog()
@@ -437,15 +458,17 @@ def tool(name, description, properties=None, required=(), annotations=None, tool
 FIXED_TOOLS = []                # filled by @tool, in LISTED_ORDER
 LISTED_ORDER = TOOLSETS + ("app",)
 NODE_ARGUMENT = {"type": "string"}           # no enum (names change) and no description: the instructions say it
-MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (a name from list_nodes); a call runs "
-                          "on its node, else where its app_handle was made, else on the default node, %s. To bring a node into a "
-                          "namespace: join_namespace on it with from (a member node); no invitation to carry.")
+MULTI_NODE_INSTRUCTION = ("Several nodes: every tool but list_nodes takes node (a name from list_nodes; an app tool "
+                          "whose method has its own node parameter passes that to the app: use call then); a call "
+                          "runs on its node, else where its app_handle was made, else on the default node, %s. "
+                          "Between these nodes, join_namespace on the joiner with from (a member node) needs no "
+                          "invitation.")
 
 
 def with_node_argument(t, multi):
     """Multi-node mode: a `node` on every tool that talks to a node (and on each call_many item; a generated tool's
     unless its method declares a `node` of its own); join_namespace takes `from` instead of an invitation. Single
-    mode: the tool as declared, byte for byte."""
+    mode: the tool as declared, byte for byte. join_context takes `from` too: a context named on a member node."""
     if not multi or t.nodes == "none" or "node" in (t.input_schema.get("properties") or {}):
         return t
     schema = dict(t.input_schema)
@@ -457,6 +480,8 @@ def with_node_argument(t, multi):
     if t.name == "join_namespace":
         properties["from"] = FROM_ARGUMENT
         schema["required"] = ["namespace"]
+    if t.name == "join_context":
+        properties["from"] = FROM_CONTEXT
     schema.update(type="object", properties=properties)
     return t._replace(input_schema=schema)
 
@@ -1067,7 +1092,9 @@ def unb64url(text):
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-FROM_ARGUMENT = {"type": "string", "description": "A member node: the server invites from it, no invitation."}
+FROM_ARGUMENT = {"type": "string", "description": "A member node: the server invites from it and brings the app; no "
+                 "invitation."}
+FROM_CONTEXT = {"type": "string", "description": "Member node naming context."}
 
 
 def cut_text(text, limit):

@@ -23,14 +23,16 @@ import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from urllib.parse import quote
 
-from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, log, NodeError, NotFound, Refused,
-    refused, redacted, sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
+from mero_node_errors import (AnswerTooLarge, BadRequest, BodyTooDeep, Forbidden, kept_secret, log,
+    LOG_LEVEL_VARIABLE, LOG_LEVELS, log_threshold, NodeError, NotFound, NotPublished, Refused, refused, redacted,
+    sent_secret, Unauthorized, UnexpectedAnswer, Unreachable)
 from mero_node_config import (_checked_node_url, _configured_location, _home_note, _logged, _logged_lock, auth_advice,
     auth_plan, CONFIG_FIX, configured_name, configured_nodes, display_url, Handoff, has_expired, is_newer, jwt_claims,
     LOCAL_FILE_LIMIT, Location, NamedNode, node_directory, node_dirs, node_home, NODES_FIX, nodes_setting_problem,
     ORPHAN_PASSWORD_FIX, password_without_username, read_handoff, read_password, registry_place, REGISTRY_VARIABLE,
     RegistryPlace, request_timeout, response_cap, RESPONSE_CAP_FIX, response_cap_setting, RESPONSE_CAP_VARIABLE,
-    same_node, setting, state_dir, STATE_DIR_FIX, TIMEOUT_FIX, timeout_setting, token_bundle, token_cache_path,
+    said_as, same_node, setting, sign_in_fix, start_fix, state_dir, STATE_DIR_FIX, TIMEOUT_FIX, timeout_setting,
+    token_bundle, token_cache_path,
     token_problem, TokenStore)
 from mero_node_http import (_base_of, _headers, _is_short, _NETWORK_REASONS, _new_session, _not_json, _prepared,
     _registry_session, _requests, _session, _session_lock, _unreadable_hint, absent_packages, BODY_EXCERPT,
@@ -323,6 +325,21 @@ def signed_invitation(given: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[s
     return given, None
 
 
+def kept_invitation(answer) -> Dict[str, Any]:
+    """Answer.invitation, its bearer parts recorded as secrets before anything else sees them."""
+    invitation = Answer.invitation(answer)
+    signed, _ = signed_invitation(invitation)
+    inner = signed.get("invitation")
+    kept_secret(signed.get("inviter_signature"))
+    kept_secret(inner.get("secret_salt") if isinstance(inner, dict) else None)
+    return invitation
+
+
+# A registry miss at install (§0.5.3), in the node's words.
+PUBLISHED_MISS = "has no application published at"
+PUBLISHED_MISS_TEXT = "the configured Http source has no application published at %s@%s"
+
+
 def decode_metadata(raw) -> Any:
     """Bundle metadata as the node sends it: an int array of UTF-8 JSON (usually an object), or a plain string.
     The decoded value; the string itself when it is not JSON; None when absent or not UTF-8."""
@@ -569,9 +586,9 @@ class Node:
     def health(self) -> Dict[str, Any]:
         return self._call("GET", "/admin-api/health", health_shape)
 
-    def identity(self) -> Dict[str, Any]:
+    def identity(self, timeout=None) -> Dict[str, Any]:
         """`{accountId, publicKey, deviceId?, ...}`; a fresh node answers 404 with why it has none yet (§0.6)."""
-        return self._call("GET", "/admin-api/identity", lambda a: a.object("accountId"))
+        return self._call("GET", "/admin-api/identity", lambda a: a.object("accountId"), timeout=timeout)
 
     def peers(self, timeout=None) -> int:
         """How many peers the node is connected to: `{"count": N}`, no wrapper (§0.6)."""
@@ -596,9 +613,17 @@ class Node:
                           params={"service_name": service} if service else None, timeout=timeout)
 
     def install_application(self, package: str, version: str) -> Dict[str, Any]:
-        """Install package@version from the node's own registry: `{applicationId}`."""
-        return self._call("POST", "/admin-api/install-application", lambda a: a.object("applicationId"),
-                          body={"package": package, "version": version})
+        """Install package@version from the node's own registry: `{applicationId}`. A registry miss (a 502 in
+        the node's words, §0.5.3) is a NotPublished said as such, not a gateway fault to retry."""
+        try:
+            return self._call("POST", "/admin-api/install-application", lambda a: a.object("applicationId"),
+                              body={"package": package, "version": version})
+        except ServerError as error:
+            if error.status != 502 or PUBLISHED_MISS not in str(error):
+                raise
+            raise NotPublished("The registry this node installs from does not publish %s@%s (the node: \"%s\")."
+                               % (package, version, PUBLISHED_MISS_TEXT % (package, version)), 502,
+                               hint=error.hint) from None
 
     def install_dev_application(self, path: str) -> Dict[str, Any]:
         """Install the bundle at `path` on the node's own filesystem: `{applicationId}`. The newest body is
@@ -837,12 +862,15 @@ class Node:
         return self._call("DELETE", "/admin-api/namespaces/" + quoted(namespace_id), lambda a: a.flag("isDeleted"),
                           body={})
 
-    def invite_to_namespace(self, namespace_id: str, expires_in: Optional[int] = None) -> Dict[str, Any]:
+    def invite_to_namespace(self, namespace_id: str, expires_in: Optional[int] = None,
+                            secret: bool = False) -> Dict[str, Any]:
         """The signed invitation, bare or wrapped as `{invitation, groupName}` depending on the release.
-        `expires_in`: seconds it stays valid (the request's expirationTimestamp is a duration, §0.8)."""
+        `expires_in`: seconds it stays valid (the request's expirationTimestamp is a duration, §0.8). `secret`:
+        an invitation no one is shown (a hand-over): its signature and salt are secrets as soon as they are read,
+        so no text of ours carries them (`redacted`), even a joiner's refusal quoting it."""
         body = {} if expires_in is None else {"expirationTimestamp": int(expires_in)}
-        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), Answer.invitation,
-                          body=body)
+        shape = kept_invitation if secret else Answer.invitation
+        return self._call("POST", "/admin-api/namespaces/%s/invite" % quoted(namespace_id), shape, body=body)
 
     def join_namespace(self, namespace_id: str, invitation: Dict[str, Any],
                        group_name: Optional[str] = None) -> Dict[str, Any]:
@@ -1124,7 +1152,12 @@ class Node:
         kind = method if changes is None else ("POST" if changes else "GET")
         try:
             prepared = _prepared(requests, session, method, url, params, data, _headers(token, content_type))
-            return fetch(session, prepared, timeout, self.max_response_bytes)
+            started = time.monotonic()
+            response = fetch(session, prepared, timeout, self.max_response_bytes)
+            if log.isEnabledFor(10):          # --log-level debug: each node request, its status and time
+                log.debug("%s %s: %d in %.0f ms", method, display_url(url), response.status_code,
+                          (time.monotonic() - started) * 1000)
+            return response
         except requests.RequestException as error:
             raise network_error(error, url, timeout, kind) from None
         except Late as error:
@@ -1313,34 +1346,77 @@ class Node:
 
     # ---- node_status ----
     def status(self) -> Dict[str, Any]:
-        """What node_status reports; never raises: when the node is down, `health` describes the failure."""
+        """What node_status reports; never raises: when the node is down, `health` describes the failure and `fix`
+        what to do about it. `registry`: the registry address list_registry and installs by coords would use."""
         try:
             self.connect()
         except NodeError as error:
             location, mode = self._attempt or (None, self._planned_mode())
-            return {"health": _failed_health(error), "url": location.url if location else None,
-                    "nodeName": location.name if location else None,
-                    "discoverySource": location.source if location else None, "authMode": mode,
-                    "peers": None, "identity": None}
+            status = {"health": _failed_health(error), "url": location.url if location else None,
+                      "nodeName": location.name if location else None,
+                      "discoverySource": location.source if location else None, "authMode": mode,
+                      "peers": None, "identity": None}
+            return self._with_registry(dict(status, fix=self.fix_for(error, location, mode)))
         try:
-            health = self.health()
+            health, failed = self.health(), None
         except NodeError as error:
-            health = _failed_health(error)
+            health, failed = _failed_health(error), error
         status = {"health": health, "url": self.url, "nodeName": self.name, "discoverySource": self.source,
                   "authMode": self.auth_mode}
-        return dict(status, **self._facts() if health.get("status") == "alive" else {"peers": None, "identity": None})
+        if health.get("status") == "alive":
+            facts, failed = self._facts()
+            status.update(facts)
+        else:
+            status.update(peers=None, identity=None)
+        if failed is not None and self.fix_for(failed, self._location, self.auth_mode):
+            status["fix"] = self.fix_for(failed, self._location, self.auth_mode)
+        return self._with_registry(status)
 
-    def _facts(self) -> Dict[str, Any]:
-        """node_status's peers and identity: each null with the node's reason when it cannot be had (a fresh node
-        has no identity yet), never a failure of node_status."""
-        facts = {}
+    def _with_registry(self, status: Dict[str, Any]) -> Dict[str, Any]:
+        place = registry_place(self._env, status.get("nodeName"))
+        status["registry"] = {"url": place.url, "from": place.source} if place.url else None
+        if place.problem:
+            status["registryNote"] = place.problem
+        return status
+
+    def fix_for(self, error: NodeError, location: Optional[Location] = None, mode: Optional[str] = None
+                ) -> Optional[str]:
+        """What to do about a node that cannot be used (issue 42): for a refused login the variables that sign in
+        there; for one that does not answer the command that starts it (a node home on this machine holds it), else
+        check it and the setting naming its URL; else the error's own fix."""
+        if location is None and self._named is not None:
+            location = Location(self._named.url, self._named.name, "named")
+        mode = mode or self._planned_mode()
+        name = location.name if location else (self._named.name if self._named else None)
+        if isinstance(error, Refused) and not isinstance(error, NotFound) and (
+                error.status in (401, 403) or error.auth_error or str(error).startswith("Authentication failed")):
+            return sign_in_fix(self._env, name, location.url if location else None, self._default, mode)
+        if isinstance(error, Unreachable) and location is not None:
+            variable = {"env": "CALIMERO_NODE_URL", "named": self._named_variable()}.get(location.source)
+            return start_fix(self._env, name, location.url, variable) or error.fix
+        return error.fix
+
+    def down_fix(self) -> str:
+        """list_nodes' fix for a node its probe found down, from the local files alone (no request)."""
+        return start_fix(self._env, self._named.name, self._named.url, self._named_variable()) or (
+            "Start the node at %s." % display_url(self._named.url))
+
+    def _named_variable(self) -> Optional[str]:
+        """The setting that names this node's URL, when one does (a node home's config.toml is found by start_fix)."""
+        return self._named.source if self._named and self._named.source == "CALIMERO_NODES" else None
+
+    def _facts(self):
+        """node_status's peers and identity, each null with the node's reason when it cannot be had (a fresh node
+        has no identity yet), never a failure of node_status; and the first failure (its fix is said)."""
+        facts, failed = {}, None
         for key, read in (("peers", self.peers), ("identity", self._identity_summary)):
             try:
                 facts[key] = read()
             except NodeError as error:
                 facts[key] = None
                 facts[key + "Note"] = str(error)
-        return facts
+                failed = failed or error
+        return facts, failed
 
     def _identity_summary(self) -> Dict[str, Any]:
         identity = self.identity()
@@ -1406,10 +1482,10 @@ def _login_error(error: NodeError, base: str) -> NodeError:
 
 # ── check: the `mero-mcp --check` doctor ──────────────────────────────────────────────────────────
 
-_SOURCE_TEXT = {
-    "env": "CALIMERO_NODE_URL",
+_SOURCE_TEXT = {                         # said_as: a flag that set the variable is named as the flag
+    "env": "%(url)s",
     "handoff": "the desktop app's handoff file",
-    "named": "CALIMERO_NODE_NAME in the node home",
+    "named": "%(name)s in the node home",
     "config-scan": "the node home's only (or default) node",
     "probe": "a live probe of local ports",
 }
@@ -1481,6 +1557,10 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     cap_problem = response_cap_setting(env)[1]
     if cap_problem:
         report.problem(cap_problem, RESPONSE_CAP_FIX, fatal=False)
+    level_problem = log_threshold(env)[1]
+    if level_problem:
+        report.problem(level_problem, "Set %s to one of %s, or unset it." % (LOG_LEVEL_VARIABLE, ", ".join(LOG_LEVELS)),
+                       fatal=False)
     nodes_problem = nodes_setting_problem(env)
     if nodes_problem:                     # start-up stops on it too: nothing below would be what the server does
         report.line("Node", "none: %s" % nodes_problem)
@@ -1494,16 +1574,19 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
         directory = node_directory(env)
         if directory.multi:
             _report_named_nodes(report, env, directory)
+        if directory.default is not None:     # the server's default: a named node (a lone CALIMERO_NODES one too)
             location = Location(directory.default.url, directory.default.name, "named")
+            found_by = _default_found_by(env, directory)
         else:
             location, handoff = _resolve(env, ports)
+            found_by = _SOURCE_TEXT[location.source] % {
+                "url": said_as("CALIMERO_NODE_URL"), "name": said_as("CALIMERO_NODE_NAME")}
     except NodeError as error:
         report.line("Node", "none: %s" % error)
         report.line("Auth", _MODE_TEXT[auth_plan(env, handoff, None)[0]])
         report.problem(str(error), error.fix or "Set CALIMERO_NODE_URL to a running node's address.")
         return report.finish()
-    report.line("Node", "%s, found by %s (name: %s)" % (location.url, _SOURCE_TEXT[location.source],
-                                                          location.name or "none"))
+    report.line("Node", "%s, found by %s (name: %s)" % (location.url, found_by, location.name or "none"))
     https = location.url.lower().startswith("https:")
     if https or any(setting(env, name) for name in CA_SETTINGS):
         line, unreadable = ca_bundle_line(env)
@@ -1542,6 +1625,21 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
 CHECK_PROBES = 16       # nodes --check probes at once: a directory of 600 is 600 threads otherwise
 
 
+def _named_where(named: NamedNode) -> str:
+    """Where a named node is named: CALIMERO_NODES (or the --nodes flag), or its node home's folder."""
+    return said_as(named.source) if named.source != "home" else "the node home %s" % named.home
+
+
+def _default_found_by(env, directory) -> str:
+    """--check's "found by" for the default named node: where it is named, and what made it the default."""
+    where = _named_where(directory.default)
+    if setting(env, "CALIMERO_NODE_NAME"):
+        return "%s, the default by %s" % (where, said_as("CALIMERO_NODE_NAME"))
+    if setting(env, "CALIMERO_NODE_URL"):
+        return "%s, the default by %s" % (where, said_as("CALIMERO_NODE_URL"))
+    return where if len(directory.nodes) == 1 else "%s, the default as the first named node" % where
+
+
 def _report_named_nodes(report, env, directory) -> None:
     """Multi-node mode: one line per named node (its health and how it signs in), all probed at once. A node
     other than the default being down is said, not fatal: the server works without it. The default's own lines
@@ -1562,7 +1660,8 @@ def _report_named_nodes(report, env, directory) -> None:
     for named, said, ok in results:
         label = "%s%s%s" % (named.name, " (default)" if named == directory.default else "",
                             " (ro)" if named.read_only else "")
-        report.line("  " + label, "%s: %s" % (named.url, said if ok else "unreachable or refused: " + said))
+        report.line("  " + label, "%s from %s: %s" % (named.url, _named_where(named),
+                                                        said if ok else "unreachable or refused: " + said))
         if not ok and named != directory.default:
             report.problem('node "%s" cannot be used now: %s' % (named.name, said),
                            "Start it (merod --node %s run), or fix its entry; the other nodes work meanwhile."
@@ -1585,6 +1684,9 @@ def _report_packages(report) -> bool:
         except metadata.PackageNotFoundError:         # importable, but installed without metadata
             found.append(package)
     report.line("Python", "%s (%s)" % (sys.executable, ", ".join(found)))
+    from_zip = getattr(sys.modules.get("__main__"), "FROM_ZIP", None)     # the pyz's bootstrap: why not unpacked
+    if isinstance(from_zip, str):
+        report.line("Pyz", "runs from the zip itself, not unpacked (%s)" % from_zip)
     if failed:                            # one problem naming every missing package
         report.problem(missing_package(*failed, advice=False), install_advice(absent_packages(failed[0])))
     return "requests missing" not in found

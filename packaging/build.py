@@ -3,9 +3,10 @@
 
     python3 packaging/build.py pyz  [--out DIR] [--wheels DIR]   -> DIR/mero-mcp-<version>.pyz
     python3 packaging/build.py mcpb [--out DIR] [--wheels DIR]   -> DIR/mero-mcp-<version>.mcpb (the pyz inside)
+    python3 packaging/build.py server-json                       -> server.json, the MCP registry's entry
 
-The pyz holds our modules (setup.cfg's py_modules), LICENSE, THIRD_PARTY_NOTICES.txt, the build file node.py recognises it by
-and the pure-Python wheels packaging/requirements.txt pins by hash (their tests, benchmarks, type stubs and RECORD
+The pyz holds our modules (setup.cfg's py_modules), LICENSE, THIRD_PARTY_NOTICES.txt, the build file node.py recognises it by,
+its __main__.py (pyz_main.py) and pyz_unpack.py, and the pure-Python wheels packaging/requirements.txt pins by hash (their tests, benchmarks, type stubs and RECORD
 left out). The wheels are downloaded by pip at build time into --wheels (default build/wheels), and taken from there
 while their hashes match. Members are sorted and dated 1980-01-01: the same inputs give the same bytes.
 """
@@ -171,6 +172,7 @@ def pyz_members(wheel_folder):
     for name in our_files():
         members[name] = (ROOT / name).read_bytes()
     members[NOTICES] = notices(packages).encode("utf-8")
+    members["pyz_unpack.py"] = (PACKAGING / "pyz_unpack.py").read_bytes()      # __main__'s unpacking, imported as needed
     members[PYZ_MARK] = (json.dumps({"name": "mero-mcp", "version": version(), "python": PYTHON_REQUIRES,
                                      "carries": vendored}, indent=1, sort_keys=True) + "\n").encode("utf-8")
     digest = hashlib.sha256()
@@ -220,16 +222,45 @@ def build_pyz(out, wheel_folder):
     return path, data, build
 
 
+# The bundle's settings form: key -> (type, title, description, default, the variable it sets, sensitive). Every
+# one optional with a default, so no ${user_config...} placeholder reaches the server; blank counts as unset there.
+USER_CONFIG = {
+    "node_url": ("string", "Node URL", "The node's address, e.g. http://localhost:2528. Empty: the node the Calimero "
+                 "desktop app hands over, else the one found in ~/.calimero or on the usual ports.", "",
+                 "CALIMERO_NODE_URL", False),
+    "nodes": ("string", "Several nodes", "Instead of one node URL: comma-separated name=url entries, each may end in "
+              '" (ro)", e.g. local=http://127.0.0.1:2528,prod=https://n.example.com (ro)', "", "CALIMERO_NODES", False),
+    "node_name": ("string", "Node name", "Of several named nodes (above, or in ~/.calimero): the one calls go to by "
+                  "default.", "", "CALIMERO_NODE_NAME", False),
+    "username": ("string", "Username", "For a node that asks for a login: the account's username (admin rights).",
+                 "", "CALIMERO_USERNAME", False),
+    "password": ("string", "Password", "That account's password.", "",
+                 "CALIMERO_PASSWORD", True),
+    "ca_bundle": ("file", "CA bundle", "For an https node whose certificate a private CA signed: that CA's PEM file.",
+                  "", "CALIMERO_CA_BUNDLE", False),
+    "registry_url": ("string", "Registry URL", "The app registry to browse and install from. Empty: the one the "
+                     "node's config.toml names.", "", "CALIMERO_REGISTRY_URL", False),
+    "toolsets": ("string", "Toolsets", "Comma-separated: core, blobs, governance, or all.", "all",
+                 "CALIMERO_MCP_TOOLSETS", False),
+    "read_only": ("boolean", "Read-only", "Offer only tools that cannot change the node.", False,
+                  "CALIMERO_MCP_READ_ONLY", False),
+}
+
+
+def user_config():
+    """The manifest's user_config: each field of USER_CONFIG, a password's marked sensitive (the host keeps it in the
+    keychain and masks it)."""
+    fields = {}
+    for key, (kind, title, text, default, _, sensitive) in USER_CONFIG.items():
+        fields[key] = {"type": kind, "title": title, "description": text, "required": False, "default": default}
+        if sensitive:
+            fields[key]["sensitive"] = True
+    return fields
+
+
 def manifest():
-    """The Claude Desktop bundle's manifest.json: the pyz run by the host's python3 (python on Windows); every setting
-    a user fills in is optional and has a default, so no ${user_config...} placeholder reaches the server."""
-    config = {
-        "node_url": ("string", "Node URL", "The node's address, e.g. http://localhost:2528. Empty: the node the "
-                     "Calimero desktop app hands over, else the one found in ~/.calimero or on the usual ports.", ""),
-        "node_name": ("string", "Node name", "Which node of ~/.calimero to use when there are several.", ""),
-        "toolsets": ("string", "Toolsets", "Comma-separated: core, blobs, governance, or all.", "all"),
-        "read_only": ("boolean", "Read-only", "Offer only tools that cannot change the node.", False),
-    }
+    """The Claude Desktop bundle's manifest.json: the pyz run by the host's python3 (python on Windows), each setting
+    of its form passed as the variable the server reads."""
     return {
         "manifest_version": "0.2",
         "name": "mero-mcp",
@@ -246,18 +277,47 @@ def manifest():
             "mcp_config": {
                 "command": "python3",
                 "args": ["${__dirname}/server/mero-mcp.pyz"],
-                "env": {"CALIMERO_NODE_URL": "${user_config.node_url}",
-                        "CALIMERO_NODE_NAME": "${user_config.node_name}",
-                        "CALIMERO_MCP_TOOLSETS": "${user_config.toolsets}",
-                        "CALIMERO_MCP_READ_ONLY": "${user_config.read_only}"},
+                "env": {variable: "${user_config.%s}" % key
+                        for key, (_, _, _, _, variable, _) in USER_CONFIG.items()},
                 "platform_overrides": {"win32": {"command": "python"}},
             },
         },
-        "user_config": {key: {"type": kind, "title": title, "description": text, "required": False,
-                              "default": default}
-                        for key, (kind, title, text, default) in config.items()},
+        "user_config": user_config(),
         "compatibility": {"platforms": ["darwin", "linux", "win32"], "runtimes": {"python": PYTHON_REQUIRES}},
     }
+
+
+SERVER_JSON_SCHEMA = "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json"
+REGISTRY_NAME = "io.github.calimero-network/mero-mcp"   # README.md carries "mcp-name: <this>" (PyPI ownership)
+INPUT_FORMATS = {"string": "string", "boolean": "boolean", "file": "filepath"}
+
+
+def server_json():
+    """server.json for the MCP registry: the PyPI package, started by uvx over stdio, with the bundle's settings as
+    its environment variables (`build.py server-json` writes it; tests/test_release.py holds the two equal)."""
+    variables = []
+    for kind, title, text, default, variable, sensitive in USER_CONFIG.values():
+        entry = {"name": variable, "description": "%s. %s" % (title, text), "format": INPUT_FORMATS[kind],
+                 "isRequired": False, "isSecret": sensitive}
+        if default != "":
+            entry["default"] = json.dumps(default) if isinstance(default, bool) else default
+        variables.append(entry)
+    return {
+        "$schema": SERVER_JSON_SCHEMA,
+        "name": REGISTRY_NAME,
+        "title": "Calimero (mero-mcp)",
+        "description": manifest()["description"],
+        "version": version(),
+        "websiteUrl": PROJECT_URL,
+        "repository": {"url": PROJECT_URL, "source": "github"},
+        "packages": [{"registryType": "pypi", "registryBaseUrl": "https://pypi.org", "identifier": "mero-mcp",
+                      "version": version(), "runtimeHint": "uvx", "transport": {"type": "stdio"},
+                      "environmentVariables": variables}],
+    }
+
+
+def server_json_text():
+    return json.dumps(server_json(), indent=2) + "\n"
 
 
 def build_mcpb(out, wheel_folder):
@@ -271,10 +331,14 @@ def build_mcpb(out, wheel_folder):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", choices=("pyz", "mcpb"))
+    parser.add_argument("target", choices=("pyz", "mcpb", "server-json"))
     parser.add_argument("--out", default=str(ROOT / "dist"))
     parser.add_argument("--wheels", default=str(ROOT / "build" / "wheels"))
     args = parser.parse_args(argv)
+    if args.target == "server-json":                # the checkout's own file, beside setup.cfg
+        write(ROOT / "server.json", server_json_text().encode("utf-8"), 0o644)
+        print("wrote server.json (mero-mcp %s)" % version())
+        return 0
     path = Path(args.out) / ("mero-mcp-%s.%s" % (version(), args.target))
     try:
         built = build_pyz(args.out, args.wheels)[0] if args.target == "pyz" else build_mcpb(args.out, args.wheels)

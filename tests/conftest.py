@@ -120,7 +120,8 @@ def installed_version(folder, package):
 # client's session, the pyz build): under pytest-xdist their tests that use one run in one worker, so it is made
 # once. Elsewhere such a fixture is cheap (a double of 3,000 rows takes 40 ms) and its tests go wherever a worker is
 # free: grouped, test_bounded's would run one after another for two minutes.
-COSTLY_SETUP = frozenset({"test_demo", "test_packaging", "test_ts_client", "test_gemini_cli", "test_pyz"})
+COSTLY_SETUP = frozenset({"test_demo", "test_packaging", "test_ts_client", "test_gemini_cli", "test_pyz",
+                          "test_release"})
 
 
 def pytest_itemcollected(item):

@@ -50,6 +50,17 @@ class ServerTimeout(AssertionError):
     """The server did not answer in time: the test fails instead of hanging."""
 
 
+def our_variables():
+    """Every CALIMERO_* variable the server's code reads: each such name written as a string in our modules (a
+    reader names its variable as a string: `setting(env, "CALIMERO_NODE_URL")`, `NODES_VARIABLE = "CALIMERO_NODES"`)."""
+    import mero_runtime
+    names = set()
+    for module in mero_runtime.OUR_MODULES:
+        text = (ROOT / (module + ".py")).read_text(encoding="utf-8")
+        names.update(re.findall(r"""["'](CALIMERO_[A-Z0-9_]+)["']""", text))
+    return sorted(names)
+
+
 def minimal_env(home, extra=None):
     """What hosts pass a stdio server: HOME, PATH and little else (no LANG, no PYTHONPATH)."""
     env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -1268,7 +1268,9 @@ class NodeDouble:
                  (503 → the "authority … not yet resolvable" error, 500 → Internal server error)
 
     states a test sets to reach the typed errors of current releases (§0.5):
-      join_outcome    None (joins succeed), "no_peer" (504), "key_pending" or "not_endorsed" (503)
+      join_outcome    None (joins succeed), "no_peer" (504), "key_pending" or "not_endorsed" (503),
+                      "quote_invitation" (400 quoting the whole invitation, a deserializer's style: the bearer
+                      secrets in the text)
       registry_mode   "http" (installs from `registry`; a miss is a 502) or "dht" (every install is a 502)
       legacy_group_info  True: group info as before rc.83, without namespaceId and ownerOpCounter
       alias_rows      True: GET /alias/list/context answers [{alias, value}] rows, as one branch of core does
@@ -2507,6 +2509,8 @@ class NodeDouble:
             raise error_reply(400, "Invalid JSON data: missing field `invitation`")
         if inner["group_id"] != id_bytes(namespace_id):
             raise error_reply(400, "invitation group_id does not match namespace_id in path")
+        if self.join_outcome == "quote_invitation":
+            raise error_reply(400, "invitation rejected: {}".format(json.dumps(signed)))
         if signed.get("inviter_signature") != self._invitation_signature(inner):
             raise error_reply(400, INVITATION_INVALID)   # a reshaped invitation
         if self.network is not None:
@@ -3179,12 +3183,20 @@ class NodeDouble:
     # /sse request (kept out of `log`). Test helpers: sse_event (a peer's frame), sse_mutation (a StateMutation,
     # times=2 for the author's echo), silent_change (the hash moves, no frame), sse_disconnect, sse_stall,
     # sse_flood. sse_keepalive: seconds between `:` comments (15 on core).
+    # Odd streams, off unless a test asks (core never does these): sse_close_after_connect (each stream ends right
+    # after its connect frame), sse_connect_id (the connect frame's `id` instead of `<sid>-0`), sse_chunked=False
+    # (no chunked framing: `Connection: close`, the body runs until the stream ends), sse_subscription_body (the raw
+    # bytes a 200 to every subscription POST carries: a huge or odd answer).
 
     def _init_sse(self) -> None:
         self.sse_mode = "on"
         self.sse_hidden: Set[str] = set()
         self.sse_log: List[Dict[str, Any]] = []
         self.sse_keepalive = 15.0
+        self.sse_close_after_connect = False
+        self.sse_connect_id: Optional[str] = None
+        self.sse_chunked = True
+        self.sse_subscription_body: Optional[bytes] = None
         self._sse_cond = threading.Condition()
         self._sse_sessions: Dict[str, Dict[str, Any]] = {}
         self._sse_ids = iter(range(7000001, 1 << 62))
@@ -3204,7 +3216,8 @@ class NodeDouble:
         if request.method == "GET" and request.path == "/sse":
             self._sse_stream(handler, request)
         elif request.method == "POST" and request.path == "/sse/subscription":
-            handler.send(self._sse_subscription(request))
+            odd = self.sse_subscription_body
+            handler.send(self._sse_subscription(request) if odd is None else Reply(200, odd, JSON_TYPE))
         elif request.method == "GET" and request.path.startswith("/sse/session/"):
             with self._sse_cond:
                 session = self._sse_sessions.get(request.path.rsplit("/", 1)[1])
@@ -3248,16 +3261,18 @@ class NodeDouble:
             session.update(live=mine, queue=[], written=session["n"])   # what came while away is lost
         handler.close_connection = True
         handler.send_response(200)
+        chunked, first_id = self.sse_chunked, self.sse_connect_id or "%s-0" % sid
         for name, value in (("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
                             ("X-SSE-Session-ID", sid), ("X-SSE-Reconnect", "true" if resumed else "false"),
-                            ("Transfer-Encoding", "chunked")):
+                            ("Transfer-Encoding", "chunked") if chunked else ("Connection", "close")):
             handler.send_header(name, value)
         handler.end_headers()
         hello = {"type": "connect", "session_id": sid, "reconnect": resumed}
         try:
-            self._sse_write(handler, "event: message\nid: %s-0\nretry: 3000\ndata: %s\n\n" % (sid, compact_json(hello)))
+            self._sse_write(handler, "event: message\nid: %s\nretry: 3000\ndata: %s\n\n"
+                            % (first_id, compact_json(hello)), chunked)
             quiet_since = time.monotonic()
-            while self._server is not None:
+            while self._server is not None and not self.sse_close_after_connect:
                 with self._sse_cond:
                     if session["live"] is not mine:
                         break
@@ -3269,14 +3284,14 @@ class NodeDouble:
                     if frames:
                         session["queue"] = []
                 if frames:
-                    self._sse_write(handler, "".join(text for text, _ in frames))
+                    self._sse_write(handler, "".join(text for text, _ in frames), chunked)
                     with self._sse_cond:
                         session["written"] = max(session["written"], frames[-1][1])
                         self._sse_cond.notify_all()
                     quiet_since = time.monotonic()
                 elif time.monotonic() - quiet_since >= self.sse_keepalive and \
                         time.monotonic() >= self._sse_stalled_until:
-                    self._sse_write(handler, ":\n\n")
+                    self._sse_write(handler, ":\n\n", chunked)
                     quiet_since = time.monotonic()
         except OSError:
             pass
@@ -3291,9 +3306,9 @@ class NodeDouble:
                 pass
 
     @staticmethod
-    def _sse_write(handler: _Handler, text: str) -> None:
+    def _sse_write(handler: _Handler, text: str, chunked: bool = True) -> None:
         data = text.encode("utf-8")
-        handler.wfile.write(b"%x\r\n" % len(data) + data + b"\r\n")
+        handler.wfile.write(b"%x\r\n" % len(data) + data + b"\r\n" if chunked else data)
         handler.wfile.flush()
 
     def sse_event(self, context_id: str, kind: str, data: Any) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 
 import pytest
 
@@ -126,7 +125,9 @@ def test_small_answers_are_unchanged(server, double):
                                       ("list_namespaces", {}, "namespaces"), ("list_applications", {}, "apps")]:
         result = server.call_tool(tool, arguments)
         assert len(result["content"]) == 1 and not result.get("isError")
-        assert set(result["structuredContent"]) == {rows_key}
+        # list_contexts says what its versions mean beside its rows, list_namespaces what memberCount counts
+        said = {"list_contexts": {"versions"}, "list_namespaces": {"countsNote"}}.get(tool, set())
+        assert set(result["structuredContent"]) == {rows_key} | said
         assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
         assert result["content"][0]["text"] == json.dumps(result["structuredContent"], indent=2, ensure_ascii=False)
 
@@ -284,20 +285,27 @@ def test_a_refusal_carrying_a_huge_guide_fits(serve):
     assert any("resources/read calimero://apps/" in block.get("text", "") for block in refused["content"])
 
 
-def test_list_nodes_with_hundreds_of_node_folders_is_cut_saying_so(serve, tmp_path):
+def test_list_nodes_with_hundreds_of_node_folders_pages_them(serve, tmp_path):
     double = sample_double()
     for index in range(400):
         folder = tmp_path / "nodes" / ("node-%03d-" % index + "n" * 200)
         folder.mkdir(parents=True)
         (folder / "config.toml").write_text('[server]\nlisten = ["/ip4/127.0.0.1/tcp/%d"]\n' % (20000 + index))
     server = serve(double)
-    result = server.call_tool("list_nodes", timeout=60)
-    assert not result.get("isError") and text_length(result) <= BOUND
-    text = result["content"][0]["text"]
-    cut = re.search(r"\.\.\. \[cut: this answer is (\d+) characters; one answer carries at most 60000\]$", text)
-    assert cut and int(cut.group(1)) > 400 * 200, text[-200:]
-    assert text.startswith('[\n  {\n    "url": "http://localhost:20000",\n    "name": "node-000-nnn')
-    assert "structuredContent" not in result
+    urls, cursor, pages = [], None, 0
+    while True:
+        result = server.call_tool("list_nodes", {"cursor": cursor} if cursor else {}, timeout=60)
+        assert not result.get("isError") and text_length(result) <= BOUND
+        page = result["structuredContent"]                  # whole JSON, never cut (issue 43)
+        assert json.loads(result["content"][0]["text"]) == page
+        urls += [row["url"] for row in page["nodes"]]
+        pages += 1
+        cursor = page.get("nextCursor")
+        if not cursor:
+            break
+        assert 'call list_nodes again with the same arguments and cursor "%s"' % cursor in result["content"][1]["text"]
+    assert pages > 1 and len(urls) == len(set(urls)) >= 400
+    assert {"http://localhost:%d" % (20000 + index) for index in range(400)} <= set(urls)
 
 
 def test_select_app_of_an_app_with_thousands_of_tools_names_those_that_fit(serve):

@@ -61,7 +61,7 @@ def node_status(env):
         server.close()
     server.assert_stdout_pure()
     assert "Traceback" not in server.stderr, server.stderr
-    return json.loads(status["content"][-1]["text"]), json.loads(listed["content"][-1]["text"]), server.stderr
+    return json.loads(status["content"][-1]["text"]), json.loads(listed["content"][-1]["text"])["nodes"], server.stderr
 
 
 # ── config.toml as merod writes it, and as people edit it ─────────────────────────────────────────

@@ -136,7 +136,7 @@ def test_annotations_follow_tools_md(server):
 # contexts are named is said once, in the server's instructions.
 SELF_EXPLAINING = {"application", "app", "group", "namespace", "name", "service", "context", "contextId", "blob", "package",
                    "method", "visibility", "members", "alias", "force", "offset", "cascade", "role",
-                   "after", "kind", "wait"}      # events: its description says after and wait
+                   "after", "kind", "wait", "watch"}      # events: its description says after, wait and watch
 
 
 def fixed_definitions(server):
@@ -153,8 +153,8 @@ def test_every_property_is_described_unless_its_name_says_it(server):
 
 def test_a_no_argument_tool_says_so(server):
     tools = {t["name"]: t for t in fixed_definitions(server)}
-    for name in ("node_status", "list_nodes"):
-        assert tools[name]["inputSchema"] == {"type": "object", "additionalProperties": False}, name
+    assert tools["node_status"]["inputSchema"] == {"type": "object", "additionalProperties": False}
+    assert list(tools["list_nodes"]["inputSchema"]["properties"]) == ["cursor"], "its only argument pages it"
     refused = server.call_tool("node_status", {"verbose": True})
     assert refused.get("isError") is True and "Unknown argument verbose" in text_of(refused)
 
@@ -197,7 +197,10 @@ def test_the_invitation_is_declared_opaque(server):
 def test_node_status_reports_the_double(server, double):
     status = server.tool_json("node_status")
     assert status == {"health": {"status": "alive"}, "url": double.url, "nodeName": None,
-                      "discoverySource": "env", "authMode": "none", "peers": 0,
+                      "discoverySource": "env", "authMode": "none", "peers": 0, "registry": None,
+                      "registryNote": "No registry address is known: this server found no node directory with a "
+                      "config.toml for the node in use, so set CALIMERO_REGISTRY_URL to the registry's base URL (the "
+                      "base_url the node fetches from).",
                       "identity": {"accountId": NODE_ACCOUNT, "publicKey": NODE_PUBLIC_KEY}, "readOnly": False}
 
 
@@ -207,7 +210,7 @@ def test_list_nodes_merges_configured_nodes_and_marks_the_active_one(serve, tmp_
     node_dir.mkdir(parents=True)
     (node_dir / "config.toml").write_text('[server]\nlisten = ["/ip4/127.0.0.1/tcp/%d"]\n' % double.port)
     server = serve(double)
-    nodes = server.tool_json("list_nodes")
+    nodes = server.tool_json("list_nodes")["nodes"]
     assert nodes[0] == {"url": "http://localhost:%d" % double.port, "name": "mine", "active": True}
     assert all(entry["active"] is False for entry in nodes[1:])
     # CALIMERO_NODE_URL spells it 127.0.0.1; the directory that matches it for list_nodes names it here too.
@@ -457,10 +460,10 @@ def test_a_lookup_miss_is_a_result_not_an_error(server, name):
 
 # ── blobs ─────────────────────────────────────────────────────────────────────────────────────────
 
-@pytest.mark.parametrize("coords", ["kv-store", "a@b@c", "@1.0.0", "com.x@", "com.x @1.0.0", "com.x@1.0.0\n", ""])
+@pytest.mark.parametrize("coords", ["a@b@c", "@1.0.0", "com.x@", "com.x @1.0.0", "com.x@1.0.0\n", ""])
 def test_install_refuses_malformed_coordinates(server, double, coords):
     text = error_text(server.call_tool("install_application", {"coords": coords}))
-    assert text == 'Error: Expected package@version, got "%s".' % coords
+    assert text == 'Error: Expected package@version (or a package alone, for its newest version), got "%s".' % coords
     assert double.requests_to("POST", "/admin-api/install-application") == []
 
 
@@ -471,8 +474,8 @@ def test_install_by_coordinates_then_reads_the_list_again(serve):
     before = len(double.requests_to("GET", "/admin-api/applications"))
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "methods": ["increment", "value"], "change": "new application",
-                         "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "name": "Counter", "hasGuide": False, "tools": 2,
+                         "methods": ["increment", "value"], "change": "new application", "note": INSTALLED_NOTE}
     assert bodies(double, "POST", "/admin-api/install-application") == [
         {"package": "com.example.counter", "version": "0.1.0"}]
     assert len(double.requests_to("GET", "/admin-api/applications")) > before
@@ -487,7 +490,7 @@ def test_install_succeeds_when_only_the_refresh_fails(serve):
     double.faults = {"status": 500, "json": {"error": "list broke"}, "paths": ["/admin-api/applications"]}
     installed = server.tool_json("install_application", {"coords": "com.example.counter@0.1.0"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 0, "methods": None,
+                         "version": "0.1.0", "name": None, "hasGuide": None, "tools": 0, "methods": None,
                          "note": INSTALLED_NOTE}     # the catalog could not be read
     server.close()
     assert "app list refresh failed: list broke" in server.stderr
@@ -558,7 +561,7 @@ def test_the_largest_blob_stated_uploads_and_a_line_over_the_limit_is_refused(se
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     line_limit = int(re.search(r"of at most 16 MiB \(([\d,]+) bytes\)", readme).group(1).replace(",", ""))
     tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
-    largest = int(re.search(r"At most (\d+) bytes fit in one request\.", tools["upload_blob"]["description"]).group(1))
+    largest = int(re.search(r"at most (\d+) bytes a request\.", tools["upload_blob"]["description"]).group(1))
     assert "blobs of up to %s bytes" % format(largest, ",") in readme, "the README states the same size"
 
     blob = os.urandom(largest)
@@ -613,7 +616,7 @@ def test_invitation_round_trip_is_byte_identical(server, double):
     answer = json.loads(returned_text)
     assert invited["structuredContent"] == answer
     joined = server.tool_json("join_namespace", {"namespace": namespace, "invitation": answer})
-    assert joined["memberAccount"] == NODE_ACCOUNT
+    assert joined["identity"] == NODE_ACCOUNT and "memberAccount" not in joined
     sent = double.requests_to("POST", "/admin-api/namespaces/%s/join" % namespace)[-1]["body"]
     signed = answer["invitation"]
     # The signed object left as it arrived: same keys, same order, same values, snake_case kept.
@@ -649,7 +652,9 @@ def test_leave_namespace(server, double):
     namespace = namespace_of(double)
     assert text_of(server.call_tool("leave_namespace", {"namespace": namespace})) == (
         'Left namespace %s ("demo-team"). This node was its only admin and only member: no one is left who can '
-        "invite to it, add members or upgrade it." % namespace)
+        "invite to it, add members or upgrade it. This node still holds 1 of its contexts (%s (demo)): leaving does "
+        "not delete them, but as a non-member it takes no part in them; delete_context removes each."
+        % (namespace, next(c["id"] for c in double._contexts.values() if c["name"] == "demo")))
     assert double.requests_to("POST", "/admin-api/namespaces/%s/leave" % namespace)
     assert NODE_ACCOUNT not in double._groups[namespace]["members"]
 

@@ -185,6 +185,11 @@ def nested_groups(double):
     return namespace, team, squad
 
 
+# what memberCount and contextCount count, said with them (issue 42)
+OWN_COUNTS = ("memberCount and contextCount count this group's own: a namespace's members, a subgroup's only those "
+              "added to it or that joined it; the contexts directly in it. Each subgroup's counts are its own.")
+
+
 @pytest.mark.parametrize("legacy", [False, True], ids=["rc.83", "older group info"])
 def test_describe_group_assembles_what_the_node_keeps_in_several_places(serve, legacy):
     double = sample_double()
@@ -196,7 +201,8 @@ def test_describe_group_assembles_what_the_node_keeps_in_several_places(serve, l
     assert described == {"groupId": squad, "name": "squad", "kind": "subgroup", "namespace": namespace,
                          "parent": team, "application": {"id": kv_id, "package": KV, "version": "1.0.0"},
                          "visibility": "restricted",
-                         "memberCount": 1, "contextCount": 0, "subgroups": [], "metadata": None, "upgrade": None}
+                         "memberCount": 1, "contextCount": 0, "countsNote": OWN_COUNTS, "subgroups": [],
+                         "metadata": None, "upgrade": None}
     middle = server.tool_json("describe_group", {"group": team})
     assert (middle["name"], middle["parent"], middle["visibility"], middle["metadata"], middle["subgroups"]) == (
         "The team", namespace, "open", {"floor": "3"},
@@ -361,8 +367,8 @@ def test_install_from_a_path_sends_it_and_says_what_came_in(serve):
     server.tool_names()
     installed = server.tool_json("install_application", {"path": "/srv/bundles/counter.mpk"})
     assert installed == {"applicationId": double._app_key("com.example.counter"), "package": "com.example.counter",
-                         "version": "0.1.0", "tools": 2, "methods": ["increment", "value"], "change": "new application",
-                         "note": INSTALLED_NOTE}
+                         "version": "0.1.0", "name": "Counter", "hasGuide": False, "tools": 2,
+                         "methods": ["increment", "value"], "change": "new application", "note": INSTALLED_NOTE}
     assert [e["json"] for e in double.requests_to("POST", "/admin-api/install-dev-application")] == [
         {"path": "/srv/bundles/counter.mpk"}]
     assert "counter_increment" in server.tool_names() and double.refusals == []

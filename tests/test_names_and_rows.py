@@ -398,7 +398,7 @@ def test_upload_blob_says_what_hash_and_context_are_for(serve, node):
 def test_the_instructions_say_how_app_tools_route_and_how_groups_are_named(serve, node):
     server = serve(node.double, initialize=None)
     instructions = server.initialize()["instructions"]
-    assert "Without a handle, an app tool takes _context (a context id or alias) instead" in instructions
+    assert "app_handle on every app tool call, or _context (the context to act in) instead of one." in instructions
     assert "a namespace or group by its id or name" in instructions
     assert len(instructions) <= 2048
 

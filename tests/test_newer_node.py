@@ -110,7 +110,7 @@ def test_a_join_no_member_answered_says_to_retry_when_one_is_online(serve):
     text = error_text(server.call_tool("join_namespace", {"namespace": namespace, "invitation": invitation}))
     assert "the join went out and the key is on its way" in text and "check list_namespaces" in text
     double.join_outcome = None                           # the retry the advice asks for works
-    assert ok(server, "join_namespace", {"namespace": namespace, "invitation": invitation})["memberAccount"] \
+    assert ok(server, "join_namespace", {"namespace": namespace, "invitation": invitation})["identity"] \
         == NODE_ACCOUNT
 
 
@@ -252,8 +252,8 @@ def test_a_blob_whose_bytes_miss_the_expected_hash_is_refused(serve):
 
 
 @pytest.mark.parametrize("mode, text", [
-    ("http", "Error: HTTP 502 Bad Gateway from {url}/admin-api/install-application - the node said: the configured "
-             "Http source has no application published at com.x@9.9.9. Check the package and version: the node's "
+    ("http", "Error: The registry this node installs from does not publish com.x@9.9.9 (the node: \"the configured "
+             "Http source has no application published at com.x@9.9.9\"). Check the package and version: the node's "
              "registry has no such release (list_registry lists what it publishes)."),
     ("dht", "Error: HTTP 502 Bad Gateway from {url}/admin-api/install-application - the node said: this node is in "
             "dht registry mode, which cannot install by package@version; install from a local .mpk bundle or via "

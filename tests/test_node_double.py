@@ -1621,7 +1621,7 @@ def test_the_real_server_carries_the_flow_across_two_networked_doubles(tmp_path)
                                                           "group": namespace})["contextId"]
             invitation = one.tool_json("invite_to_namespace", {"namespace": namespace})
             joined = two.tool_json("join_namespace", {"namespace": namespace, "invitation": invitation})
-            assert joined["memberAccount"] == node2.account
+            assert joined["identity"] == node2.account
             assert eventually(lambda: not two.call_tool("join_context", {"context": context_id}).get("isError"))
             one.call_tool("call", {"app": KV_PACKAGE, "context": context_id, "method": "set",
                                    "args": {"key": "k", "value": "v"}})

@@ -65,9 +65,10 @@ def test_the_package_names_its_project_and_help_says_it(installed):
                           "print(m['Home-page']); print('\\n'.join(m.get_all('Project-URL')))"],
                          capture_output=True, text=True, timeout=30, cwd="/")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == [PROJECT_URL, "Source, " + PROJECT_URL, "Issues, %s/issues" % PROJECT_URL]
+    assert out.stdout.splitlines() == [PROJECT_URL, "Source, " + PROJECT_URL, "Issues, %s/issues" % PROJECT_URL,
+                                       "Changelog, %s/blob/main/CHANGELOG.md" % PROJECT_URL]
     usage = subprocess.run([str(installed), "--help"], capture_output=True, text=True, timeout=30).stdout
-    assert "Project (README.md, bug reports): %s\n" % PROJECT_URL in usage, usage
+    assert "Documentation and bug reports: %s\n" % PROJECT_URL in usage, usage
 
 
 def test_the_command_exists_and_reports_its_version(installed):

@@ -14,9 +14,11 @@ from mcp_client import MODERN_META, ROOT, SERVER, McpServer, minimal_env
 from node_double import NodeDouble
 
 MODERN = MODERN_META
-# reference-behaviour.md's instructions, exact: the critical part, so it comes first.
+# reference-behaviour.md's instructions, with what stands in for a handle said where the flow says "every app tool
+# call" (issue 42): the critical part, so it comes first.
 FLOW = ("Calimero apps describe themselves. Do not read app source. To use an app: list_applications, then "
-        "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call.")
+        "describe_app to plan or select_app to act, then pass the returned app_handle on every app tool call, or "
+        "_context (the context to act in) instead of one.")
 INSTRUCTIONS_LIMIT = 2048        # Claude Code cuts longer instructions, silently
 
 
@@ -57,11 +59,9 @@ def test_instructions_carry_the_session(bare):
     assert reach.startswith("call runs any method of any installed app by name")
     assert "even when no tool for it is listed" in reach
     assert "an app installed during this session" in reach and "caps or defers tools" in reach
-    routing = next(line for line in lines if "_context" in line)
-    # what stands in for a handle, said as the exception to the flow's "on every app tool call", so the
-    # instructions agree with themselves
-    assert routing == ("A handle's tool runs in the context the handle names. Without a handle, an app tool takes "
-                       "_context (a context id or alias) instead, and call takes app and context.")
+    # what stands in for a handle is said once, in the flow's own line, so the instructions agree with themselves
+    assert [line for line in lines if "_context " in line] == [FLOW]
+    assert "A handle's tool runs in the context the handle names; call takes app and context." in lines
     assert any("Name an app by its id, package, last package segment or display name" in line for line in lines)
     assert any("a namespace or group by its id or name" in line for line in lines)
     # the flow's tools are named before anything else

@@ -11,6 +11,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -98,6 +99,26 @@ def cache_of(env):
     return Path(env.get("XDG_CACHE_HOME") or Path(env["HOME"]) / ".cache") / "mero-mcp"
 
 
+def build_name(pyz):
+    """The cache folder's name of this pyz's build: <version>-<build>, read from its __main__.py."""
+    text = zipfile.ZipFile(str(pyz)).read("__main__.py").decode("utf-8")
+    return "%s-%s" % tuple(re.search(r'^%s = "([^"]+)"' % key, text, re.M).group(1) for key in ("VERSION", "BUILD"))
+
+
+def packaging_module(name):
+    """packaging/<name>.py as a module under a name of its own (pyz_main's main() is not run)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mero_mcp_" + name, str(ROOT / "packaging" / (name + ".py")))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bootstrap():
+    """The pyz's __main__: its build checker (damage)."""
+    return packaging_module("pyz_main")
+
+
 def run(python, pyz, args, env, **kw):
     return subprocess.run([python, "-I", "-S", str(pyz)] + args, env=env, capture_output=True, text=True, timeout=120,
                           **kw)
@@ -177,6 +198,23 @@ def test_version_and_check_from_the_pyz(python, pyz, double, tmp_path):
     assert os.listdir(str(tmp_path / "tmp")) == []
 
 
+def test_help_from_the_pyz_says_how_to_register_the_pyz_itself(pyz, tmp_path):
+    """Unpacked into its cache and run from the zip as is (no cache folder can be made): --help names the pyz as
+    what to register, lists the flags, and names no file the pyz does not carry."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    for extra in ({}, {"XDG_CACHE_HOME": blocked / "cache"}):
+        done = run(sys.executable, pyz, ["--help"], pyz_env(tmp_path, **extra))
+        assert done.returncode == 0 and done.stderr == "", done
+        assert "Register it with your agent as the command: python3 %s [FLAG ...]\n" % pyz.resolve() in done.stdout, \
+            done.stdout
+        assert "--read-only " in done.stdout and "CALIMERO_REGISTRY_URL " in done.stdout, done.stdout
+        assert not re.search(r"README|mero_mcp\.py|\.md\b", done.stdout), done.stdout
+    assert list(cache_of(pyz_env(tmp_path)).glob("%s-*/mero_mcp.py" % VERSION)), "the first run was not the unpacked one"
+    bad = run(sys.executable, pyz, ["--toolsets"], pyz_env(tmp_path))
+    assert (bad.returncode, bad.stdout, bad.stderr) == (2, "", "mero-mcp: --toolsets needs a value: --toolsets LIST\n")
+
+
 def session_against(command, env):
     """initialize, tools/list, a set/get round trip and a wrong-typed argument, over stdio; the server closed."""
     server = McpServer(env, command=command)
@@ -205,20 +243,19 @@ def test_a_session_over_stdio_from_the_pyz(python, pyz, double, tmp_path):
     python = interpreter(python)
     env = pyz_env(tmp_path, double)
     session_against([python, "-I", "-S", str(pyz)], env)
-    builds = [p.name for p in cache_of(env).iterdir()]
-    assert len(builds) == 1 and builds[0].startswith(VERSION + "-"), builds
+    assert sorted(p.name for p in cache_of(env).iterdir()) == [".lock", build_name(pyz)]
     assert os.listdir(str(tmp_path / "tmp")) == []
 
 
 def test_a_second_start_reuses_the_unpacked_build(pyz, tmp_path):
     env = pyz_env(tmp_path)
     run(sys.executable, pyz, ["--version"], env)
-    (folder,) = cache_of(env).iterdir()
+    folder = cache_of(env) / build_name(pyz)
     compiled = sorted((folder / "__pycache__").glob("mero_mcp.*.pyc"))
     assert compiled, "the first start precompiles"
     stamp = (folder.stat().st_ino, compiled[0].stat().st_mtime_ns)
     assert run(sys.executable, pyz, ["--version"], env).returncode == 0
-    assert [p.name for p in cache_of(env).iterdir()] == [folder.name]
+    assert sorted(p.name for p in cache_of(env).iterdir()) == [".lock", folder.name]
     assert (folder.stat().st_ino, compiled[0].stat().st_mtime_ns) == stamp
 
 
@@ -228,7 +265,7 @@ def test_first_starts_at_once_leave_one_folder(pyz, tmp_path):
                                stderr=subprocess.PIPE) for _ in range(4)]
     outs = [start.communicate(timeout=120) for start in starts]
     assert all(out == (b"mero-mcp %s\n" % VERSION.encode(), b"") for out in outs), outs
-    assert len(list(cache_of(env).iterdir())) == 1     # and no scratch folder left beside it
+    assert sorted(p.name for p in cache_of(env).iterdir()) == [".lock", build_name(pyz)]   # no scratch folder left
 
 
 def unwritable_home(tmp_path):
@@ -240,17 +277,220 @@ def unwritable_home(tmp_path):
 
 def test_a_read_only_home_runs_from_the_zip(pyz, double, tmp_path):
     """Run from the zip itself, --check still finds node.py and abi.py (read through the loader) and the versions
-    carried, and nothing lands in the temp folder (certifi is pointed at the system's bundle, not unpacked)."""
+    carried, and nothing lands in the temp folder (certifi is pointed at the system's bundle, not unpacked). It says
+    so, and why: once on stderr, and in --check's report (not on its stderr as well)."""
     env = pyz_env(tmp_path, double)
     env["HOME"] = str(unwritable_home(tmp_path))
-    session_against([sys.executable, "-I", "-S", str(pyz)], env)
+    server = session_against([sys.executable, "-I", "-S", str(pyz)], env)
+    said = "[mero-mcp] runs from %s itself, not unpacked (each start reads its modules from the zip, about 6x " \
+           "slower: the cache folder %s/.cache/mero-mcp cannot be made (Not a directory))\n" % (pyz, env["HOME"])
+    assert server.stderr.count("runs from %s itself" % pyz) == 1 and said in server.stderr, server.stderr
     check = run(sys.executable, pyz, ["--check"], env)
     assert check.returncode == 0 and check.stderr == "", check
+    assert "\nPyz:       runs from the zip itself, not unpacked (each start reads its modules from the zip, about 6x " \
+           "slower: the cache folder %s/.cache/mero-mcp cannot be made (Not a directory))\n" % env["HOME"] \
+        in check.stdout, check.stdout
     carried = json.loads(zipfile.ZipFile(str(pyz)).read("mero_mcp_pyz.json"))["carries"]
     assert "(requests %(requests)s, jsonschema %(jsonschema)s)" % carried in check.stdout, check.stdout
     assert "Missing beside" not in check.stdout
     assert "  - com.calimero.kv-store 1.0.0: " in check.stdout, check.stdout
     assert os.listdir(str(tmp_path / "tmp")) == [], "certifi's CA file unpacked into the temp folder"
+
+
+# ── the cache folder: only whole builds of ours run (issue 43)
+
+def entries(root):
+    """What the cache folder holds, but its lock file."""
+    return sorted(p.name for p in root.iterdir() if p.name != ".lock")
+
+
+def scratch_of(root, pyz):
+    return sorted(root.glob(".%s.*.tmp" % build_name(pyz))) if root.is_dir() else []
+
+
+def test_a_start_killed_mid_unpack_leaves_no_build_and_the_next_start_runs(pyz, double, tmp_path):
+    """The first start is watched while it unpacks: the build's name never appears before the build is whole (an
+    unpack into the folder itself, or a rename before the precompile, would show it), and a SIGKILL while it
+    precompiles leaves only its scratch folder, which the next start removes after unpacking anew."""
+    env = pyz_env(tmp_path, double)
+    root, name = cache_of(env), build_name(pyz)
+    first = subprocess.Popen([sys.executable, "-I", "-S", str(pyz), "--version"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not any((scratch / "__pycache__").is_dir() for scratch in scratch_of(root, pyz)):
+            assert not (root / name).exists(), "the build's folder appeared before the unpack was whole"
+            assert first.poll() is None, "the first start ended before it could be killed mid-unpack"
+            assert time.monotonic() < deadline, "no scratch folder being precompiled within 60 s"
+            time.sleep(0.001)
+        first.kill()
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert not os.path.lexists(str(root / name)), "a killed unpack left a build folder under the build's name"
+    assert len(scratch_of(root, pyz)) == 1
+    server = session_against([sys.executable, "-I", "-S", str(pyz)], env)
+    assert "[mero-mcp] the unpacked build" not in server.stderr, server.stderr          # nothing to put aside
+    assert entries(root) == [name], "the dead start's scratch folder is left"
+    assert bootstrap().damage(str(root / name)) is None
+
+
+PLANTS = ["other-writable", "group-writable", "writable-module", "linked-module", "symlink", "foreign-owner"]
+
+
+@pytest.mark.parametrize("how", PLANTS)
+def test_a_build_folder_planted_in_the_cache_is_not_run(how, pyz, tmp_path):
+    """A build folder under the build's own name, whole and with a manifest that matches (as one planted on purpose
+    would be), whose mero_mcp.py leaves a mark when imported: not ours alone, it is never run but put aside and
+    unpacked anew."""
+    if how == "foreign-owner" and (os.name == "nt" or os.geteuid() != 0):
+        pytest.skip("only root can give a folder to another user")
+    name = build_name(pyz)
+    (tmp_path / "source").mkdir()
+    source = pyz_env(tmp_path / "source")
+    assert run(sys.executable, pyz, ["--version"], source).returncode == 0
+    planted = tmp_path / "planted" / name
+    shutil.copytree(str(cache_of(source) / name), str(planted), symlinks=True)
+    mark = tmp_path / "it-ran"
+    with open(str(planted / "mero_mcp.py"), "a", encoding="utf-8") as module:
+        module.write("\nopen(%r, 'w').close()\n" % str(mark))
+    for compiled in (planted / "__pycache__").glob("mero_mcp.*.pyc"):
+        compiled.unlink()
+    pyz_main = bootstrap()
+    packaging_module("pyz_unpack").write_manifest(pyz_main, str(planted))
+    assert pyz_main.damage(str(planted)) is None, "the planted build would pass every check but ownership"
+    env = pyz_env(tmp_path)
+    root = cache_of(env)
+    root.mkdir(parents=True, mode=0o700)
+    if how == "symlink":
+        (root / name).symlink_to(planted, target_is_directory=True)
+    else:
+        shutil.move(str(planted), str(root / name))
+        target = root / name
+        if how == "other-writable":
+            target.chmod(0o702)
+        elif how == "group-writable":
+            target.chmod(0o770)
+        elif how == "writable-module":
+            (target / "mero_mcp.py").chmod(0o666)
+        elif how == "linked-module":           # the same bytes, read through a link to a file outside
+            shutil.move(str(target / "mero_mcp.py"), str(tmp_path / "outside.py"))
+            (target / "mero_mcp.py").symlink_to(tmp_path / "outside.py")
+        else:
+            for parent, folders, files in os.walk(str(target)):
+                for entry in [parent] + [os.path.join(parent, f) for f in files]:
+                    os.lchown(entry, 65534, 65534)
+    done = run(sys.executable, pyz, ["--version"], env)
+    assert not mark.exists(), "the planted mero_mcp.py was run"
+    assert done.returncode == 0 and done.stdout == "mero-mcp %s\n" % VERSION, done
+    assert "[mero-mcp] the unpacked build %s is unpacked anew: " % (root / name) in done.stderr, done.stderr
+    assert not (root / name).is_symlink() and (root / name).stat().st_uid == os.getuid()
+    assert pyz_main.damage(str(root / name)) is None
+    assert entries(root) == [name]
+
+
+@pytest.mark.parametrize("damage", ["deleted", "changed", "bytecode"])
+def test_a_damaged_build_is_unpacked_anew(damage, pyz, double, tmp_path):
+    """node.py (every tool needs it) deleted, or changed with its bytecode gone so the change would run, or its
+    bytecode replaced (the source left as it was: the unpack's bytecode is never checked against it, so the
+    manifest must cover the bytecode too): the next start finds it out against the manifest, says so and unpacks
+    the build anew; the session then works."""
+    import importlib.util
+    import py_compile
+    env = pyz_env(tmp_path, double)
+    assert run(sys.executable, pyz, ["--version"], env).returncode == 0
+    folder = cache_of(env) / build_name(pyz)
+    compiled = folder / "__pycache__" / ("node.%s.pyc" % sys.implementation.cache_tag)
+    if damage == "deleted":
+        (folder / "node.py").unlink()
+    elif damage == "bytecode":
+        assert compiled.is_file(), "the unpack precompiles node.py"
+        (tmp_path / "changed.py").write_text("raise SystemExit('changed')\n", encoding="utf-8")
+        py_compile.compile(str(tmp_path / "changed.py"), cfile=str(compiled), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        assert importlib.util.source_hash((folder / "node.py").read_bytes()) != compiled.read_bytes()[8:16]
+    else:
+        with open(str(folder / "node.py"), "a", encoding="utf-8") as module:
+            module.write("\nraise SystemExit('changed')\n")
+        for compiled in (folder / "__pycache__").glob("node.*.pyc"):
+            compiled.unlink()
+    server = session_against([sys.executable, "-I", "-S", str(pyz)], env)
+    why = {"deleted": "node.py is missing", "changed": "node.py has changed",
+           "bytecode": "__pycache__/%s has changed" % compiled.name}[damage]
+    said = "[mero-mcp] the unpacked build %s is unpacked anew: %s\n" % (folder, why)
+    assert server.stderr.startswith(said) and server.stderr.count("unpacked anew") == 1, server.stderr
+    assert bootstrap().damage(str(folder)) is None
+    assert entries(cache_of(env)) == [folder.name]
+
+
+def test_under_umask_000_every_folder_made_is_ours_alone(pyz, tmp_path):
+    env = pyz_env(tmp_path)
+    assert not (tmp_path / "home" / ".cache").exists()
+    done = subprocess.run([sys.executable, "-I", "-S", str(pyz), "--version"], env=env, capture_output=True,
+                          text=True, timeout=120, umask=0)
+    assert done.returncode == 0 and done.stderr == "", done
+    cache = tmp_path / "home" / ".cache"
+    assert oct(cache.stat().st_mode & 0o777) == oct(0o700)
+    assert oct(cache_of(env).stat().st_mode & 0o777) == oct(0o700)
+    loose = []
+    for parent, folders, files in os.walk(str(cache_of(env))):
+        for entry in [parent] + [os.path.join(parent, f) for f in files]:
+            if os.lstat(entry).st_mode & 0o077:
+                loose.append(entry)
+    assert loose == [], loose[:5]
+
+
+def old_build(root, name, age):
+    """A build folder of an older pyz, `age` seconds old."""
+    folder = root / name
+    (folder / "__pycache__").mkdir(parents=True, mode=0o700)
+    (folder / "mero_mcp.py").write_text("")
+    (folder / ".in-use").write_text("")
+    stamp = time.time() - age
+    os.utime(str(folder), (stamp, stamp))
+    return folder
+
+
+def test_old_builds_go_but_the_previous_and_any_in_use(pyz, tmp_path):
+    """Of three older builds the newest (the previous) stays, the one a running process holds stays until it is let
+    go, the last goes; a scratch folder a dead start left goes."""
+    import fcntl
+    env = pyz_env(tmp_path)
+    root = cache_of(env)
+    root.mkdir(parents=True, mode=0o700)
+    old_build(root, "0.0.1-aaaaaaaaaaaa", 300)
+    held_build = old_build(root, "0.0.2-bbbbbbbbbbbb", 200)
+    old_build(root, "0.0.3-cccccccccccc", 100)
+    dead = root / (".%s.dead1234.tmp" % build_name(pyz))
+    (dead / "attr").mkdir(parents=True)
+    with open(str(held_build / ".in-use"), "rb") as in_use:
+        fcntl.flock(in_use.fileno(), fcntl.LOCK_SH)            # as a running server of that build does
+        assert run(sys.executable, pyz, ["--version"], env).returncode == 0
+        assert entries(root) == ["0.0.2-bbbbbbbbbbbb", "0.0.3-cccccccccccc", build_name(pyz)]
+    assert run(sys.executable, pyz, ["--version"], env).returncode == 0           # let go: it goes
+    assert entries(root) == ["0.0.3-cccccccccccc", build_name(pyz)]
+    dead.mkdir()                   # a start that died since, and nothing else to tidy: a start whose build is whole
+    assert run(sys.executable, pyz, ["--version"], env).returncode == 0           # removes its scratch folder
+    assert entries(root) == ["0.0.3-cccccccccccc", build_name(pyz)]
+
+
+def test_a_cache_folder_others_may_write_to_is_not_used(pyz, tmp_path):
+    env = pyz_env(tmp_path)
+    root = cache_of(env)
+    root.mkdir(parents=True)
+    root.chmod(0o777)
+    version = run(sys.executable, pyz, ["--version"], env)      # answered at once: nothing said about the zip
+    assert (version.returncode, version.stdout, version.stderr) == (0, "mero-mcp %s\n" % VERSION, ""), version
+    served = run(sys.executable, pyz, [], env, input="")          # a server's start, ended by stdin's end
+    assert served.returncode == 0 and served.stdout == "", served
+    assert served.stderr.startswith("[mero-mcp] runs from %s itself, not unpacked (%s: %s may be written by others "
+                                    "(mode 777) (chmod 700 it, or remove it))\n" % (pyz, bootstrap().SLOW, root)), \
+        served.stderr
+    assert served.stderr.count("runs from") == 1 and list(root.iterdir()) == []
+    check = run(sys.executable, pyz, ["--check"], env)
+    assert check.stderr == "" and "\nPyz:       runs from the zip itself, not unpacked (%s: %s may be written by " \
+        "others (mode 777) (chmod 700 it, or remove it))\n" % (bootstrap().SLOW, root) in check.stdout, check.stdout
 
 
 def test_an_old_python_gets_one_line_naming_the_pyz(pyz, tmp_path):

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from mcp_client import APP_TOOLS, ROOT, McpServer, fixed_names, fixed_snapshot, minimal_env
+from mcp_client import APP_TOOLS, ROOT, McpServer, fixed_names, fixed_snapshot, minimal_env, our_variables
 
 README = ROOT / "README.md"
 SECTION = "## Try it by hand"
@@ -238,6 +238,8 @@ def test_the_counter_example_runs_as_written(tmp_path):
 REGISTER = "## Register it with your agent"
 HOSTS = ("Claude Code", "Claude Desktop", "Cursor", "VS Code", "Codex", "Gemini CLI")
 README_NODE = "http://localhost:2528"
+README_NODES = "node1=http://localhost:2528,node2=http://localhost:2529"      # each host's second block
+SECOND_NODE = "http://localhost:2529"
 CURSOR_LIMIT = 40
 # Counts a new fixed tool leaves true: each toolset's own count is stated once, in "What the agent sees".
 CURSOR_COUNT = re.compile(r"Cursor count: `(\w[\w,]*)` and the sample node's two apps \((\d+) tools\) stay within "
@@ -286,13 +288,16 @@ def host_config(host, language, text):
     return [entry["command"]] + entry.get("args", []), env
 
 
-def test_every_host_has_one_block_with_the_keys_it_requires():
+def test_every_host_has_a_block_for_one_node_and_one_for_several_with_the_keys_it_requires():
     blocks = host_blocks()
     assert set(HOSTS) <= set(blocks), sorted(blocks)
     for host in HOSTS:
-        assert len(blocks[host]) == 1, (host, blocks[host])
+        assert len(blocks[host]) == 2, (host, blocks[host])
         command, env = host_config(host, *blocks[host][0])
         assert command[-1].endswith("mero_mcp.py") and env.get("CALIMERO_NODE_URL") == README_NODE, (host, env)
+        several, several_env = host_config(host, *blocks[host][1])
+        assert several == command and several_env.get("CALIMERO_NODES") == README_NODES, (host, several_env)
+        assert "CALIMERO_NODE_URL" not in several_env, (host, several_env)
 
 
 def test_every_readme_block_parses():
@@ -339,6 +344,60 @@ def test_every_host_snippet_starts_the_server_as_pasted(host, sample_node):
     if host == "Cursor":
         assert_cursor_count(env, tools)
         assert_cursor_more(sample_node, command, env)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_every_host_snippet_for_several_nodes_starts_the_server_over_two_nodes(host, sample_node):
+    """The second block, the README's two nodes two doubles: the server is in multi-node mode over both, node1 the
+    default, the sample's tools listed, and a call runs on node2 when asked."""
+    from node_double import sample_double
+    second = sample_double().start()
+    try:
+        language, text = host_blocks()[host][1]
+        text = sample_node.localise(text).replace(README_NODE, sample_node.url).replace(SECOND_NODE, second.url)
+        command, env = host_config(host, language, text)
+        server = McpServer(dict(sample_node.env, **env), command=command)
+        try:
+            server.initialize()
+            listed = json.loads(server.call_tool("list_nodes")["content"][0]["text"])
+            rows = {row["name"]: (row["url"], row["default"], row["reachable"]) for row in listed["nodes"]}
+            status = server.call_tool("node_status", {"node": "node2"})
+            tools = server.result("tools/list")["tools"]
+        finally:
+            server.close()
+    finally:
+        second.stop()
+    server.assert_stdout_pure()
+    assert rows == {"node1": (sample_node.url, True, True), "node2": (second.url, False, True)}, rows
+    assert json.loads(status["content"][0]["text"])["url"] == second.url, status
+    names = [tool["name"] for tool in tools]
+    assert "kv_store_get" in names and "wait_for_sync" in names, names
+    if host == "Cursor":
+        assert len(tools) <= CURSOR_LIMIT, "%d tools: past Cursor's 40" % len(tools)
+
+
+def configuration_variables():
+    """The variables the Configuration table lists, in its order."""
+    body = section("## Configuration")
+    table = body[:body.index("\n### ")]
+    return re.findall(r"^\| `(CALIMERO_[A-Z0-9_]+)` \|", table, re.M)
+
+
+def test_the_configuration_table_lists_every_variable_the_code_reads():
+    listed = configuration_variables()
+    assert len(listed) == len(set(listed)), "a variable listed twice: %s" % listed
+    assert sorted(listed) == our_variables(), "README lists %s; the code reads %s" % (
+        sorted(set(listed) - set(our_variables())), sorted(set(our_variables()) - set(listed)))
+
+
+def test_the_flags_table_is_the_servers():
+    body = section("## Configuration")
+    flags = body[body.index("### Flags"):]
+    rows = re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `(CALIMERO_[A-Z_]+)`", flags, re.M)
+    usage = subprocess.run([sys.executable, str(ROOT / "mero_mcp.py"), "--help"], capture_output=True, text=True,
+                           timeout=30).stdout
+    served = re.findall(r"^  (--[a-z-]+)(?: [A-Z]+)? +(CALIMERO_[A-Z_]+) ", usage, re.M)
+    assert rows and rows == served, (rows, served)
 
 
 def assert_cursor_count(env, tools):

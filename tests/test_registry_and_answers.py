@@ -163,9 +163,10 @@ def test_contexts_say_the_version_they_run_and_whether_they_are_behind(serve):
     double = sample_double()
     kv = double._app_key("com.calimero.kv-store")
     server = serve(double)
-    description = next(t for t in server.result("tools/list")["tools"] if t["name"] == "list_contexts")["description"]
-    assert "behind: older than its app's newest installed version" in description
-    row = server.call_tool("list_contexts", {})["structuredContent"]["contexts"][0]
+    listed = server.call_tool("list_contexts", {})["structuredContent"]
+    assert "behind: older than that, than its own group's version or than its app's newest installed one" in \
+        listed["versions"], "the versions are defined where they are shown"
+    row = listed["contexts"][0]
     assert (row["applicationVersion"], row["namespaceVersion"], row["behind"]) == ("1.0.0", "1.0.0", False)
     assert "nextCall" not in row
     double.upgrade_app(kv, "1.1.0")                       # installed, its namespace not upgraded yet
@@ -298,7 +299,7 @@ def test_read_only_instructions_say_how_writes_come_back(start_server, server_en
     assert "unset CALIMERO_MCP_READ_ONLY" in instructions and "restart the server" in instructions
     # the flow (reference-behaviour.md's exact line) and the routing line agree: a handle, else _context
     assert "either is enough" not in instructions
-    assert "Without a handle, an app tool takes _context (a context id or alias) instead" in instructions
+    assert "app_handle on every app tool call, or _context (the context to act in) instead of one." in instructions
 
 
 def test_create_context_uses_the_apps_only_namespace_or_says_what_comes_first(server, double):

@@ -232,7 +232,7 @@ def test_a_node_url_carrying_credentials_is_refused_and_never_shown(tmp_path, fo
     try:
         server.initialize()
         status = server.tool_json("node_status")
-        nodes = server.tool_json("list_nodes")
+        nodes = server.tool_json("list_nodes")["nodes"]
         failed = server.call_tool("list_applications")
     finally:
         server.close()

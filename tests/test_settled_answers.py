@@ -176,10 +176,10 @@ def test_leave_namespace_says_when_this_node_was_its_only_admin(serve):
     double.set_role(other, "Admin", account=hex_id("carol"))
     server = serve(double)
     alone = text_of(server.call_tool("leave_namespace", {"namespace": "demo-team"}))
-    assert alone.endswith('("demo-team"). This node was its only admin and only member: no one is left who can '
-                          "invite to it, add members or upgrade it.")
+    assert ('("demo-team"). This node was its only admin and only member: no one is left who can invite to it, add '
+            "members or upgrade it. This node still holds 1 of its contexts (%s (demo))" % demo_of(double)) in alone
     shared = text_of(server.call_tool("leave_namespace", {"namespace": "shared"}))
-    assert shared == 'Left namespace %s ("shared").' % other
+    assert shared == 'Left namespace %s ("shared"). This node had joined none of its contexts.' % other
     assert NODE_ACCOUNT not in double._groups[other]["members"]
 
 

@@ -534,7 +534,7 @@ def test_multi_mode_points_from_invitations_to_the_hand_over(network, several):
     server = several(("node1", node1.url), ("node2", node2.url), initialize=False)
     said = server.result("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
                                         "clientInfo": {"name": "t", "version": "0"}})["instructions"]
-    assert "join_namespace on it with from" in said
+    assert "join_namespace on the joiner with from" in said
     tools = {t["name"]: t for t in server.result("tools/list")["tools"]}
     assert "member node" in tools["join_namespace"]["inputSchema"]["properties"]["from"]["description"]
     namespace = namespace_on(server)
