@@ -1110,18 +1110,16 @@ def package_and_version(coords):
     package, at, version = coords.partition("@")
     if coords.count("@") > 1 or not package or (at and not version) or any(c.isspace() for c in coords):
         raise ToolError('Expected package@version (or a package alone, for its newest version), got "%s".' % coords)
-    for part, name, limit in ((package, "package", 128), (version, "version", 64)):
+    for part, name in ((package, "package"), (version, "version")):
         if part:
-            refuse_unsafe_segment(part, name, limit)
+            refuse_unsafe_segment(part, name)
     return package, version or None
 
 
-def refuse_unsafe_segment(part, name, limit):
+def refuse_unsafe_segment(part, name):
     """Package and version become path segments of the registry URL the node fetches ({base_url}/artifacts/{pkg}/
-    {ver}/{pkg}-{ver}.mpk, node-api.md §0.7): a character that leaves the segment (or a name past the node's
-    limit, §0.5) is refused here, naming it, rather than sent to fetch another path."""
-    if len(part) > limit:
-        raise ToolError("The %s is %d characters; the node takes at most %d." % (name, len(part), limit))
+    {ver}/{pkg}-{ver}.mpk, node-api.md §0.7): a character that leaves the segment is refused here, naming it,
+    rather than sent to fetch another path (lengths are the node's to refuse, in its own words, §0.5)."""
     found = next((c for c in ("..", "/", "\\", "?", "#", "%") if c in part), None)
     if found is None:
         found = next((c for c in part if not c.isprintable()), None)
