@@ -107,6 +107,7 @@ def test_many_signers_of_one_package_page_without_losing_a_row(serve):
 @pytest.mark.parametrize("coords, said", [
     ("com.x/../../admin@1.0.0", '".."'), ("com.x/notes@1.0.0", '"/"'), ("com.x?raw=1@1.0.0", '"?"'),
     ("com.x#frag@1.0.0", '"#"'), ("com.x%2fnotes@1.0.0", '"%"'), ("com.x.notes@1.0/../2", '".."'),
+    ("com.x/notes", '"/"'),                        # a package alone (its newest version) is checked the same
 ])
 def test_a_package_that_would_leave_its_path_segment_is_refused_naming_the_character(serve, coords, said):
     double = sample_double()
