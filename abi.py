@@ -1059,7 +1059,16 @@ def type_name(typ: Any) -> str:
         return "(" + ", ".join(type_name(element) for element in typ.get("elements") or []) + ")"
     if _is_crdt_wrapper(typ):
         return type_name(typ["inner_type"])
+    if kind == "record":
+        return _record_body(typ)        # an inline record: its fields are all the agent has to go on
     return kind if isinstance(kind, str) else "unknown"
+
+
+def _record_body(typ: dict) -> str:
+    """A record's fields in signature notation: `{ field: T, maybe?: T }`."""
+    fields = ", ".join(f"{field['name']}{'?' if field.get('nullable') else ''}: {type_name(field['type'])}"
+                       for field in _fields(typ))
+    return "{ %s }" % fields if fields else "{}"
 
 
 def is_read_only(method: Method) -> bool:
@@ -1129,8 +1138,7 @@ def type_definition(manifest: Manifest, name: str) -> str:
     typ = typ if isinstance(typ, dict) else {}
     kind, docs = typ.get("kind"), []
     if kind == "record" and not _is_crdt_wrapper(typ):
-        body = "{ " + ", ".join(f"{field['name']}{'?' if field.get('nullable') else ''}: {type_name(field['type'])}"
-                               for field in _fields(typ)) + " }"
+        body = _record_body(typ)
         docs = [(field["name"], field.get("doc")) for field in _fields(typ)]
     elif kind == "variant":
         variants = [entry for entry in typ.get("variants") or [] if isinstance(entry, dict) and _is_name(entry.get("name"))]

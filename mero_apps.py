@@ -10,10 +10,10 @@ import time
 from collections import namedtuple
 from functools import cached_property, partial
 
-from mero_runtime import (advertised, b64url, compact_text, current_request, cut_text, FIXED_TOOLS,
-    GENERATED_SYNONYMS, heavy, log, MissingLibrary, node_module, own_module, Refusal, refuse_oversized,
-    refuse_unless_view, together, Tool, tool_definition, ToolError, unb64url, unknown_arguments_text,
-    with_node_argument)
+from mero_runtime import (advertised, b64url, compact_text, current_request, cut_text, fit_count, FIXED_TOOLS,
+    GENERATED_SYNONYMS, heavy, log, MissingLibrary, node_line_size, node_module, own_module, Refusal,
+    refuse_oversized, refuse_unless_view, room_left, together, Tool, tool_definition, ToolError, unb64url,
+    unknown_arguments_text, with_node_argument)
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -41,12 +41,16 @@ def what_ran(apps, context_id, method, named, returns_nothing=False):
     alias = next((value.strip() for value in named if isinstance(value, str) and value.strip()
                   and value.strip() != context_id), None)
     if alias:
-        label = ' (alias "%s")' % alias
+        label = ' (alias %s)' % quoted_text(alias)
     else:
-        name = context_name(apps, context_id)
-        label = ' (named "%s")' % cut_text(name, NAME_SHOWN) if name else ""
+        name = context_name(apps, context_id)      # a member wrote it: quoted, it can pose as no line of ours
+        label = ' (named %s)' % quoted_text(cut_text(name, NAME_SHOWN)) if name else ""
     return {"type": "text", "text": "%s ran in context %s%s%s" % (
         method, context_id, label, "; it returns nothing." if returns_nothing else ".")}
+
+
+def quoted_text(text):
+    return json.dumps(text, ensure_ascii=False)
 
 
 def context_name(apps, context_id):
@@ -58,7 +62,7 @@ def context_name(apps, context_id):
     return name if isinstance(name, str) and name.strip() else None
 
 
-# unit_null: the value is the null of a unit method; emitted: the block of events it heard, or None
+# unit_null: the value is the null of a unit method; emitted: the Emitted it heard, or None
 Ran = namedtuple("Ran", "context_id unit_null value emitted")
 
 
@@ -992,7 +996,7 @@ def execute(apps, admitted, method, args, listed=None, emitted=None):
     heard = watch_events(apps, admitted, method)
     value = apps.node.execute(admitted.context_id, method.name, wire_args)
     if heard is not None and emitted is not None:
-        emitted.append(emitted_block(heard))
+        emitted.append(heard_events(heard))
     return value
 
 
@@ -1020,20 +1024,78 @@ def watch_events(apps, admitted, method):
     return Heard(stream, admitted.context_id, stream.mark(admitted.context_id))
 
 
-def emitted_block(heard):
-    """One text block: the entries that arrived for the call's context while it ran. Never structuredContent."""
-    said = "Events in context %s while this call ran (others may have written too; payloads are members' data)" % (
-        heard.context_id)
+# What a [mut] call heard in its context: `after`, the entry number its events follow (the `events` tool's after);
+# `entries` the entries since (None: not heard, the stream was not following the context); `framed`, whether its
+# StateMutation came. call_many merges its items' by context (`items`: their indices).
+Emitted = namedtuple("Emitted", "context_id after entries framed items")
+
+
+def heard_events(heard):
+    """What came for the call's context while it ran: an Emitted. Never structuredContent."""
     if heard.mark is None:
-        return {"type": "text", "text": said + ": not heard, the event stream was not following the context (events "
-                "says why and lists what comes from now on)."}
+        return Emitted(heard.context_id, None, None, False, ())
     entries, framed = heard.stream.since_mark(heard.context_id, heard.mark, EMIT_GRACE)
-    if entries:
-        return {"type": "text", "text": "%s: %s" % (said, compact_text([
-            {k: v for k, v in e.items() if k != "at"} for e in entries]))}
-    if framed:
-        return {"type": "text", "text": said + ": none."}
-    return {"type": "text", "text": said + ": none heard before it answered (events lists any that came later)."}
+    return Emitted(heard.context_id, heard.mark[0], [{k: v for k, v in e.items() if k != "at"} for e in entries],
+                   framed, ())
+
+
+def merged_by_context(heard):
+    """call_many's [(index, Emitted)] as one Emitted per context: items writing together to one context hear each
+    other, and their events are listed once, from the earliest item's mark."""
+    merged = {}
+    for index, emitted in heard:
+        known = merged.get(emitted.context_id)
+        if known is None or known.entries is None:
+            merged[emitted.context_id] = emitted._replace(items=(known.items if known else ()) + (index,))
+        elif emitted.entries is None:
+            merged[emitted.context_id] = known._replace(items=known.items + (index,))
+        else:
+            entries = {e["n"]: e for e in known.entries + emitted.entries}
+            merged[emitted.context_id] = Emitted(known.context_id, min(known.after, emitted.after),
+                                                 [entries[n] for n in sorted(entries)],
+                                                 known.framed or emitted.framed, known.items + (index,))
+    return list(merged.values())
+
+
+def events_block(emitted, room):
+    """The text block of what a call heard, within `room` characters: the entries that fit, then "N more: events
+    after X" (X the entry the rest follow, as the `events` tool's after takes it). The least it takes, its last line
+    alone, is events_reserve's; given less room, it takes that much (the caller reserved it)."""
+    said = events_said(emitted.context_id, emitted.items)
+    if emitted.entries is None:
+        return {"type": "text", "text": said + NOT_HEARD}
+    entries = emitted.entries
+    if not entries:
+        return {"type": "text", "text": said + (": none." if emitted.framed else NONE_YET)}
+    whole = "%s: %s" % (said, compact_text(entries))
+    if len(whole) <= room:
+        return {"type": "text", "text": whole}
+    count = fit_count(len(said) + len(MORE_EVENTS) + 40, [len(compact_text(e)) + 1 for e in entries], room)
+    while True:
+        after = entries[count - 1]["n"] if count else emitted.after
+        more = MORE_EVENTS % (len(entries) - count, after, after)
+        text = "%s: %s%s" % (said, compact_text(entries[:count]) + "; " if count else "", more)
+        if len(text) <= room or count == 0:
+            return {"type": "text", "text": text}
+        count -= 1
+
+
+MORE_EVENTS = "%d more: events after %d (the events tool with after %d lists them)."
+NOT_HEARD = (": not heard, the event stream was not following the context (events says why and lists what comes "
+             "from now on).")
+NONE_YET = ": none heard before it answered (events lists any that came later)."
+
+
+def events_said(context_id, items):
+    return "%sEvents in context %s while %s ran (others may have written too; payloads are members' data)" % (
+        "" if not items else "Item %d. " % items[0] if len(items) == 1 else "Items %s. " % ", ".join(map(str, items)),
+        context_id, "this call" if not items else "it" if len(items) == 1 else "they")
+
+
+def events_reserve(context_id, items=()):
+    """What an events block takes at least (refuse_oversized reserves it): its cut form listing no entry, with
+    numbers as long as they come (entries kept per context: 3 digits; entry numbers: 12)."""
+    return len(events_said(context_id, items)) + max(len(NOT_HEARD), 2 + len(MORE_EVENTS % (999, 10 ** 11, 10 ** 11)))
 
 
 def wire_arguments(apps, unit, method, args):
@@ -1141,9 +1203,8 @@ def invoke_generated(name, args, call):
     emitted = []
     value = execute(apps, admitted, binding.method, strip_injected(binding.method, args),
                     listed.method if listed is not binding else None, emitted)
-    result = generated_result(binding, value, call, admitted.context_id, context_arguments(binding.method, args))
-    result["content"] += emitted              # text only: events never reach structuredContent
-    return result
+    return generated_result(binding, value, call, admitted.context_id, context_arguments(binding.method, args),
+                            emitted[0] if emitted else None)
 
 
 def current_binding(apps, binding):
@@ -1241,18 +1302,27 @@ def strip_injected(method, args):
     return {k: v for k, v in args.items() if declared(method, k) or k not in abi.INJECTED_NAMES}
 
 
-def generated_result(binding, value, call, context_id, named=()):
-    """Compact JSON text, then the block saying where it ran, plus structuredContent (the app's value) for a method
-    that returns something (reference §3.14)."""
+def generated_result(binding, value, call, context_id, named=(), emitted=None):
+    """Compact JSON text, then the block saying where it ran, then what it heard (fitted to the room left: events
+    never reach structuredContent), plus structuredContent (the app's value) for a method that returns something
+    (reference §3.14)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     unit = value is None and not binding.has_output                # a unit method: has_output is its return type's
     where = what_ran(call.apps, context_id, binding.method.name, named, unit)
-    refuse_oversized(binding.method.name, text, call.server.config.result_bound, where)
-    result = {"content": [{"type": "text", "text": text}, where]}
+    result = {"content": fitted_blocks(call, binding.method.name, text, where, emitted)}
     if binding.has_output:
         wrapped = binding.wraps and call.server.wraps_output(call)
         result["structuredContent"] = {"result": value} if wrapped else value
     return result
+
+
+def fitted_blocks(call, method, text, where, emitted):
+    """An app call's blocks: its value (whole, or refused with its size when it and the least the rest take pass
+    the result bound), where it ran, then its events fitted to the room left."""
+    reserve = node_line_size(call) + (events_reserve(emitted.context_id) if emitted else 0)
+    refuse_oversized(method, text, call.server.config.result_bound, where, reserve)
+    blocks = [{"type": "text", "text": text}, where]
+    return blocks + ([events_block(emitted, room_left(call, blocks))] if emitted else [])
 
 
 # ---- guides as resources ----

@@ -854,22 +854,41 @@ def compact_text(value):
 
 
 def plain_text(value):
-    """An app's result as `call` shows it: a string raw, but "" as `""` (an empty text reads as no answer at all,
-    and a model retries); anything else as JSON."""
-    if value == "":
-        return '""'
-    return value if isinstance(value, str) else json_text(value)
+    """An app's result as `call` shows it: JSON, a string quoted as a generated tool shows it, so no app's text
+    can pose as a line of the server (a host may join the blocks of an answer)."""
+    return json_text(value)
 
 
-def refuse_oversized(method, text, bound, where=None):
+def refuse_oversized(method, text, bound, where=None, reserve=0):
     """An app's result past the bound is an error carrying its size, what to do, and its first part: whole, it
     is an answer Claude Code rejects (and a context it floods). `where`, the block saying where it ran, counts
-    against the bound too: the answer must fit whole, or the last guard would cut the value."""
-    if bound is None or len(text) + (len(where["text"]) if where else 0) <= bound:
+    against the answer's limit too, and so does `reserve`, the least the blocks after it take (events cut to their
+    last line, the node it ran on): the answer must fit whole, or the last guard would cut the value."""
+    if bound is None or (len(text) <= bound and len(text) + (len(where["text"]) if where else 0) + reserve
+                         <= max(TEXT_BOUND, bound)):
         return
     head = ("The result of %s is %d characters, more than one answer carries (%d, %s): call a narrower method or "
             "pass arguments that select less. Its first part:\n" % (method, len(text), bound, RESULT_BOUND_VARIABLE))
     raise ToolError(head + text[:max(bound - len(head) - 100, bound // 2)] + "\n... [cut]")
+
+
+def answer_limit(config):
+    """What an app call's whole answer may carry (the last guard's bound, mero_mcp.answer_bound): TEXT_BOUND, or
+    the result bound set past it; None for none."""
+    return None if config.result_bound is None else max(TEXT_BOUND, config.result_bound)
+
+
+def room_left(call, blocks, ran_on=()):
+    """The characters an app call's answer has left after `blocks` and the line naming the node(s) it ran on (multi
+    mode): what its events block may take. With no bound set, events still keep within TEXT_BOUND."""
+    return (answer_limit(call.server.config) or TEXT_BOUND) - text_size(blocks) - node_line_size(call, ran_on)
+
+
+def node_line_size(call, ran_on=()):
+    """At least what `NodeEntries.said_where` adds in multi-node mode: 'Ran on node "x".', or every node named."""
+    if not call.server.nodes.multi or call.entry is None:
+        return 0
+    return 60 + sum(len(name) + 4 for name in (tuple(ran_on) or (call.entry.name,)))
 
 
 # ---- bounded answers: the list tools answer in pages ----
@@ -917,8 +936,13 @@ def paged(tool, args, value, rows_key, id_key):
 
 
 def row_key(row, id_key):
-    """A row's place in id order, as JSON a cursor can carry: a string id as it is, anything else after them."""
-    value = row.get(id_key) if isinstance(row, dict) else None
+    """A row's place in id order, as JSON a cursor can carry: a string id as it is, anything else after them. A
+    tuple of keys is a compound id (a registry package per signer): its strings joined by NUL, "" for one absent."""
+    if isinstance(id_key, tuple):
+        parts = [row.get(key) if isinstance(row, dict) else None for key in id_key]
+        value = "\0".join(part if isinstance(part, str) else "" for part in parts) if isinstance(parts[0], str) else None
+    else:
+        value = row.get(id_key) if isinstance(row, dict) else None
     return [0, value] if isinstance(value, str) else [1, json.dumps(value, sort_keys=True)]
 
 
@@ -999,8 +1023,9 @@ def shortened(row, id_key):
     short = cut(row)
     if row_cost(short) <= TEXT_BOUND // 2:
         return short
-    return {id_key: row.get(id_key), "cut": "This row is %d characters, more than one answer carries."
-            % row_cost(row)}
+    keys = id_key if isinstance(id_key, tuple) else (id_key,)
+    return dict({key: row.get(key) for key in keys if key == keys[0] or key in row},
+                cut="This row is %d characters, more than one answer carries." % row_cost(row))
 
 
 def query_fingerprint(tool, args):

@@ -19,6 +19,8 @@ from mero_apps import (admit_by_context, admit_handle, Admitted, agreed_context,
     context_service, execute, find_method, follow_early_for_call, foreign_handle, GENERIC_RETRY, GUIDE_SHOWN_NOTE,
     handle_for, one_line, Ran, read_handle, refusal_for, resolve_as_given, SERVICE_NOTE, sign_handle,
     some_contexts, TOOLS_NOTE, Unit, what_ran, wire_arguments)
+from mero_apps import events_block, events_reserve, fitted_blocks, merged_by_context     # an answer's blocks fitted
+from mero_runtime import node_line_size, room_left
 
 # Every module of ours states the release it belongs to (mero_runtime.module_problems).
 __version__ = "0.1.0"
@@ -673,8 +675,8 @@ def wait_for_sync(args, call):
         if time.monotonic() >= deadline or call.ticket.is_set():
             raise ToolError(json_text(sync_answer(rows, reads, "not in sync after %gs: %s" % (
                 timeout, sync_diagnosis(rows, reads, proved)), proved, left_out)))
-        if not call.server.config.read_only:
-            ask_laggards(entries, rows, context_id, asked_at, within(call_deadline, call))
+        if not call.server.config.read_only:     # a nudge whose answer is not needed: never past `timeout`
+            ask_laggards(entries, rows, context_id, asked_at, within(deadline, call))
         time.sleep(max(0.0, min(SYNC_POLL_SECONDS, deadline - time.monotonic())))
 
 
@@ -1001,27 +1003,53 @@ def list_registry(args, call):
     if place.url is None:
         raise ToolError(place.problem)
     shown = node_module().display_url(place.url)        # never its userinfo, query or fragment
-    installed = {app.package: app.version for app in entry.apps.installed()}
+    apps = entry.apps.installed()
+    installed = {app.package: app.version for app in apps}
+    installed.update({(app.package, app.signer_id): app.version for app in apps})
     rows = node.registry_bundles(package)
+    several = several_signers(rows)
     if package:
         if not rows:
             raise ToolError("The registry at %s has no package %s. %s" % (shown, package,
                                                                           registry_instead(node, package)))
         meta = rows[-1].get("metadata") or {}
-        return {"registry": shown, "package": package, "name": meta.get("name"),
-                "description": meta.get("description"), "installed": installed.get(package),
-                "versions": [dict({"version": r.get("appVersion")}, **({"yanked": True} if r.get("yanked") else {}))
-                             for r in rows]}
-    listed = [registry_row(row, installed) for row in rows]
-    return paged("list_registry", args, {"registry": shown, "packages": listed}, "packages", "package")
+        answer = {"registry": shown, "package": package, "name": meta.get("name"),
+                  "description": meta.get("description"), "installed": installed.get(package),
+                  "versions": [dict({"version": r.get("appVersion")}, **signed_by(r, several),
+                                    **({"yanked": True} if r.get("yanked") else {})) for r in rows]}
+        if package in several:
+            answer["signers"] = SIGNERS_NOTE % (len(several[package]), package)
+        return answer
+    listed = [registry_row(row, installed, several) for row in rows]
+    return paged("list_registry", args, {"registry": shown, "packages": listed}, "packages", ("package", "signer"))
 
 
-def registry_row(row, installed):
+SIGNERS_NOTE = ("%d signers publish %s: each row names its signer, and each signer's bundle installs as an "
+                "application of its own (an application id hashes package and signer).")
+
+
+def several_signers(rows):
+    """{package: its signers} for the packages more than one signer publishes."""
+    signers = {}
+    for row in rows:
+        signers.setdefault(row["package"], set()).add(row.get("signerId"))
+    return {package: found for package, found in signers.items() if len(found) > 1}
+
+
+def signed_by(row, several):
+    return {"signer": row.get("signerId")} if row["package"] in several else {}
+
+
+def registry_row(row, installed, several=()):
     meta = row.get("metadata") or {}
     description = meta.get("description")
-    return {"package": row["package"], "version": row.get("appVersion"), "name": meta.get("name"),
-            "description": description[:DESCRIPTION_LIMIT] if isinstance(description, str) else description,
-            "installed": installed.get(row["package"])}
+    signed = signed_by(row, several)
+    shown = dict({"package": row["package"]}, **signed)
+    if signed:
+        shown["note"] = SIGNERS_NOTE % (len(several[row["package"]]), row["package"])
+    return dict(shown, version=row.get("appVersion"), name=meta.get("name"),
+                description=description[:DESCRIPTION_LIMIT] if isinstance(description, str) else description,
+                installed=installed.get((row["package"], row.get("signerId")) if signed else row["package"]))
 
 
 INSTALLED_NOTE = ("A host that does not reload its tool list (Claude Code does not) shows no tools for it until "
@@ -1082,7 +1110,24 @@ def package_and_version(coords):
     package, at, version = coords.partition("@")
     if coords.count("@") > 1 or not package or (at and not version) or any(c.isspace() for c in coords):
         raise ToolError('Expected package@version (or a package alone, for its newest version), got "%s".' % coords)
+    for part, name in ((package, "package"), (version, "version")):
+        if part:
+            refuse_unsafe_segment(part, name)
     return package, version or None
+
+
+def refuse_unsafe_segment(part, name):
+    """Package and version become path segments of the registry URL the node fetches ({base_url}/artifacts/{pkg}/
+    {ver}/{pkg}-{ver}.mpk, node-api.md §0.7): a character that leaves the segment is refused here, naming it,
+    rather than sent to fetch another path (lengths are the node's to refuse, in its own words, §0.5)."""
+    found = next((c for c in ("..", "/", "\\", "?", "#", "%") if c in part), None)
+    if found is None:
+        found = next((c for c in part if not c.isprintable()), None)
+    if found is not None:
+        raise ToolError("The %s %s holds %s, which a %s may not: it is a path segment of the registry address the "
+                        "node fetches, and would make it fetch another path. Nothing was sent; list_registry lists "
+                        "what the registry publishes." % (name, json.dumps(cut_text(part, 100), ensure_ascii=False),
+                                                          json.dumps(found), name))
 
 
 @tool("uninstall_application", "Uninstall an application from this node.",
@@ -1644,11 +1689,9 @@ CALL_ITEM = {"type": "object", "properties": {key: {"type": value["type"]} for k
 def call_tool(args, call):
     apps = call.apps
     ran = run_call(apps, args)
-    text = plain_text(ran.value)
     where = what_ran(apps, ran.context_id, args.get("method"), [args.get(key) for key in ("_context", "context")],
                      ran.unit_null)
-    refuse_oversized(args.get("method"), text, call.server.config.result_bound, where)
-    return {"content": [{"type": "text", "text": text}, where] + ([ran.emitted] if ran.emitted else [])}
+    return {"content": fitted_blocks(call, args.get("method"), plain_text(ran.value), where, ran.emitted)}
 
 
 def run_call(apps, args, cancelled=None):
@@ -1720,12 +1763,17 @@ def call_many(args, call):
             progress(call, done[0], len(items))
     list(call_pool().map(run, range(len(items))))
     ran_on = rows_nodes(results)
-    heard = [(index, item.pop("emitted")) for index, item in enumerate(results) if item.get("emitted")]
-    answer = json_text(with_errors_fitted(collapsed_runs(results)))
+    heard = merged_by_context([(index, item.pop("emitted")) for index, item in enumerate(results)
+                               if item.get("emitted")])
+    # The items' rows, then one events block per context they wrote to, each cut to its share of the room left.
+    reserve = node_line_size(call, ran_on) + sum(events_reserve(e.context_id, e.items) for e in heard)
+    answer = [{"type": "text", "text": json_text(with_errors_fitted(collapsed_runs(results), TEXT_BOUND - reserve))}]
     if not heard:
-        return Reply(answer, ran_on)
-    return Reply({"content": [{"type": "text", "text": answer}] + [
-        {"type": "text", "text": "Item %d. %s" % (index, block["text"])} for index, block in heard]}, ran_on)
+        return Reply(answer[0]["text"], ran_on)
+    for index, emitted in enumerate(heard):
+        later = sum(events_reserve(e.context_id, e.items) for e in heard[index + 1:])
+        answer.append(events_block(emitted, room_left(call, answer, ran_on) - later))
+    return Reply({"content": answer}, ran_on)
 
 
 def collapsed_runs(results):
@@ -1758,17 +1806,18 @@ def item_names(index, item):
 ECHOED_NAME = 200
 
 
-def with_errors_fitted(results):
-    """call_many's answer within TEXT_BOUND: each error cut to its share when together they pass it, then the
-    largest results, from the last, replaced by a line saying the item ran and which single call shows it."""
-    if len(json_text(results)) <= TEXT_BOUND:
+def with_errors_fitted(results, limit=TEXT_BOUND):
+    """call_many's rows within `limit` (TEXT_BOUND less what the blocks after them take at least): each error cut
+    to its share when together they pass it, then the largest results, from the last, replaced by a line saying
+    the item ran and which single call shows it."""
+    if len(json_text(results)) <= limit:
         return results
     # Each error's share is what the items' other fields (their names included) leave.
     frame = len(json_text([dict(item, error="") if not item["ok"] else item for item in results]))
-    share = max(200, (TEXT_BOUND - min(frame, TEXT_BOUND // 2)) // len(results) - 20)
+    share = max(200, (limit - min(frame, limit // 2)) // len(results) - 20)
     results = [dict(item, error=cut_text(item["error"], share)) if not item["ok"] else item for item in results]
     for index in sorted(range(len(results)), key=lambda i: -len(json_text(results[i].get("result")))):
-        if len(json_text(results)) <= TEXT_BOUND:
+        if len(json_text(results)) <= limit:
             break
         item = results[index]
         if item["ok"]:

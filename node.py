@@ -199,7 +199,7 @@ GROUP_FIELDS = Fields(texts=("namespaceId",))
 NAMED_FIELDS = Fields(texts=("name",))
 NAMESPACE_FIELDS = Fields(texts=("name", "targetApplicationId"))
 NO_FIELDS = Fields()
-REGISTRY_FIELDS = Fields(required=("package",), texts=("appVersion",), objects=("metadata",))
+REGISTRY_FIELDS = Fields(required=("package",), texts=("appVersion", "signerId"), objects=("metadata",))
 
 
 class Answer:
@@ -658,7 +658,7 @@ class Node:
         """GET {base_url}/api/v2/bundles: the latest manifest of every package, or with `package` its every
         version (`yanked` marked): a bare array of `{package, appVersion, metadata{name, description}, ...}`.
         Read like a node answer: every row checked (`REGISTRY_FIELDS`), only rows of the package asked kept (a
-        registry may ignore the filter), a package listed twice in the latest list refused; whatever is wrong is
+        registry may ignore the filter), a package listed twice by one signer in the latest list refused; whatever is wrong is
         an error naming the registry."""
         place = self.registry()
         if place.url is None:
@@ -693,8 +693,8 @@ class Node:
                                    "%s (it ignores ?package=): it may not publish %s." % (said, package, len(rows),
                                                                                           package, package))
         versions = {}
-        for row in asked:                                               # a version listed twice counts once
-            versions.setdefault(row.get("appVersion"), row)
+        for row in asked:                                   # a version listed twice counts once (per signer)
+            versions.setdefault((row.get("appVersion"), row.get("signerId")), row)
         return list(versions.values())
 
     def _registry_rows(self, response, url, said) -> List[Dict[str, Any]]:
@@ -722,13 +722,15 @@ class Node:
 
     @staticmethod
     def _one_row_each(rows, said) -> List[Dict[str, Any]]:
-        """The latest list holds each package once: one listed twice (a registry paging as it changes) is said,
+        """The latest list holds each package once per signer (two signers may publish one name: an application
+        id hashes package and signer): one listed twice by one signer (a registry paging as it changes) is said,
         never passed on as two packages of one name."""
         seen, twice = set(), []
         for row in rows:
-            if row["package"] in seen and row["package"] not in twice:
+            key = (row["package"], row.get("signerId"))
+            if key in seen and row["package"] not in twice:
                 twice.append(row["package"])
-            seen.add(row["package"])
+            seen.add(key)
         if twice:
             raise UnexpectedAnswer("%s listed %s more than once in its list of latest versions: it cannot say which "
                                    "is the latest. Retry; list_registry with package lists one package's versions."
@@ -1620,6 +1622,9 @@ def check(env: Mapping[str, str], out, ports=None, mode=None, count_tools=None, 
     return report.finish()
 
 
+CHECK_PROBES = 16       # nodes --check probes at once: a directory of 600 is 600 threads otherwise
+
+
 def _named_where(named: NamedNode) -> str:
     """Where a named node is named: CALIMERO_NODES (or the --nodes flag), or its node home's folder."""
     return said_as(named.source) if named.source != "home" else "the node home %s" % named.home
@@ -1650,7 +1655,7 @@ def _report_named_nodes(report, env, directory) -> None:
             return named, str(error), False
 
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=len(directory.nodes)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(directory.nodes), CHECK_PROBES)) as pool:
         results = list(pool.map(line, directory.nodes))
     for named, said, ok in results:
         label = "%s%s%s" % (named.name, " (default)" if named == directory.default else "",

@@ -43,7 +43,7 @@ TOOLSETS = ("core", "blobs", "governance")
 APP_TOOLS = frozenset({"describe_app", "select_app", "call", "call_many", "events"})
 # The block after an app call's value saying where it ran (mero_mcp.what_ran).
 # The blocks an answer may carry after its JSON: where it ran, what a write emitted, which node it ran on.
-TRAILER = re.compile(r"\S+ ran in context [0-9a-f]{64}|(Item \d+\. )?Events in context |Ran on nodes? ")
+TRAILER = re.compile(r"\S+ ran in context [0-9a-f]{64}|(Items? [\d, ]+\. )?Events in context |Ran on nodes? ")
 
 
 class ServerTimeout(AssertionError):

@@ -2051,7 +2051,8 @@ class NodeDouble:
 
     def _h_registry_bundles(self, request):
         """The registry's `GET /api/v2/bundles` over `registry`'s package@version entries (§0.7): the latest of
-        every package sorted by package; `?package=P` its latest, with `all_versions=true` every version."""
+        every package (per signer: a spec's signer_id is its manifest's signerId) sorted by package; `?package=P`
+        its latest, with `all_versions=true` every version."""
         package, every = request.query.get("package"), request.query.get("all_versions") == "true"
         if every and not package:
             raise json_reply(400, {"error": "invalid_params", "message": "all_versions requires package"})
@@ -2063,9 +2064,9 @@ class NodeDouble:
             bundles = [b for b in bundles if b["package"] == package]
             if not bundles:
                 raise json_reply(404, {"error": "not_found"})
-        if not every:
-            latest = {b["package"]: b for b in bundles}
-            bundles = [latest[name] for name in sorted(latest)]
+        if not every:        # the latest of each package per signer (two signers may publish one name)
+            latest = {(b["package"], b.get("signerId") or ""): b for b in bundles}
+            bundles = [latest[key] for key in sorted(latest)]
         return json_reply(200, bundles)
 
     @staticmethod
@@ -2075,7 +2076,8 @@ class NodeDouble:
         return {"package": package, "appVersion": version,
                 "metadata": {"name": meta.get("name", package), "description": meta.get("description", "")},
                 "wasm": {"path": "app.wasm", "hash": hex_id("wasm:" + coords), "size": 4096},
-                "minRuntimeVersion": "0.1.0", "verified": True, "downloads": 0, "yanked": bool(spec.get("yanked"))}
+                "minRuntimeVersion": "0.1.0", "verified": True, "downloads": 0, "yanked": bool(spec.get("yanked")),
+                **({"signerId": spec["signer_id"]} if spec.get("signer_id") else {})}
 
     def _h_list_packages(self, request):
         with self._lock:

@@ -827,7 +827,7 @@ SIGNATURES = [
      "[view] entries() -> map<string, string>"),
     ("find", [], ref("Point"), {"intent": "read_only", "returns_nullable": True}, "[view] find() -> Point | null"),
     ("put", [("entries", k("map", key=k("string"), value=k("u32")))], k("record", fields=[]), {"intent": "unspecified"},
-     "[mut] put(entries: map<string, u32>) -> record"),
+     "[mut] put(entries: map<string, u32>) -> {}"),
     ("bulk", [("xs", k("list", items=ref("Point"))), ("m", k("map", key="string", value=k("u64")))], k("bytes"), {},
      "[mut] bulk(xs: Point[], m: map<string, u64>) -> bytes"),
     ("pair", [("t", k("tuple", elements=[k("string"), k("u64")]))], k("list", items=k("tuple", elements=[k("bool")])),

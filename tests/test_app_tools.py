@@ -726,7 +726,7 @@ def test_call_by_handle_and_by_context(own, fresh):
     assert said[:2] == ["null", 'set ran in context %s (named "demo"); it returns nothing.' % fresh.kv_ctx]
     assert len(said) == 3 and said[2].startswith("Events in context %s" % fresh.kv_ctx)
     result = own.call_tool("call", {"app": KV, "context": "demo", "method": "get", "args": {"key": "a"}})
-    assert texts(result) == ["1", 'get ran in context %s (alias "demo").' % fresh.kv_ctx]   # strings raw
+    assert texts(result) == ['"1"', 'get ran in context %s (alias "demo").' % fresh.kv_ctx]   # strings quoted
     assert "structuredContent" not in result
     result = own.call_tool("call", {"app": "KV Store", "context": fresh.kv_ctx, "method": "entries"})
     assert texts(result) == [json.dumps({"a": "1"}, indent=2), 'entries ran in context %s (named "demo").'

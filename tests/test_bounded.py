@@ -371,7 +371,7 @@ def test_an_app_result_past_the_bound_is_an_error_carrying_its_start_and_size(se
     assert not server.call_tool("call", kv_call("set", key="big", value=big)).get("isError")
     assert not server.call_tool("call", kv_call("set", key="small", value="fine")).get("isError")
     handle = server.call_tool("select_app", {"app": "kv-store", "context": "demo"})["structuredContent"]["app_handle"]
-    for name, arguments, size in [("call", kv_call("get", key="big"), len(big)),
+    for name, arguments, size in [("call", kv_call("get", key="big"), len(big) + 2),       # both quote strings
                                   ("kv_store_get", {"app_handle": handle, "key": "big"}, len(big) + 2)]:
         result = server.call_tool(name, arguments)
         text = error_text(result)
@@ -381,7 +381,7 @@ def test_an_app_result_past_the_bound_is_an_error_carrying_its_start_and_size(se
         assert big[:20000] in text and text_length(result) <= BOUND and "structuredContent" not in result
     many = server.call_tool("call_many", {"calls": [kv_call("get", key="big"), kv_call("get", key="small")]})
     items = json.loads(many["content"][0]["text"])
-    assert items[0]["ok"] is False and items[0]["error"].startswith("Error: The result of get is 72000 characters")
+    assert items[0]["ok"] is False and items[0]["error"].startswith("Error: The result of get is 72002 characters")
     demo = double._aliases["context"]["demo"]
     assert items[1] == {"index": 1, "app": "kv-store", "context": "demo", "method": "get", "contextId": demo,
                         "ok": True, "result": "fine"}              # named as given, and where it ran
@@ -395,14 +395,14 @@ def test_an_app_result_is_whole_with_its_line_or_refused_never_cut(serve):
     server = serve(double)
     demo = double._aliases["context"]["demo"]
     line = 'get ran in context %s (alias "demo").' % demo
-    for size, whole in [(BOUND - len(line), True), (BOUND - len(line) + 1, False)]:
+    for size, whole in [(BOUND - len(line) - 2, True), (BOUND - len(line) - 1, False)]:     # 2: a string's quotes
         value = "v" * size
         assert not server.call_tool("call", kv_call("set", key="k", value=value)).get("isError")
         result = server.call_tool("call", kv_call("get", key="k"))
         if whole:
-            assert result == {"content": [{"type": "text", "text": value}, {"type": "text", "text": line}]}
+            assert result == {"content": [{"type": "text", "text": '"%s"' % value}, {"type": "text", "text": line}]}
         else:
-            assert error_text(result).startswith("Error: The result of get is %d characters" % size)
+            assert error_text(result).startswith("Error: The result of get is %d characters" % (size + 2))
 
 
 def test_the_result_bound_is_configurable_and_0_lifts_it(serve):
@@ -411,10 +411,11 @@ def test_the_result_bound_is_configurable_and_0_lifts_it(serve):
     big = "y" * 70000
     server.call_tool("call", kv_call("set", key="big", value=big))
     ran = {"type": "text", "text": 'get ran in context %s (alias "demo").' % double._aliases["context"]["demo"]}
-    assert server.call_tool("call", kv_call("get", key="big")) == {"content": [{"type": "text", "text": big}, ran]}
+    assert server.call_tool("call", kv_call("get", key="big")) == {"content": [{"type": "text", "text": '"%s"' % big},
+                                                                             ran]}
     server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="100")
     assert error_text(server.call_tool("call", kv_call("get", key="big"))).startswith(
-        "Error: The result of get is 70000 characters, more than one answer carries (100, ")
+        "Error: The result of get is 70002 characters, more than one answer carries (100, ")      # quoted
     assert server.call_tool("list_contexts")["structuredContent"]["contexts"]       # list pages keep their own
     server = serve(double, CALIMERO_MCP_MAX_RESULT_CHARS="lots")
     assert not server.call_tool("call", kv_call("get", key="missing")).get("isError")
@@ -447,7 +448,7 @@ def test_an_empty_string_result_is_shown_as_two_quotes(serve):
     assert not server.call_tool("call", kv_call("set", key="word", value="raw text")).get("isError")
     ran = {"type": "text", "text": 'get ran in context %s (alias "demo").' % double._aliases["context"]["demo"]}
     assert server.call_tool("call", kv_call("get", key="blank")) == {"content": [{"type": "text", "text": '""'}, ran]}
-    assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": "raw text"},
+    assert server.call_tool("call", kv_call("get", key="word")) == {"content": [{"type": "text", "text": '"raw text"'},
                                                                                 ran]}
     many = server.call_tool("call_many", {"calls": [kv_call("get", key="blank"), kv_call("get", key="word")]})
     assert '"result": ""' in many["content"][0]["text"]

@@ -114,7 +114,7 @@ def test_left_out_apps_stay_reachable(start_server, server_env, double):
     assert len(ran["content"]) == 3 and ran["content"][2]["text"].startswith("Events in context ")  # what it emitted
     assert "structuredContent" not in ran
     got = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "get", "args": {"key": "a"}})
-    assert got == {"content": [{"type": "text", "text": "1"},
+    assert got == {"content": [{"type": "text", "text": '"1"'},
                                {"type": "text", "text": 'get ran in context %s (alias "demo").' % demo}]}
     refused = server.call_tool("call", {"app_handle": handle, "method": "get", "args": {"key": 5}})
     assert refused.get("isError") is True and "key: expected string" in refused["content"][-1]["text"]

@@ -167,7 +167,7 @@ def test_reads_event_less_apps_and_unfollowed_contexts_answer_as_before(served, 
     live(served)
     where = {"type": "text", "text": 'get ran in context %s (alias "demo").' % node._aliases["context"]["demo"]}
     assert served.call_tool("call", {"app": KV, "context": "demo", "method": "get", "args": {"key": "k"}}) == {
-        "content": [{"type": "text", "text": "v"}, where]}
+        "content": [{"type": "text", "text": "\"v\""}, where]}
     assert served.call_tool("kv_store_get", {"_context": "demo", "key": "k"}) == {
         "content": [{"type": "text", "text": '"v"'}, where], "structuredContent": {"result": "v"}}
     counter = node._app_key("com.example.counter")

@@ -502,4 +502,4 @@ def test_a_generated_tools_context_is_one_id_form_and_its_parameters_are_the_app
     assert not stored.get("isError"), stored
     assert stored["content"][1]["text"] == 'set ran in context %s (named "notes"); it returns nothing.' % node.notes
     got = server.call_tool("call", {"app": KV, "context": node.notes, "method": "get", "args": {"key": "k"}})
-    assert got["content"][0]["text"] == value, got
+    assert got["content"][0]["text"] == json.dumps(value), got

@@ -1627,7 +1627,7 @@ def test_the_real_server_carries_the_flow_across_two_networked_doubles(tmp_path)
                                    "args": {"key": "k", "value": "v"}})
             read = lambda: two.call_tool("call", {"app": KV_PACKAGE, "context": context_id, "method": "get",
                                                   "args": {"key": "k"}})["content"][0]["text"]
-            assert eventually(lambda: read() == "v")
+            assert eventually(lambda: read() == '"v"')
         finally:
             one.close()
             two.close()

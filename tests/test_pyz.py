@@ -226,7 +226,7 @@ def session_against(command, env):
         done = server.call_tool("call", dict(where, method="set", args={"key": "from-pyz", "value": "one file"}))
         assert not done.get("isError"), done
         got = server.call_tool("call", dict(where, method="get", args={"key": "from-pyz"}))
-        assert not got.get("isError") and got["content"][0]["text"] == "one file", got
+        assert not got.get("isError") and got["content"][0]["text"] == '"one file"', got
         assert got["content"][1]["text"].startswith("get ran in context "), got        # where it ran
         wrong = server.call_tool("call", dict(where, method="set", args={"key": 5, "value": "x"}))
         assert wrong.get("isError") and "- key: expected string, got 5" in wrong["content"][-1]["text"], wrong

@@ -69,7 +69,7 @@ def answer(result):
     assert not result.get("isError"), result
     blocks = result["content"]
     # after the value: where it ran, then, for a write to an app with events, what it emitted (per call_many item)
-    assert all(re.match(r"(\w+ ran in context [0-9a-f]{64}|(Item \d+\. )?Events in context )", b["text"])
+    assert all(re.match(r"(\w+ ran in context [0-9a-f]{64}|(Items? [\d, ]+\. )?Events in context )", b["text"])
                for b in blocks[1:]), result
     try:
         return json.loads(blocks[0]["text"])

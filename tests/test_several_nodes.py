@@ -146,7 +146,7 @@ def test_a_handle_binds_its_node_and_a_contradicting_node_is_refused(network, se
     assert not wrote.get("isError"), wrote
     assert ran_on(wrote) == "node2" and len(node1.executions) == executed
     read = server.call_tool("call", {"app_handle": handle, "method": "get", "args": {"key": "k"}})
-    assert texts(read)[0] == "on two" and ran_on(read) == "node2"
+    assert texts(read)[0] == '"on two"' and ran_on(read) == "node2"
     refused = server.call_tool("call", {"app_handle": handle, "node": "node1", "method": "get", "args": {"key": "k"}})
     assert refused["isError"] and "contradicts" in texts(refused)[0]
     assert context1 not in json.dumps(paths(node2))
@@ -161,7 +161,7 @@ def test_a_handle_finds_its_node_when_the_state_dir_cannot_keep_a_key(network, s
     selected = server.call_tool("select_app", {"app": KV, "context": context2, "node": "node2"})
     handle = answer(selected)["app_handle"]
     read = server.call_tool("call", {"app_handle": handle, "method": "get", "args": {"key": "k"}})
-    assert texts(read)[0] == "on two" and ran_on(read) == "node2"
+    assert texts(read)[0] == '"on two"' and ran_on(read) == "node2"
 
 
 def test_call_many_items_each_run_on_their_node(network, several):
@@ -380,7 +380,7 @@ def test_the_whole_flow(network, several):
     assert all(row["value"] == "hello" and row["stateHash"] for row in body["nodes"])
     read = server.call_tool("call", {"app": KV, "context": context, "node": "node2", "method": "get",
                                      "args": {"key": "greeting"}})
-    assert texts(read)[0] == "hello" and ran_on(read) == "node2"
+    assert texts(read)[0] == '"hello"' and ran_on(read) == "node2"
 
 
 def test_wait_for_sync_compares_hashes_alone_when_no_method_and_refuses_a_mut_method(network, several):
@@ -502,7 +502,7 @@ def test_200_calls_over_two_nodes_with_one_stopped_halfway(network, several):
         if result.get("isError"):
             assert name == "node2" and index >= 100 and 'Node "node2"' in texts(result)[0], result
         else:
-            assert texts(result)[0] == name
+            assert texts(result)[0] == json.dumps(name)
     assert all(not result.get("isError") for index, (name, result) in results.items() if name == "node1" or index < 100)
     assert ids["node2"] not in json.dumps([e["path"] for e in node1.log] + [e["json"] for e in node1.log])
     assert ids["node1"] not in json.dumps([e["path"] for e in node2.log] + [e["json"] for e in node2.log])
