@@ -38,13 +38,13 @@ INSTRUCTION_LINES = (
     "32 calls at once: they reach every method even when no tool for it is listed, as for an app installed during "
     "this session or a host that caps or defers tools. describe_app lists an app's methods.",
     "A handle's tool runs in the context the handle names; call takes app and context.",
-    "Name an app by its id, package, last package segment or display name, a context by its id or an alias, and a "
-    "namespace or group by its id or name.",
+    "Name an app by its id, package, last package segment or display name, a context by its id or an alias (aliases are "
+    "per node), and a namespace or group by its id or name.",
     "App tools are named <app>_<method> (<app>_<service>_<method> for a multi-service app); each description "
     "ends in the method's signature: [view] reads, [mut] writes, ? marks an optional parameter.",
     "Contexts live in namespaces (create_namespace, then create_context); other nodes join with "
-    "invite_to_namespace and join_namespace, then join_context. When a tool cannot reach the node, node_status "
-    "says why and what to do.",
+    "invite_to_namespace and join_namespace, then join_context. When a tool cannot reach a node, list_nodes and "
+    "node_status say why and what to do.",
 )
 INSTRUCTIONS = "\n".join(INSTRUCTION_LINES)
 # Both eras: the handshake era hears list changes on the session, 2026-07-28 on subscriptions/listen.

@@ -1404,8 +1404,8 @@ MAX_WAIT = 50               # seconds an events call may wait: under the usual h
 WATCH_PROGRESS_SECONDS = 10.0   # a watch says it still watches at least this often, however busy the context
 
 
-@tool("events", "What happened in a context, oldest first. after: a previous next; wait: seconds for one; "
-      "watch: seconds to collect all (from now, or after).",
+@tool("events", "What happened in a context since first watched, oldest first. after: a previous next; wait: "
+      "seconds for one; watch: seconds to collect all (from now, or after).",
       {"context": STRING, "after": {"type": "integer"}, "kind": STRING, "wait": {"type": "number", "maximum": MAX_WAIT},
        "watch": {"type": "number", "maximum": MAX_WAIT}},
       required=["context"], annotations=READ_ONLY, toolset="app")
