@@ -1409,18 +1409,20 @@ class Node:
         """node_status's peers and identity, each null with the node's reason when it cannot be had (a fresh node
         has no identity yet), never a failure of node_status; and the first failure (its fix is said)."""
         facts, failed = {}, None
-        for key, read in (("peers", self.peers), ("identity", self._identity_summary)):
+        for key, read in (("peers", lambda: {"peers": self.peers()}), ("identity", self._identity_facts)):
             try:
-                facts[key] = read()
+                facts.update(read())
             except NodeError as error:
                 facts[key] = None
                 facts[key + "Note"] = str(error)
                 failed = failed or error
         return facts, failed
 
-    def _identity_summary(self) -> Dict[str, Any]:
+    def _identity_facts(self) -> Dict[str, Any]:
+        """The node's account under the one name every answer gives it, a members listing's `identity` (issue 42),
+        and its public key."""
         identity = self.identity()
-        return {"accountId": identity["accountId"], "publicKey": identity.get("publicKey")}
+        return {"identity": identity["accountId"], "publicKey": identity.get("publicKey")}
 
     def _planned_mode(self) -> str:
         """The auth mode the environment asks for, when discovery found no node to pair it with."""

@@ -201,7 +201,7 @@ def test_node_status_reports_the_double(server, double):
                       "registryNote": "No registry address is known: this server found no node directory with a "
                       "config.toml for the node in use, so set CALIMERO_REGISTRY_URL to the registry's base URL (the "
                       "base_url the node fetches from).",
-                      "identity": {"accountId": NODE_ACCOUNT, "publicKey": NODE_PUBLIC_KEY}, "readOnly": False}
+                      "identity": NODE_ACCOUNT, "publicKey": NODE_PUBLIC_KEY, "readOnly": False}
 
 
 def test_list_nodes_merges_configured_nodes_and_marks_the_active_one(serve, tmp_path):

@@ -448,7 +448,7 @@ def test_node_status_adds_peers_and_identity_and_survives_their_failure(server, 
     double.peer_count = 3
     start = len(double.log)
     status = server.tool_json("node_status")
-    assert (status["peers"], status["identity"]) == (3, {"accountId": NODE_ACCOUNT, "publicKey": NODE_PUBLIC_KEY})
+    assert (status["peers"], status["identity"], status["publicKey"]) == (3, NODE_ACCOUNT, NODE_PUBLIC_KEY)
     facts = ["/admin-api/health", "/admin-api/peers", "/admin-api/identity"]
     assert [e["path"] for e in double.log[start:] if e["path"] in facts] == facts      # the catalog reads aside
     double.fresh_identity = True

@@ -964,7 +964,7 @@ def test_status_describes_a_node_that_is_down(tmp_path, plain):
                                                  "directory")      # desk has no home here
     assert status == {"health": {"status": "alive"}, "url": plain.url, "nodeName": "desk",
                       "discoverySource": "env", "authMode": "none", "peers": 0, "registry": None,
-                      "identity": {"accountId": NODE_ACCOUNT, "publicKey": NODE_PUBLIC_KEY}}
+                      "identity": NODE_ACCOUNT, "publicKey": NODE_PUBLIC_KEY}
     plain.stop()
     down = client.status()["health"]
     assert down == {"status": "unreachable",
