@@ -550,8 +550,8 @@ def toolsets_problem(env):
 READ_ONLY_VARIABLE = "CALIMERO_MCP_READ_ONLY"
 READ_ONLY_VALUES = ("1", "true", "yes", "on")
 READ_ONLY_OFF = ("0", "false", "no", "off")        # the only values that leave it off: a typo must not give admin
-READ_ONLY_UNSET = ("To allow changes, unset %s in this server's entry of the host configuration (its env) and "
-                   "restart the server." % READ_ONLY_VARIABLE)
+READ_ONLY_UNSET = ("To allow changes, drop --read-only and unset %s in this server's entry of the host "
+                   "configuration (its args and env), then restart the server." % READ_ONLY_VARIABLE)
 READ_ONLY_INSTRUCTION = ("This server runs read-only (%s): it offers only tools that cannot change the node, and "
                          "call and call_many run [view] methods only. %s" % (READ_ONLY_VARIABLE, READ_ONLY_UNSET))
 

@@ -40,6 +40,7 @@ def test_read_only_flag_wins_over_its_variable(started, double):
     refused = server.call_tool("call", {"app": "kv-store", "context": "demo", "method": "set",
                                         "args": {"key": "k", "value": "v"}})
     assert refused.get("isError") and "read-only" in refused["content"][-1]["text"], refused
+    assert "drop --read-only" in refused["content"][-1]["text"]         # the way back names the flag set here
     assert not [entry for entry in double.log if entry["path"].endswith("/execute")], double.log
 
 

@@ -19,8 +19,8 @@ from node_double import NodeDouble, sample_double
 MODERN = MODERN_META
 ON = {"CALIMERO_MCP_READ_ONLY": "1"}
 READ_ONLY_SAYS = "this server runs read-only (CALIMERO_MCP_READ_ONLY)"
-HOW_TO_CHANGE = ("To allow changes, unset CALIMERO_MCP_READ_ONLY in this server's entry of the host configuration "
-                 "(its env) and restart the server.")
+HOW_TO_CHANGE = ("To allow changes, drop --read-only and unset CALIMERO_MCP_READ_ONLY in this server's entry of the "
+                 "host configuration (its args and env), then restart the server.")
 # The instruction says how writes come back, in the words the refusals use.
 INSTRUCTION = ("This server runs read-only (CALIMERO_MCP_READ_ONLY): it offers only tools that cannot change the "
                "node, and call and call_many run [view] methods only. " + HOW_TO_CHANGE)
