@@ -1060,7 +1060,7 @@ def start_fix(env: Mapping[str, str], name: Optional[str], url: str, variable: O
     home = next((entry for entry in homes if entry.name == name), homes[0] if len(homes) == 1 else None)
     if home is None:
         return variable and ("Check that the node at %s runs (start it on its machine), and that %s names the "
-                             "right URL." % (display_url(url), variable))
+                             "right URL." % (display_url(url), said_as(variable)))
     where = node_home(env)
     flag = "" if os.path.normpath(where) == os.path.join(_home(env), ".calimero") else " --home %s" % where
     return "Start it: merod%s --node %s run (its home: %s)." % (flag, home.name, os.path.join(where, home.name))

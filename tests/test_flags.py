@@ -68,6 +68,14 @@ def test_nodes_and_node_name_flags_win_over_their_variables(started, network):
     assert rows["node1"]["reachable"] and rows["node2"]["reachable"], rows
 
 
+def test_a_down_nodes_fix_names_the_nodes_flag_that_named_it(started, network):
+    node1, node2 = network.add("node1"), network.add("node2")
+    network.stop("node2")
+    server = started(["--nodes", "node1=%s,node2=%s" % (node1.url, node2.url)])
+    fix = json.loads(server.call_tool("node_status", {"node": "node2"})["content"][0]["text"])["fix"]
+    assert fix.endswith("and that the --nodes flag names the right URL."), fix
+
+
 def test_log_level_debug_writes_each_request_to_stderr_never_stdout(started, double):
     server = started(["--log-level", "debug"], CALIMERO_NODE_URL=double.url, CALIMERO_MCP_LOG_LEVEL="error")
     server.tool_json("node_status")
