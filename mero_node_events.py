@@ -178,6 +178,7 @@ class _Watched:
         self.mutations = 0                         # StateMutation frames seen (an echo included)
         self.hash = None                           # the state hash the last poll read
         self.framed = False                        # a StateMutation came since that poll
+        self.polled = None                         # a root a poll said Changed: its late frame is the same write
 
     def add(self, entry: Dict[str, Any]) -> None:
         self.count += 1
@@ -348,6 +349,7 @@ class EventStream:
                 return
             if watched.hash is not None and state_hash != watched.hash and not watched.framed:
                 watched.add({"kind": "Changed", "note": "the state changed with no event (one write or more)"})
+                watched.polled = state_hash
                 self._cond.notify_all()
             watched.hash, watched.framed = state_hash, False
 
@@ -546,6 +548,8 @@ class EventStream:
         if key is not None and key in watched.echoes:
             return                                  # the author's own delta, echoed back over gossip
         watched.echoes.append(key)
+        if not events and data.get("newRoot") is not None and data.get("newRoot") == watched.polled:
+            return                                  # a poll saw this root first (the frame raced it): said once
         if not events:                              # a local write that emitted nothing (an event-less app's)
             watched.add({"kind": "Changed", "note": "a write that emitted no event"})
         for item in events:
