@@ -516,11 +516,35 @@ def top_level_key(path):
 @tool("join_context", "Join a context of a namespace or group this node joined.",
       {"context": STRING}, required=("context",))
 def join_context(args, call):
-    if args.get("from") is not None:
-        context_id = context_on_member(call, call.server.nodes.named(args["from"]), args["context"])
-    else:
-        context_id = context_id_of(call.entry, args["context"])
-    return call.node.join_context(context_id)
+    if args.get("from") is None:
+        return call.node.join_context(context_id_of(call.entry, args["context"]))
+    member = call.server.nodes.named(args["from"])
+    context_id = context_on_member(call, member, args["context"])
+    try:
+        return call.node.join_context(context_id)
+    except node_module().NotFound:
+        why = namespace_not_joined(call, member, context_id)
+        if why is None:
+            raise
+        raise ToolError(why) from None
+
+
+def namespace_not_joined(call, member, context_id):
+    """Why the joiner does not know a context its member node holds, when the reason is that it has not joined the
+    namespace around it (core answers only "not found"): what to call first. None when that is not the reason."""
+    try:
+        group = next((row.get("groupId") for row in member.node.contexts() if row["id"] == context_id), None)
+        if not group:
+            return None
+        info = member.node.group(group)
+        namespace = info.get("namespaceId") or group
+        if any(row["namespaceId"] == namespace for row in call.node.namespaces()):
+            return None
+    except node_module().NodeError:
+        return None
+    return ('Node "%s" has not joined namespace %s, which holds context %s: call join_namespace with node "%s" '
+            'and from "%s" first (it brings the app), then join_context. Nothing was joined.'
+            % (call.entry.name, namespace, context_id, call.entry.name, member.name))
 
 
 def context_on_member(call, member, value):

@@ -131,6 +131,18 @@ def test_the_next_step_names_each_context_and_join_context_takes_node1s_alias_wi
     assert again["alreadyMember"] and 'Node "node2" has joined its one context.' in again["note"]
 
 
+def test_join_context_before_the_namespace_join_says_to_join_the_namespace_first(network, several):
+    node1 = network.add("node1", apps=[kv_store_spec()])
+    node2 = network.add("node2", apps=[kv_store_spec()])
+    server = several(("node1", node1.url), ("node2", node2.url))
+    namespace, context = team(server)
+    text = refusal(server.call_tool("join_context", {"context": "doomed", "from": "node1", "node": "node2"}))
+    assert text.startswith('Error: Node "node2" has not joined namespace %s, which holds context %s: call join_namespace '
+                           'with node "node2" and from "node1" first' % (namespace, context)), text
+    answer(server.call_tool("join_namespace", {"namespace": "team", "from": "node1", "node": "node2"}))
+    assert answer(server.call_tool("join_context", {"context": "doomed", "from": "node1", "node": "node2"}))
+
+
 def test_an_alias_of_another_node_is_refused_naming_that_node_and_the_id(network, several):
     node1 = network.add("node1", apps=[kv_store_spec()])
     node2 = network.add("node2", apps=[kv_store_spec()])
