@@ -709,17 +709,21 @@ def node_directory_of(env):
         return None
 
 
-def on_node(entry, text):
-    """An error in multi-node mode names the node and its URL: the other nodes keep working."""
+def on_node(entry, text, error=None):
+    """An error in multi-node mode names the node and its URL, and a node out of reach that the others keep
+    working (its fix, node.py's, names what started or named it)."""
     if entry is None:
         return text
     # node.py's single-node advice would send the user to the wrong variable: this node is one of several.
     text = text.replace(SINGLE_NODE_FIX, MULTI_NODE_FIX)
+    if isinstance(error, own_module("mero_node_errors").Unreachable) and OTHERS_WORK not in text:
+        text = "%s %s" % (text, OTHERS_WORK)
     return 'Node "%s" (%s): %s' % (entry.name, entry.url, text)
 
 
 SINGLE_NODE_FIX = "or point CALIMERO_NODE_URL at a running node."
-MULTI_NODE_FIX = "or correct its URL (CALIMERO_NODES). The other nodes still work: list_nodes says which are up."
+OTHERS_WORK = "The other nodes still work: list_nodes says which are up."
+MULTI_NODE_FIX = "or correct its URL (CALIMERO_NODES). " + OTHERS_WORK
 
 
 def refuse_write_to_read_only_node(entry, t):
@@ -901,7 +905,7 @@ class Server:
             error = as_failure(error)
             # Only the node's own failures take its name and URL first: an argument refused reads as the node down.
             from_node = self.nodes.multi and isinstance(error, node_module().NodeError)
-            result = error_result(on_node(call.entry, failure_text(error)) if from_node else failure_text(error),
+            result = error_result(on_node(call.entry, failure_text(error), error) if from_node else failure_text(error),
                                   error.blocks if isinstance(error, ToolError) else ())
             return self.said_where(t, result, call.entry)
         value, ran_on = value if isinstance(value, Reply) else (value, ())

@@ -504,10 +504,13 @@ def network_error(error: Exception, url: str, timeout: float, method: str = "GET
         reason = next((said for marker, said in _NETWORK_REASONS if marker in text), "network error")
     if sent and method != "GET":
         return no_answer(shown, base, reason, timeout)
-    fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
+    fix = "Start the node at %s, %s" % (base, LONE_NODE_FIX)
     if isinstance(error, requests.exceptions.SSLError):
         fix = tls_fix(base)
     return Unreachable("Cannot reach the node at %s: %s" % (shown, reason), fix=fix, hint=hint or fix)
+
+
+LONE_NODE_FIX = "or point CALIMERO_NODE_URL at a running node."    # a named node's is its own (Node._placed)
 
 
 def tls_fix(base) -> str:
@@ -543,7 +546,7 @@ def late(shown, base, timeout, sent, method) -> NodeError:
     if sent and method != "GET":
         return no_answer(shown, base, "timed out", timeout)
     hint = "The node at %s did not answer in time: retry, and check its log if this keeps happening." % base
-    fix = "Start the node at %s, or point CALIMERO_NODE_URL at a running node." % base
+    fix = "Start the node at %s, %s" % (base, LONE_NODE_FIX)
     return Unreachable("Cannot reach the node at %s: timed out after %g s" % (shown, timeout), fix=fix, hint=hint)
 
 

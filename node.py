@@ -37,8 +37,8 @@ from mero_node_config import (_checked_node_url, _configured_location, _home_not
 from mero_node_http import (_base_of, _headers, _is_short, _NETWORK_REASONS, _new_session, _not_json, _prepared,
     _registry_session, _requests, _session, _session_lock, _unreadable_hint, absent_packages, BODY_EXCERPT,
     ca_bundle_line, CA_FIX, CA_SETTINGS, current_scope, cut_off, decode_json, fetch, http_error, install_advice, Late,
-    late, MAX_ANSWER_NESTING, missing_package, nested_past, network_error, refuse_if_cancelled, rpc_error,
-    RUNTIME_PACKAGES, scope, too_large, TooLarge, traced)
+    late, LONE_NODE_FIX, MAX_ANSWER_NESTING, missing_package, nested_past, network_error, refuse_if_cancelled,
+    rpc_error, RUNTIME_PACKAGES, scope, too_large, TooLarge, traced)
 from mero_node_events import EventStream
 
 # What the server reads of the node beyond what this module uses itself: it reaches the node only through here.
@@ -1159,11 +1159,22 @@ class Node:
                           (time.monotonic() - started) * 1000)
             return response
         except requests.RequestException as error:
-            raise network_error(error, url, timeout, kind) from None
+            raise self._placed(network_error(error, url, timeout, kind)) from None
         except Late as error:
-            raise late(display_url(url), display_url(_base_of(url)), timeout, error.sent, kind) from None
+            raise self._placed(late(display_url(url), display_url(_base_of(url)), timeout, error.sent, kind)) from None
         except TooLarge as error:
             raise too_large(display_url(url), display_url(_base_of(url)), error, kind) from None
+
+    def _placed(self, error: NodeError) -> NodeError:
+        """A named node (one of several, or a node home's) that cannot be reached: its fix is the one node_status
+        gives (its start command, or the setting that named it), not the lone node's CALIMERO_NODE_URL, in every
+        answer that quotes it (call_many's rows and wait_for_sync's too)."""
+        if self._named is not None and isinstance(error, Unreachable) and LONE_NODE_FIX in (error.fix or ""):
+            fix = self.fix_for(error)
+            if fix and LONE_NODE_FIX not in fix:
+                error.fix = fix
+                error.hint = error.hint if error.hint and LONE_NODE_FIX not in error.hint else fix
+        return error
 
     def _refusal(self, response, url) -> NodeError:
         error = http_error(response.status_code, response.reason, self._redacted_body(response), url,

@@ -94,6 +94,13 @@ def test_a_down_node_known_only_by_url_says_check_it_and_the_setting(network, se
             % node2.url)
     assert answer(server.call_tool("node_status", {"node": "node2"}))["fix"] == said
     assert rows_by_name(server.call_tool("list_nodes"))["node2"]["fix"] == said
+    # every answer that quotes node2's failure gives that fix, never the lone node's CALIMERO_NODE_URL
+    item = {"app": "kv-store", "context": "c", "method": "get", "args": {"key": "k"}, "node": "node2"}
+    row = json.loads(server.call_tool("call_many", {"calls": [item]})["content"][0]["text"])[0]
+    assert row["error"].endswith(said) and "CALIMERO_NODE_URL" not in row["error"], row
+    failed = server.call_tool("install_application", {"coords": "com.calimero.kv-store@1.0.0", "node": "node2"})
+    assert failed.get("isError") and failed["content"][0]["text"].endswith(said + " The other nodes still work: "
+                                                                           "list_nodes says which are up."), failed
     single = start_server(minimal_env(tmp_path / "alone", {"CALIMERO_NODE_URL": node2.url,
                                                             "CALIMERO_MCP_STATE_DIR": tmp_path / "state2"}))
     assert single.tool_json("node_status")["fix"].endswith("and that CALIMERO_NODE_URL names the right URL.")
