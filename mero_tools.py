@@ -673,6 +673,7 @@ def sync_context(args, call):
       required=("context",), annotations=READ_ONLY, nodes="each")
 def wait_for_sync(args, call):
     nodes = call.server.nodes
+    named = compared_nodes(nodes, args["nodes"]) if "nodes" in args else None     # refused before any request
     context_id = context_id_of(call.entry, args["context"])
     timeout = args.get("timeout", SYNC_WAIT_DEFAULT)
     if not 0 < timeout <= SYNC_WAIT_LIMIT:
@@ -680,8 +681,8 @@ def wait_for_sync(args, call):
     expected = parsed_equals(args.get("equals"))
     deadline = time.monotonic() + timeout
     call_deadline = deadline + node_module().PROBE_TIMEOUT     # the answer comes by then, however slow the nodes
-    if args.get("nodes"):
-        entries, left_out = [nodes.named(name) for name in args["nodes"]], []
+    if named is not None:
+        entries, left_out = named, []
     else:
         entries, left_out = joined_entries(nodes, context_id, within(call_deadline, call))
     if not entries:
@@ -702,6 +703,19 @@ def wait_for_sync(args, call):
         if not call.server.config.read_only:     # a nudge whose answer is not needed: never past `timeout`
             ask_laggards(entries, rows, context_id, asked_at, within(deadline, call))
         time.sleep(max(0.0, min(SYNC_POLL_SECONDS, deadline - time.monotonic())))
+
+
+def compared_nodes(nodes, names):
+    """wait_for_sync's `nodes`: two or more distinct nodes, or a refusal before anything is asked (a node compared
+    with itself would prove nothing, and a lone node could only wait out the timeout)."""
+    entries = [nodes.named(name) for name in names]
+    twice = next((entry.name for index, entry in enumerate(entries) if entry in entries[:index]), None)
+    if twice is not None:
+        raise ToolError('nodes names node "%s" twice: name each node once.' % twice)
+    if len(entries) < 2:
+        raise ToolError("nodes names %s: name two or more nodes to compare, or leave nodes out for every node that "
+                        "has joined the context." % ('only node "%s"' % entries[0].name if entries else "no node"))
+    return entries
 
 
 SYNC_WAIT_DEFAULT, SYNC_WAIT_LIMIT, SYNC_POLL_SECONDS, SYNC_ASK_EVERY = 30, 55, 0.25, 2.0

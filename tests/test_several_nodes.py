@@ -1,6 +1,7 @@
 """Issue 33: one session drives every node. The real server over stdio against a Network of node doubles (each its
 own HTTP server, identity, auth and replicas)."""
 import json
+import time
 
 import pytest
 
@@ -392,6 +393,23 @@ def test_wait_for_sync_compares_hashes_alone_when_no_method_and_refuses_a_mut_me
     refused = server.call_tool("wait_for_sync", {"context": context, "method": "set", "args": {"key": "a",
                                                                                               "value": "b"}})
     assert refused["isError"] and "not [view]" in texts(refused)[0]
+
+
+@pytest.mark.parametrize("nodes, said", [
+    (["node1", "node1"], 'nodes names node "node1" twice: name each node once.'),
+    (["node2"], 'nodes names only node "node2": name two or more nodes to compare'),
+    ([], "nodes names no node: name two or more nodes to compare"),
+])
+def test_wait_for_sync_refuses_nodes_that_cannot_prove_anything_before_asking(network, several, nodes, said):
+    """A node compared with itself proved "in sync"; one node or none waited out the whole timeout."""
+    node1, node2 = pair(network)
+    server = several(("node1", node1.url), ("node2", node2.url))
+    _, context = whole_flow(server)
+    asked = len(node1.log) + len(node2.log)
+    started = time.monotonic()
+    refused = server.call_tool("wait_for_sync", {"context": context, "nodes": nodes, "timeout": 5})
+    assert refused.get("isError") and said in texts(refused)[0], refused
+    assert time.monotonic() - started < 3 and len(node1.log) + len(node2.log) == asked
 
 
 def test_wait_for_sync_in_read_only_mode_waits_without_asking_for_syncs(network, several):
