@@ -160,6 +160,16 @@ def alias_elsewhere(entry, value):
         return None
 
 
+def namespace_elsewhere(entry, name):
+    """The id of the namespace named exactly `name` on another node; None when none or several are, or that node
+    will not say (a refusal is being written: a down node only leaves its part out)."""
+    try:
+        ids = [row["namespaceId"] for row in entry.node.namespaces() if row.get("name") == name]
+    except node_module().NodeError:
+        return None
+    return ids[0] if len(ids) == 1 else None
+
+
 def last_segment(package):
     return package.rsplit(".", 1)[-1] if package else ""
 
@@ -648,7 +658,20 @@ class Apps:
                             % (argument, len(found), GROUP_KINDS[kind + "s"], name, carriers_text(found)))
         where = " (describe_group of a namespace shows its subgroups)" if kind == "group" else ""
         raise ToolError('%s: no %s on this node is named "%s". Nothing was done; list_namespaces lists the '
-                        "namespaces with their ids and names%s." % (argument, GROUP_KINDS[kind], name, where))
+                        "namespaces with their ids and names%s.%s" % (argument, GROUP_KINDS[kind], name, where,
+                                                                     self.namespace_named_elsewhere(name)))
+
+    def namespace_named_elsewhere(self, name):
+        """With several nodes, the namespace of that name another node is in, and how this one joins it (names,
+        like aliases, are each node's: a model names node1's namespace on node2). Asked on this miss only."""
+        others = [entry for entry in self.server.nodes.entries.values() if entry is not self.entry]
+        found = together(*[partial(namespace_elsewhere, entry, name) for entry in others]) if others else []
+        for entry, namespace_id in zip(others, found):
+            if namespace_id is not None:
+                return (' "%s" is namespace %s on node "%s"; node "%s" has not joined it (join_namespace with node '
+                        '"%s" and from "%s" joins it).' % (name, namespace_id, entry.name, self.entry.name,
+                                                           self.entry.name, entry.name))
+        return ""
 
     def namespace_carriers(self):
         return [Carrier("namespace", row["namespaceId"], row.get("name"), None)

@@ -139,6 +139,9 @@ def test_join_context_before_the_namespace_join_says_to_join_the_namespace_first
     text = refusal(server.call_tool("join_context", {"context": "doomed", "from": "node1", "node": "node2"}))
     assert text.startswith('Error: Node "node2" has not joined namespace %s, which holds context %s: call join_namespace '
                            'with node "node2" and from "node1" first' % (namespace, context)), text
+    refused = refusal(server.call_tool("create_context", {"application": KV, "namespace": "team", "node": "node2"}))
+    assert ('"team" is namespace %s on node "node1"; node "node2" has not joined it (join_namespace with node "node2"'
+            ' and from "node1" joins it).' % namespace) in refused, refused
     answer(server.call_tool("join_namespace", {"namespace": "team", "from": "node1", "node": "node2"}))
     assert answer(server.call_tool("join_context", {"context": "doomed", "from": "node1", "node": "node2"}))
 
