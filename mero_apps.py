@@ -170,6 +170,27 @@ def namespace_elsewhere(entry, name):
     return ids[0] if len(ids) == 1 else None
 
 
+def namespace_not_joined(joiner, member, context_id):
+    """The namespace holding a context the member node has, when the joiner has not joined that namespace (core
+    then answers a join only "not found"); None when it has, or the nodes will not say."""
+    try:
+        group = next((row.get("groupId") for row in member.node.contexts() if row["id"] == context_id), None)
+        if not group:
+            return None
+        namespace = member.node.group(group).get("namespaceId") or group
+        if any(row["namespaceId"] == namespace for row in joiner.node.namespaces()):
+            return None
+    except node_module().NodeError:
+        return None
+    return namespace
+
+
+def join_namespace_first(joiner, member):
+    """What a join of a context in a namespace the joiner is not in needs first (a clause: no capital, no stop)."""
+    return ('call join_namespace with node "%s" and from "%s" first (it brings the app), then join_context'
+            % (joiner.name, member.name))
+
+
 def last_segment(package):
     return package.rsplit(".", 1)[-1] if package else ""
 
@@ -618,6 +639,10 @@ class Apps:
         except node_module().NodeError:
             return said + "may not have it (it did not answer)."
         if here is None:
+            namespace = namespace_not_joined(self.entry, other, context_id)
+            if namespace is not None:
+                return "%shas not joined it, nor namespace %s, which holds it: %s." % (
+                    said, namespace, join_namespace_first(self.entry, other))
             return said + ('has not joined it (join_context with node "%s" and from "%s" joins it).'
                            % (self.entry.name, other.name))
         return said + "has it too: pass the id here."

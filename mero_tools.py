@@ -17,8 +17,8 @@ from mero_runtime import (as_failure, b64url, bound, CALL_MANY_LIMIT, Cancelled,
     row_key, rows_nodes, settled, TEXT_BOUND, text_size, together, tool, ToolError, unb64url)
 from mero_apps import (admit_by_context, admit_handle, Admitted, agreed_context, ahead, app_record, call_reads,
     context_service, execute, find_method, follow_early_for_call, foreign_handle, GENERIC_RETRY, GUIDE_SHOWN_NOTE,
-    handle_for, one_line, Ran, read_handle, refusal_for, resolve_as_given, SERVICE_NOTE, sign_handle,
-    some_contexts, TOOLS_NOTE, Unit, what_ran, wire_arguments)
+    handle_for, join_namespace_first, namespace_not_joined, one_line, Ran, read_handle, refusal_for,
+    resolve_as_given, SERVICE_NOTE, sign_handle, some_contexts, TOOLS_NOTE, Unit, what_ran, wire_arguments)
 from mero_apps import events_block, events_reserve, fitted_blocks, merged_by_context     # an answer's blocks fitted
 from mero_runtime import node_line_size, room_left
 
@@ -523,28 +523,11 @@ def join_context(args, call):
     try:
         return call.node.join_context(context_id)
     except node_module().NotFound:
-        why = namespace_not_joined(call, member, context_id)
-        if why is None:
+        namespace = namespace_not_joined(call.entry, member, context_id)
+        if namespace is None:
             raise
-        raise ToolError(why) from None
-
-
-def namespace_not_joined(call, member, context_id):
-    """Why the joiner does not know a context its member node holds, when the reason is that it has not joined the
-    namespace around it (core answers only "not found"): what to call first. None when that is not the reason."""
-    try:
-        group = next((row.get("groupId") for row in member.node.contexts() if row["id"] == context_id), None)
-        if not group:
-            return None
-        info = member.node.group(group)
-        namespace = info.get("namespaceId") or group
-        if any(row["namespaceId"] == namespace for row in call.node.namespaces()):
-            return None
-    except node_module().NodeError:
-        return None
-    return ('Node "%s" has not joined namespace %s, which holds context %s: call join_namespace with node "%s" '
-            'and from "%s" first (it brings the app), then join_context. Nothing was joined.'
-            % (call.entry.name, namespace, context_id, call.entry.name, member.name))
+        raise ToolError('Context %s: node "%s" has not joined namespace %s, which holds it: %s. Nothing was joined.'
+                        % (context_id, call.entry.name, namespace, join_namespace_first(call.entry, member))) from None
 
 
 def context_on_member(call, member, value):

@@ -137,8 +137,12 @@ def test_join_context_before_the_namespace_join_says_to_join_the_namespace_first
     server = several(("node1", node1.url), ("node2", node2.url))
     namespace, context = team(server)
     text = refusal(server.call_tool("join_context", {"context": "doomed", "from": "node1", "node": "node2"}))
-    assert text.startswith('Error: Node "node2" has not joined namespace %s, which holds context %s: call join_namespace '
-                           'with node "node2" and from "node1" first' % (namespace, context)), text
+    assert text.startswith('Error: Context %s: node "node2" has not joined namespace %s, which holds it: call '
+                           'join_namespace with node "node2" and from "node1" first' % (context, namespace)), text
+    # the alias named on node2 itself says the same: the namespace first, not a join_context that would fail
+    aliased = refusal(server.call_tool("sync_context", {"context": "doomed", "node": "node2"}))
+    assert ('node "node2" has not joined it, nor namespace %s, which holds it: call join_namespace with node "node2" '
+            'and from "node1" first' % namespace) in aliased, aliased
     refused = refusal(server.call_tool("create_context", {"application": KV, "namespace": "team", "node": "node2"}))
     assert ('"team" is namespace %s on node "node1"; node "node2" has not joined it (join_namespace with node "node2"'
             ' and from "node1" joins it).' % namespace) in refused, refused
