@@ -260,8 +260,8 @@ class EventStream:
             shown = {"stream": state}
             if why and state != "live":
                 shown["why"] = why
-            if watched is not None:
-                shown["knownSince"] = watched.since
+            if watched is not None:     # and the time now: how recent an entry's `at` is ("the last few seconds")
+                shown["knownSince"], shown["now"] = watched.since, _now_text()
             return shown
 
     def follow(self, context_id: str, seconds: float) -> bool:

@@ -6,6 +6,7 @@ execute. Tests inject a peer's frame, a silent root change, an echo, a drip, a d
 large payload. No assertion is timed: deadlines only show nothing hangs."""
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import time
@@ -308,6 +309,15 @@ def test_a_root_change_with_no_frame_is_a_changed_entry(served, node):
     answer = events(served)
     assert [e["kind"] for e in answer["entries"]] == ["Changed"]
     assert events(served, after=answer["next"])["entries"] == []   # one move, said once
+
+
+def test_an_answer_says_the_time_now_so_a_model_can_tell_how_recent_an_entry_is(served, node):
+    context = live(served)
+    node.silent_change(context)
+    answer = events(served)
+    now = datetime.datetime.strptime(answer["now"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    assert abs((datetime.datetime.now(datetime.timezone.utc) - now).total_seconds()) < 5, answer
+    assert answer["knownSince"] <= answer["entries"][0]["at"] <= answer["now"], answer
 
 
 def test_a_frame_that_comes_after_a_poll_saw_its_root_adds_no_second_entry(served, node):
