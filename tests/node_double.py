@@ -1716,6 +1716,7 @@ class NodeDouble:
                 if marks is not None:
                     self.network.spread(self, marks)
                 self._arm_after(request, reply)
+                entry["answering_at"] = time.monotonic()   # before a byte of it: no reply to it can come earlier
                 handler.send(reply)
         except OSError:   # the client went away, or stop() shut the connection down
             handler.close_connection = True

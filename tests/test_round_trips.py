@@ -101,6 +101,14 @@ def kinds(requests):
 # ── what a call sends ─────────────────────────────────────────────────────────────────────────────────
 
 HOLD = 0.5          # each admission request is held this long, so requests sent together are seen together
+READ_HOLD = 0.05    # the reads alone held this long: an execute that did not wait for them arrives first
+
+
+def answered_before(other, entry):
+    """Whether `other`'s answer had begun before `entry` arrived: taken before its first byte (answering_at), so a
+    request sent in reply to it is never read as sent beside it (done_at, after its last byte, may be logged after
+    the reply to it arrived on a busy machine)."""
+    return other.get("answering_at") is not None and other["answering_at"] <= entry["at"]
 
 
 def round_trips(entries):
@@ -108,7 +116,7 @@ def round_trips(entries):
     call waits when every request costs one."""
     depth = []
     for index, entry in enumerate(entries):
-        before = [depth[i] for i, other in enumerate(entries[:index]) if other["done_at"] <= entry["at"]]
+        before = [depth[i] for i, other in enumerate(entries[:index]) if answered_before(other, entry)]
         depth.append(1 + max(before, default=0))
     return max(depth, default=0)
 
@@ -170,8 +178,7 @@ def executes_before_their_reads(entries, double):
             continue
         context_id = entry["json"]["params"]["contextId"]
         app_id = double._contexts[context_id]["applicationId"]
-        answered = [e for e in entries[:index] if e["method"] == "GET" and e.get("done_at") is not None
-                    and e["done_at"] <= entry["at"]]
+        answered = [e for e in entries[:index] if e["method"] == "GET" and answered_before(e, entry)]
         context_read = any(e["path"] == "/admin-api/contexts/" + context_id for e in answered)
         app_read = any(e["path"] in ("/admin-api/applications/" + app_id, "/admin-api/applications") for e in answered)
         if not (context_read and app_read):
@@ -185,6 +192,8 @@ def test_no_execute_precedes_the_same_calls_context_read(server, world):
     this very call read its context's record and its application's."""
     handle = handle_of(server, KV, world.second)
     get, put = {"key": "greeting"}, {"key": "k", "value": "v"}
+    # the reads held a little: an execute sent with them, not after, arrives well before their answers
+    world.double.slow = {path: READ_HOLD for path in ADMISSION_PATHS if path != "/jsonrpc"}
     calls = []
     for named in ({"context": world.first}, {"context": "moving"}, {"app_handle": handle}):
         calls += [("kv_store_get", dict(get, **named)), ("kv_store_set", dict(put, **named))]
