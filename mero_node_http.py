@@ -315,64 +315,71 @@ class Late(Exception):
         self.sent = sent
 
 
-def fetch(session, prepared, timeout, cap):
-    """Send `prepared` and read its whole answer within `timeout` seconds, connect to last byte (a node or proxy
-    dripping a byte at a time is cut off at the deadline), holding at most `cap` bytes of body: a larger one is
-    refused unread (by its Content-Length) or as soon as it passes the cap. Raises requests' exceptions, Late or
-    TooLarge; the response returned has its content read."""
+@contextlib.contextmanager
+def _deadline(timeout):
+    """The request sent in this block is bound to `timeout` seconds (its connection shut when they pass); a failure
+    once they have passed is Late. Yields the watch: `fired` says the deadline passed even where nothing failed."""
     watch = _deadlines.start(timeout)
     _watched.value = watch
-    response = None
     try:
-        response = session.send(prepared, timeout=(timeout, timeout), allow_redirects=False, stream=True)
-        declared = response.headers.get("Content-Length", "").strip()
-        # A HEAD's Content-Length is the size a GET would bring (a blob's): no body comes to refuse.
-        if declared.isdigit() and int(declared) > cap and prepared.method != "HEAD":
-            raise TooLarge(cap, int(declared))
-        # A small body that says its length is read in one read (a chunk size past it costs a second, empty read).
-        chunk_size = min(int(declared), READ_CHUNK) if declared.isdigit() and int(declared) > 0 else READ_CHUNK
-        chunks, size = [], 0
-        for chunk in response.iter_content(chunk_size):
-            size += len(chunk)
-            if size > cap:
-                raise TooLarge(cap)
-            chunks.append(chunk)
-        response._content = b"".join(chunks)      # what requests itself keeps once a body is read
+        yield watch
     except BaseException:
-        if response is not None:
-            response.close()
         if watch.fired:
             raise Late(watch.sent) from None
         raise
     finally:
         _watched.value = None
         _deadlines.stop(watch)
-    if watch.fired:                              # a close-delimited body shut at the deadline looks complete
+
+
+def _in_time(watch, response):
+    """The response, unless the deadline shut it: a close-delimited body shut at the deadline looks complete."""
+    if watch.fired:
         response.close()
         raise Late(True)
     return response
+
+
+def fetch(session, prepared, timeout, cap):
+    """Send `prepared` and read its whole answer within `timeout` seconds, connect to last byte (a node or proxy
+    dripping a byte at a time is cut off at the deadline), holding at most `cap` bytes of body: a larger one is
+    refused unread (by its Content-Length) or as soon as it passes the cap. Raises requests' exceptions, Late or
+    TooLarge; the response returned has its content read."""
+    response = None
+    with _deadline(timeout) as watch:
+        try:
+            response = session.send(prepared, timeout=(timeout, timeout), allow_redirects=False, stream=True)
+            response._content = _capped_body(response, prepared, cap)   # what requests keeps once a body is read
+        except BaseException:
+            if response is not None:
+                response.close()
+            raise
+    return _in_time(watch, response)
+
+
+def _capped_body(response, prepared, cap) -> bytes:
+    declared = response.headers.get("Content-Length", "").strip()
+    # A HEAD's Content-Length is the size a GET would bring (a blob's): no body comes to refuse.
+    if declared.isdigit() and int(declared) > cap and prepared.method != "HEAD":
+        raise TooLarge(cap, int(declared))
+    # A small body that says its length is read in one read (a chunk size past it costs a second, empty read).
+    chunk_size = min(int(declared), READ_CHUNK) if declared.isdigit() and int(declared) > 0 else READ_CHUNK
+    chunks, size = [], 0
+    for chunk in response.iter_content(chunk_size):
+        size += len(chunk)
+        if size > cap:
+            raise TooLarge(cap)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def opened(session, prepared, timeout, read_timeout):
     """Send `prepared` and return its response once its head came, within `timeout` seconds as `fetch` bounds a
     whole answer, its body unread (a stream, read by `arriving`; each read then waits at most `read_timeout`).
     Raises requests' exceptions or Late."""
-    watch = _deadlines.start(timeout)
-    _watched.value = watch
-    response = None
-    try:
+    with _deadline(timeout) as watch:
         response = session.send(prepared, timeout=(timeout, read_timeout), allow_redirects=False, stream=True)
-    except BaseException:
-        if watch.fired:
-            raise Late(watch.sent) from None
-        raise
-    finally:
-        _watched.value = None
-        _deadlines.stop(watch)
-    if watch.fired:
-        response.close()
-        raise Late(True)
-    return response
+    return _in_time(watch, response)
 
 
 def arriving(response, size=READ_CHUNK):
