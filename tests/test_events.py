@@ -311,6 +311,12 @@ def test_a_root_change_with_no_frame_is_a_changed_entry(served, node):
     assert events(served, after=answer["next"])["entries"] == []   # one move, said once
 
 
+def test_a_first_empty_answer_says_the_past_is_unknown_not_nothing(served, node):
+    first = events(served)
+    assert first["entries"] == [] and "what happened before is unknown, not nothing" in first["note"], first
+    assert "note" not in events(served)           # watched since: an empty answer now means nothing came
+
+
 def test_an_answer_says_the_time_now_so_a_model_can_tell_how_recent_an_entry_is(served, node):
     context = live(served)
     node.silent_change(context)
