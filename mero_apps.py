@@ -160,6 +160,22 @@ def alias_elsewhere(entry, value):
         return None
 
 
+def context_not_here(apps, value):
+    """Why an app call's context cannot run on this node when another node holds it in a namespace this one has not
+    joined: joining brings the app too, so installing it alone would not do (a model's play). None otherwise."""
+    if not isinstance(value, str):
+        return None
+    if not node_module().is_hex64(value):
+        said = apps.named_so(value) if apps.context_id(value) is None else ""
+        return ('Context "%s" is not on node "%s".%s' % (value, apps.entry.name, said)) if said else None
+    for other in apps.server.nodes.entries.values():
+        namespace = None if other is apps.entry else namespace_not_joined(apps.entry, other, value)
+        if namespace is not None:
+            return ('Context %s is node "%s"\'s; node "%s" has not joined namespace %s, which holds it: %s.'
+                    % (value, other.name, apps.entry.name, namespace, join_namespace_first(apps.entry, other)))
+    return None
+
+
 def namespace_elsewhere(entry, name):
     """The id of the namespace named exactly `name` on another node; None when none or several are, or that node
     will not say (a refusal is being written: a down node only leaves its part out)."""
@@ -1246,7 +1262,7 @@ def invoke_generated(name, args, call):
         raise Refusal(GENERIC_RETRY)
     follow_early(apps, binding.unit, binding.method, args)
     ahead(apps, generated_reads(apps, binding, args))
-    listed, binding = binding, current_binding(apps, binding)
+    listed, binding = binding, current_binding(apps, binding, args)
     admitted = admit_generated(apps, binding.unit, binding.method, args)
     emitted = []
     value = execute(apps, admitted, binding.method, strip_injected(binding.method, args),
@@ -1255,11 +1271,11 @@ def invoke_generated(name, args, call):
                             emitted[0] if emitted else None)
 
 
-def current_binding(apps, binding):
+def current_binding(apps, binding, args):
     """The tool's app as installed now (this call's live read of its record): another build re-checks against
     that build's own ABI, never the listed one (the catalog is read again for it), or refuses (reference §3.14)."""
     if not apps.lists_tools:
-        return binding_on_node(apps, binding)
+        return binding_on_node(apps, binding, args)
     unit = binding.unit
     live = apps.app_by_id(unit.app.id)
     if live is None:
@@ -1279,7 +1295,7 @@ def current_binding(apps, binding):
     raise refusal_for(apps, live)
 
 
-def binding_on_node(apps, binding):
+def binding_on_node(apps, binding, args):
     """A listed tool run on another node than the one it was listed from: its app as that node installs it (the
     same build by id, else the same package), and the method of that node's own build, its ABI read through that
     node. A method that build lacks, or marks otherwise than the tool says, is refused naming what the node runs;
@@ -1290,8 +1306,8 @@ def binding_on_node(apps, binding):
         app = next((a for a in apps.installed() if a.package == listed.app.package), None)
     where = ' on node "%s"' % apps.entry.name
     if app is None:
-        raise Refusal("%s is not installed%s: install_application with node \"%s\" installs it there." % (
-            listed.app.key, where, apps.entry.name))
+        raise Refusal(context_not_here(apps, args.get("_context")) or "%s is not installed%s: install_application "
+                      "with node \"%s\" installs it there." % (listed.app.key, where, apps.entry.name))
     unit = apps.unit_for(app, listed.service)
     method = next((m for m in unit.manifest.methods if m.name == binding.method.name), None)
     if method is None:

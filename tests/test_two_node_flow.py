@@ -150,6 +150,19 @@ def test_join_context_before_the_namespace_join_says_to_join_the_namespace_first
     assert answer(server.call_tool("join_context", {"context": "doomed", "from": "node1", "node": "node2"}))
 
 
+def test_an_app_call_on_a_node_outside_the_namespace_says_join_not_install(network, several):
+    """node2 has neither the app nor the context: installing alone would leave it outside (a model's play)."""
+    node1 = network.add("node1", apps=[kv_store_spec()])
+    node2 = network.add("node2")
+    server = several(("node1", node1.url), ("node2", node2.url))
+    namespace, context = team(server)
+    for named in (context, "doomed"):
+        text = refusal(server.call_tool("kv_store_get", {"_context": named, "key": "k", "node": "node2"}))
+        assert "namespace %s, which holds it: call join_namespace with node \"node2\" and from " \
+               "\"node1\" first (it brings the app)" % namespace in text and "install_application" not in text, text
+    assert not [e for e in node2.log if e["path"].endswith(("/install-application", "/join", "/jsonrpc"))]
+
+
 def test_an_alias_of_another_node_is_refused_naming_that_node_and_the_id(network, several):
     node1 = network.add("node1", apps=[kv_store_spec()])
     node2 = network.add("node2", apps=[kv_store_spec()])
